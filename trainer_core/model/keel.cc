@@ -1,0 +1,65 @@
+// Design 5, KEEL: h = LN_post(alpha h + F(LN_pre(h))), alpha = 2L (the number
+// of sub-layers). The first block is special: its attention sub-layer is
+// plain Pre-LN (no post-norm, no up-scaling) and its FFN sub-layer is pre-
+// and post-normalised without up-scaling (alpha = 1). Extra parameters over
+// Pre-LN: d in block 0, 2d in every other block.
+#include <string>
+
+#include "trainer_core/model/design.h"
+
+namespace depthbench {
+namespace {
+
+class KeelBlockImpl : public TransformerBlockImpl {
+ public:
+  KeelBlockImpl(const ModelShape& shape, bool first) : TransformerBlockImpl(shape), first_(first) {
+    if (!first) attn_post_norm = register_module("attn_post_norm", RmsNorm(shape.d_model));
+    ffn_post_norm = register_module("ffn_post_norm", RmsNorm(shape.d_model));
+  }
+  bool first() const { return first_; }
+  RmsNorm attn_post_norm{nullptr}, ffn_post_norm{nullptr};
+
+ private:
+  bool first_;
+};
+TORCH_MODULE(KeelBlock);
+
+class KeelDesign final : public DesignImpl {
+ public:
+  explicit KeelDesign(const DesignOptions& options)
+      : DesignImpl(options), alpha_(2.0 * options.shape.layers) {
+    for (int64_t l = 0; l < options.shape.layers; ++l) {
+      blocks_.push_back(register_module("block_" + std::to_string(l),
+                                        KeelBlock(options.shape, l == 0)));
+    }
+  }
+  Arch arch() const override { return Arch::kKeel; }
+  DepthState Begin(const torch::Tensor& embedding) override { return DepthState({embedding}); }
+  void ApplyBlock(int64_t /*position*/, int64_t weights, DepthState& s) override {
+    KeelBlockImpl& b = *blocks_[weights];
+    torch::Tensor h = s.tensors[0];
+    if (b.first()) {
+      h = h + b.attn->forward(b.attn_norm->forward(h), rope());
+      h = b.ffn_post_norm->forward(h + b.ffn->forward(b.ffn_norm->forward(h)));
+    } else {
+      h = b.attn_post_norm->forward(alpha_ * h + b.attn->forward(b.attn_norm->forward(h), rope()));
+      h = b.ffn_post_norm->forward(alpha_ * h + b.ffn->forward(b.ffn_norm->forward(h)));
+    }
+    s.tensors[0] = h;
+  }
+  torch::Tensor Finish(const DepthState& s) override { return final_norm->forward(s.tensors[0]); }
+  torch::Tensor Representation(const DepthState& s, int64_t) override { return s.tensors[0]; }
+  torch::Tensor LensHidden(const DepthState& s, int64_t) override { return s.tensors[0]; }
+
+ private:
+  double alpha_;
+  std::vector<KeelBlock> blocks_;
+};
+
+}  // namespace
+
+std::shared_ptr<DesignImpl> MakeKeel(const DesignOptions& options) {
+  return std::make_shared<KeelDesign>(options);
+}
+
+}  // namespace depthbench

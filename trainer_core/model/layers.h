@@ -1,0 +1,125 @@
+// Building blocks shared by all ten residual designs (spec section 2):
+// RMSNorm (eps 1e-6), bias-free LayerNorm (DeepNorm's block norms), rotary
+// position embedding, causal multi-head / grouped-query attention (with an
+// optional depth K/V for MoDA) and the SwiGLU feed-forward.
+//
+// Every module follows torch/nn style (XxxImpl + TORCH_MODULE). Linear layers
+// have no bias. Weights are initialised by the model (model.cc), not here, so
+// that each design's init is in one place.
+//
+// Thread safety: modules are not thread-safe; one training thread owns them.
+#ifndef DEPTHBENCH_TRAINER_CORE_MODEL_LAYERS_H_
+#define DEPTHBENCH_TRAINER_CORE_MODEL_LAYERS_H_
+
+#include <torch/torch.h>
+
+#include <optional>
+
+namespace depthbench {
+
+inline constexpr double kNormEps = 1e-6;
+
+// y = x / sqrt(mean(x^2) + eps) * gain. `affine=false` gives the gain-free
+// form HC/mHC use on streams.
+class RmsNormImpl : public torch::nn::Module {
+ public:
+  RmsNormImpl(int64_t dim, double eps = kNormEps, bool affine = true);
+  torch::Tensor forward(const torch::Tensor& x);
+  // Normalises with this module's gain but an explicit input (AttnRes folds
+  // the consuming sub-layer's pre-norm into its mixing step this way).
+  torch::Tensor weight;  // [dim], undefined when !affine
+  double eps() const { return eps_; }
+
+ private:
+  double eps_;
+};
+TORCH_MODULE(RmsNorm);
+
+// Functional RMS normalisation without a gain.
+torch::Tensor RmsNormalize(const torch::Tensor& x, double eps = kNormEps);
+
+// Mean-centring LayerNorm with a gain and no bias (DeepNorm's block norms).
+class LayerNormNoBiasImpl : public torch::nn::Module {
+ public:
+  explicit LayerNormNoBiasImpl(int64_t dim, double eps = 1e-5);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight;
+
+ private:
+  double eps_;
+};
+TORCH_MODULE(LayerNormNoBias);
+
+// Rotary embedding tables for head_dim and up to max_len positions
+// (base 10000, pairs (i, i + head_dim/2) as in LLaMA / OLMo).
+class Rope {
+ public:
+  Rope(int64_t head_dim, int64_t max_len, double base = 10000.0);
+  // x: [B, H, T, head_dim] -> rotated, same shape.
+  torch::Tensor Apply(const torch::Tensor& x) const;
+
+ private:
+  torch::Tensor cos_;  // [max_len, head_dim]
+  torch::Tensor sin_;
+  int64_t max_len_;
+};
+
+// Per-token K/V of earlier sub-layers for MoDA's depth attention:
+// keys/values [B, H, T, S, head_dim] where S is the number of depth slots.
+struct DepthKv {
+  torch::Tensor keys;
+  torch::Tensor values;
+  bool empty() const { return !keys.defined() || keys.size(3) == 0; }
+};
+
+struct AttentionOptions {
+  int64_t d_model = 0;
+  int64_t heads = 16;
+  int64_t kv_heads = 16;
+};
+
+// Causal self-attention with RoPE, no biases. kv_heads < heads gives GQA.
+class AttentionImpl : public torch::nn::Module {
+ public:
+  explicit AttentionImpl(const AttentionOptions& options);
+  // x: [B, T, d] (already normalised by the design). Returns [B, T, d].
+  torch::Tensor forward(const torch::Tensor& x, const Rope& rope);
+  // MoDA: one softmax over the causal sequence K/V and, per token, the depth
+  // K/V of earlier sub-layers (scale 1/sqrt(head_dim) for both). When
+  // `own_kv` is given it receives this sub-layer's K/V, [B, H, T, head_dim]
+  // each with kv heads expanded to H, for later layers. Depth keys are
+  // rotated at their own token's position, like the query that reads them,
+  // so q . k_depth is the rotation-free dot product.
+  torch::Tensor ForwardWithDepth(const torch::Tensor& x, const Rope& rope,
+                                 const DepthKv& depth,
+                                 std::pair<torch::Tensor, torch::Tensor>* own_kv);
+
+  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr},
+      o_proj{nullptr};
+  const AttentionOptions& options() const { return options_; }
+
+ private:
+  // Splits into heads: [B, T, n*hd] -> [B, n, T, hd].
+  torch::Tensor Heads(const torch::Tensor& x, int64_t n) const;
+  torch::Tensor ExpandKv(const torch::Tensor& kv) const;
+
+  AttentionOptions options_;
+  int64_t head_dim_;
+};
+TORCH_MODULE(Attention);
+
+// SwiGLU: down(silu(gate(x)) * up(x)).
+class SwiGluImpl : public torch::nn::Module {
+ public:
+  SwiGluImpl(int64_t d_model, int64_t d_ff);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+};
+TORCH_MODULE(SwiGlu);
+
+// Causal mask cache: additive [T, T] with -inf above the diagonal.
+torch::Tensor CausalMask(int64_t T, const torch::TensorOptions& options);
+
+}  // namespace depthbench
+
+#endif  // DEPTHBENCH_TRAINER_CORE_MODEL_LAYERS_H_

@@ -1,0 +1,43 @@
+// Design 3, LNS (LayerNorm Scaling): h = h + F(LN(h) / sqrt(l)), l the
+// 1-indexed block position, the same factor for both sub-layers.
+#include <cmath>
+#include <string>
+
+#include "trainer_core/model/design.h"
+
+namespace depthbench {
+namespace {
+
+class LnsDesign final : public DesignImpl {
+ public:
+  explicit LnsDesign(const DesignOptions& options) : DesignImpl(options) {
+    for (int64_t l = 0; l < options.shape.layers; ++l) {
+      blocks_.push_back(register_module("block_" + std::to_string(l),
+                                        TransformerBlock(options.shape)));
+    }
+  }
+  Arch arch() const override { return Arch::kLns; }
+  DepthState Begin(const torch::Tensor& embedding) override { return DepthState({embedding}); }
+  void ApplyBlock(int64_t position, int64_t weights, DepthState& s) override {
+    TransformerBlockImpl& b = *blocks_[weights];
+    const double scale = 1.0 / std::sqrt(static_cast<double>(position + 1));
+    torch::Tensor h = s.tensors[0];
+    h = h + b.attn->forward(b.attn_norm->forward(h) * scale, rope());
+    h = h + b.ffn->forward(b.ffn_norm->forward(h) * scale);
+    s.tensors[0] = h;
+  }
+  torch::Tensor Finish(const DepthState& s) override { return final_norm->forward(s.tensors[0]); }
+  torch::Tensor Representation(const DepthState& s, int64_t) override { return s.tensors[0]; }
+  torch::Tensor LensHidden(const DepthState& s, int64_t) override { return s.tensors[0]; }
+
+ private:
+  std::vector<TransformerBlock> blocks_;
+};
+
+}  // namespace
+
+std::shared_ptr<DesignImpl> MakeLns(const DesignOptions& options) {
+  return std::make_shared<LnsDesign>(options);
+}
+
+}  // namespace depthbench
