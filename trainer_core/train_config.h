@@ -1,0 +1,65 @@
+// One training run's settings: the keys of trainer_core/README.md. Read from a
+// JSON object (the worker passes the scheduler's job config as a file) with
+// command-line flags layered over it; validated field by field.
+//
+// Thread safety: plain value type.
+#ifndef DEPTHBENCH_TRAINER_CORE_TRAIN_CONFIG_H_
+#define DEPTHBENCH_TRAINER_CORE_TRAIN_CONFIG_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/statusor.h"
+#include "trainer_core/arch.h"
+#include "trainer_core/shapes.h"
+
+namespace depthbench {
+
+struct TrainConfig {
+  Arch arch = Arch::kPreLn;
+  ModelShape shape;            // vocab filled from `vocab` or the data
+  int64_t seq_len = 128;
+  int64_t batch = 16;
+  std::optional<int64_t> steps;
+  std::optional<int64_t> tokens;
+  double tokens_per_param = 20.0;
+  double lr = 0.0;
+  uint64_t seed = 0;
+  int64_t threads = 0;         // 0: all cores
+  std::string data = "brown";
+  int64_t eval_interval = 0;   // 0: evaluate at the end only
+  int64_t eval_batches = 8;
+  int64_t checkpoint_interval = 0;
+  double warmup_frac = 0.1;
+  double min_lr_frac = 0.1;
+  double weight_decay = 0.1;
+  double grad_clip = 1.0;
+  double explode_threshold = 0.0;  // 0: 2 * ln(vocab)
+  int64_t hc_streams = kDefaultHcStreams;
+  bool hc_code_form = false;
+  bool trunc_normal_init = false;
+  int64_t log_interval = 1;
+
+  // The keys of the README table, normalised (defaults filled in).
+  nlohmann::json ToJson() const;
+};
+
+// Parses a config object. Unknown keys and wrong types are errors naming the
+// key ("config.lr: expected a number"). The vocabulary defaults to 256 for
+// brown and is required otherwise.
+absl::StatusOr<TrainConfig> TrainConfigFromJson(const nlohmann::json& j);
+
+// Checks ranges (positive sizes, lr > 0, fractions in [0, 1], ...) and the
+// shape; the error names the field.
+absl::Status ValidateTrainConfig(const TrainConfig& config);
+
+// Total optimizer steps: `steps` if given, else ceil(tokens / (B * T)), with
+// tokens = `tokens` if given, else tokens_per_param * parameter_count.
+int64_t ResolveTotalSteps(const TrainConfig& config, int64_t parameter_count);
+
+}  // namespace depthbench
+
+#endif  // DEPTHBENCH_TRAINER_CORE_TRAIN_CONFIG_H_
