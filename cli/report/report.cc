@@ -9,8 +9,8 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
-#include <cstdio>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -102,7 +102,8 @@ absl::StatusOr<std::optional<Matrix>> OptMatrix(const json& obj,
   if (!m.is_array()) return Bad(name, "must be an array of rows");
   Matrix out;
   for (size_t i = 0; i < m.size(); ++i) {
-    if (!m[i].is_array()) return Bad(absl::StrCat(name, "[", i, "]"), "not an array");
+    if (!m[i].is_array())
+      return Bad(absl::StrCat(name, "[", i, "]"), "not an array");
     if (i > 0 && m[i].size() != m[0].size()) {
       return Bad(name, "is not rectangular");
     }
@@ -163,7 +164,8 @@ absl::StatusOr<Results> Parse(const json& doc) {
     ASSIGN_OR_RETURN(row.best_lr, OptNumber(j, "best_lr", where));
     ASSIGN_OR_RETURN(row.val_loss, OptNumber(j, "val_loss", where));
     if (j.contains("run_id") && !j["run_id"].is_null()) {
-      if (!j["run_id"].is_string()) return Bad(where + ".run_id", "must be a string");
+      if (!j["run_id"].is_string())
+        return Bad(where + ".run_id", "must be a string");
       row.run_id = j["run_id"].get<std::string>();
     }
     if (j.contains("lr_losses") && !j["lr_losses"].is_null()) {
@@ -171,7 +173,8 @@ absl::StatusOr<Results> Parse(const json& doc) {
         return Bad(where + ".lr_losses", "must be an object {lr: loss|null}");
       }
       for (const auto& [key, value] : j["lr_losses"].items()) {
-        const std::string name = absl::StrCat(where, ".lr_losses[\"", key, "\"]");
+        const std::string name =
+            absl::StrCat(where, ".lr_losses[\"", key, "\"]");
         char* end = nullptr;
         const double lr = std::strtod(key.c_str(), &end);
         if (key.empty() || end == nullptr || *end != '\0' || !(lr > 0) ||
@@ -271,9 +274,8 @@ std::string ParamsM(const Row& row) {
 std::string CsvOf(const Results& r) {
   const std::vector<double> lrs = AllLrs(r);
   std::vector<std::string> header = {
-      "sweep",    "arch",     "layers",   "d_model", "aspect_ratio",
-      "params",   "best_lr",  "val_loss", "r_causal", "r_perm",
-      "deff_over_l", "run_id"};
+      "sweep",   "arch",     "layers",   "d_model", "aspect_ratio", "params",
+      "best_lr", "val_loss", "r_causal", "r_perm",  "deff_over_l",  "run_id"};
   for (double lr : lrs) header.push_back(absl::StrCat("loss@lr=", LrLabel(lr)));
   std::string out = absl::StrJoin(header, ",") + "\n";
   for (const Row& row : r.rows) {
@@ -307,7 +309,8 @@ std::string Pct(std::optional<double> v) {
   return v ? absl::StrFormat("%.1f%%", 100.0 * *v) : "";
 }
 
-std::string MarkdownOf(const Results& r, const std::vector<std::string>& figures) {
+std::string MarkdownOf(const Results& r,
+                       const std::vector<std::string>& figures) {
   std::string out = absl::StrCat("# Sweep `", r.sweep, "`\n\n");
   absl::StrAppend(&out, r.rows.size(),
                   " (architecture, shape) points; validation loss at each "
@@ -319,15 +322,14 @@ std::string MarkdownOf(const Results& r, const std::vector<std::string>& figures
       "R_causal | R_perm | D_eff/L |\n"
       "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   for (const Row& row : r.rows) {
-    const std::string loss =
-        row.val_loss ? Num(row.val_loss, "%.4f")
-                     : (row.lr_losses.empty() ? "" : "diverged");
+    const std::string loss = row.val_loss
+                                 ? Num(row.val_loss, "%.4f")
+                                 : (row.lr_losses.empty() ? "" : "diverged");
     absl::StrAppend(&out, "| ", MdCell(row.arch), " | ", row.layers, " | ",
                     row.d_model, " | ", absl::StrFormat("%.2f", row.aspect),
-                    " | ", ParamsM(row), " | ", Num(row.best_lr, "%.3g"),
-                    " | ", loss, " | ", Pct(row.r_causal), " | ",
-                    Pct(row.r_perm), " | ", Num(row.deff_over_l, "%.3f"),
-                    " |\n");
+                    " | ", ParamsM(row), " | ", Num(row.best_lr, "%.3g"), " | ",
+                    loss, " | ", Pct(row.r_causal), " | ", Pct(row.r_perm),
+                    " | ", Num(row.deff_over_l, "%.3f"), " |\n");
   }
   // Pivot: arch x L -> val loss; best shape per arch in bold.
   std::set<int64_t> layer_set;
@@ -339,7 +341,9 @@ std::string MarkdownOf(const Results& r, const std::vector<std::string>& figures
     }
   }
   if (!r.rows.empty()) {
-    out += "\n## Validation loss by depth (best LR; bold: best shape per arch)\n\n";
+    out +=
+        "\n## Validation loss by depth (best LR; bold: best shape per "
+        "arch)\n\n";
     out += "| arch |";
     for (int64_t l : layer_set) absl::StrAppend(&out, " L=", l, " |");
     out += "\n|---|";
@@ -411,7 +415,8 @@ absl::StatusOr<std::pair<int, std::string>> RunProcess(
     return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
   }
   std::vector<char*> cargv;
-  for (const std::string& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
+  for (const std::string& a : argv)
+    cargv.push_back(const_cast<char*>(a.c_str()));
   cargv.push_back(nullptr);
   const pid_t pid = fork();
   if (pid < 0) {
@@ -446,10 +451,12 @@ absl::StatusOr<std::pair<int, std::string>> RunProcess(
   int status = 0;
   while (waitpid(pid, &status, 0) < 0) {
     if (errno != EINTR) {
-      return absl::InternalError(absl::StrCat("waitpid: ", std::strerror(errno)));
+      return absl::InternalError(
+          absl::StrCat("waitpid: ", std::strerror(errno)));
     }
   }
-  const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  const int code =
+      WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return std::make_pair(code, output);
 }
 
@@ -496,25 +503,21 @@ struct Plotter {
             : absl::StrFormat("png size %d,%d noenhanced", width, height);
     const std::string script = absl::StrCat(
         "# Generated by depthbench report; run from the report directory:\n",
-        "#   gnuplot gnuplot/", name, ".gp\n",
-        "set datafile missing \"NaN\"\n",
-        "set terminal ", png_opts, "\n",
-        "set output ", Quote(name + ".png"), "\n",
-        body,
-        "set terminal svg size ", width, ",", height,
-        " noenhanced font \"Sans,11\" background \"white\"\n",
-        "set output ", Quote(name + ".svg"), "\n",
-        "replot\n",
-        "unset output\n");
+        "#   gnuplot gnuplot/", name, ".gp\n", "set datafile missing \"NaN\"\n",
+        "set terminal ", png_opts, "\n", "set output ", Quote(name + ".png"),
+        "\n", body, "set terminal svg size ", width, ",", height,
+        " noenhanced font \"Sans,11\" background \"white\"\n", "set output ",
+        Quote(name + ".svg"), "\n", "replot\n", "unset output\n");
     const std::string script_rel = "gnuplot/" + name + ".gp";
     RETURN_IF_ERROR(WriteFile(out_dir / script_rel, script));
     files->push_back(script_rel);
-    ASSIGN_OR_RETURN(auto run, RunProcess({gnuplot, script_rel}, out_dir.string()));
+    ASSIGN_OR_RETURN(auto run,
+                     RunProcess({gnuplot, script_rel}, out_dir.string()));
     if (run.first == 127 && run.second.empty()) return NotFound(gnuplot);
     if (run.first != 0) {
-      return absl::InternalError(absl::StrCat(
-          "gnuplot failed (exit ", run.first, ") on ", script_rel, ": ",
-          run.second.substr(0, 2000)));
+      return absl::InternalError(
+          absl::StrCat("gnuplot failed (exit ", run.first, ") on ", script_rel,
+                       ": ", run.second.substr(0, 2000)));
     }
     for (const char* ext : {".png", ".svg"}) {
       std::error_code ec;
@@ -549,7 +552,8 @@ absl::Status PlotLossVsAspect(const Results& r, Plotter& p) {
   for (size_t a = 0; a < archs.size(); ++a) {
     std::vector<const Row*> pts;
     for (const Row& row : r.rows) {
-      if (row.arch == archs[a] && row.val_loss && std::isfinite(*row.val_loss)) {
+      if (row.arch == archs[a] && row.val_loss &&
+          std::isfinite(*row.val_loss)) {
         pts.push_back(&row);
       }
     }
@@ -557,8 +561,8 @@ absl::Status PlotLossVsAspect(const Results& r, Plotter& p) {
               [](const Row* x, const Row* y) { return x->aspect < y->aspect; });
     absl::StrAppend(&data, "# arch ", archs[a], ": aspect val_loss layers\n");
     for (const Row* row : pts) {
-      absl::StrAppend(&data, DataNum(row->aspect), " ",
-                      DataNum(*row->val_loss), " ", row->layers, "\n");
+      absl::StrAppend(&data, DataNum(row->aspect), " ", DataNum(*row->val_loss),
+                      " ", row->layers, "\n");
     }
     data += "\n\n";
     absl::StrAppend(&plot, a == 0 ? "" : ", \\\n     ",
@@ -575,18 +579,17 @@ absl::Status PlotLossVsAspect(const Results& r, Plotter& p) {
                   "font \",9\" tc rgb \"#555555\" notitle\n");
   RETURN_IF_ERROR(p.Data("val_loss_vs_aspect.dat", data));
   const std::string body = absl::StrCat(
-      "set title ", Quote(absl::StrCat("Sweep ", r.sweep,
-                                       ": validation loss vs aspect ratio "
-                                       "(each point at its best LR)")),
+      "set title ",
+      Quote(absl::StrCat("Sweep ", r.sweep,
+                         ": validation loss vs aspect ratio "
+                         "(each point at its best LR)")),
       "\n",
       "set xlabel \"aspect ratio d_model / n_layer (log scale; left = deeper "
       "and narrower)\"\n",
-      "set ylabel \"validation loss (nats/token)\"\n",
-      "set logscale x\n",
+      "set ylabel \"validation loss (nats/token)\"\n", "set logscale x\n",
       "set grid xtics ytics mxtics lc rgb \"#dddddd\"\n",
       "set key outside right top box opaque\n",
-      "set offsets graph 0.05, graph 0.05, graph 0.08, graph 0.05\n",
-      plot);
+      "set offsets graph 0.05, graph 0.05, graph 0.08, graph 0.05\n", plot);
   return p.Render("val_loss_vs_aspect", body, 1100, 650);
 }
 
@@ -609,8 +612,9 @@ bool HasFinite(const Matrix& m) {
 
 absl::Status PlotHeatmap(const Row& row, const std::string& name,
                          const Matrix& m, const HeatmapKind& kind, Plotter& p) {
-  std::string data = absl::StrCat("# ", kind.prefix, " ", row.arch, " L=",
-                                  row.layers, ": row-major, NaN = undefined\n");
+  std::string data =
+      absl::StrCat("# ", kind.prefix, " ", row.arch, " L=", row.layers,
+                   ": row-major, NaN = undefined\n");
   for (const auto& r : m) {
     std::vector<std::string> cells;
     for (double v : r) cells.push_back(DataNum(v));
@@ -624,22 +628,19 @@ absl::Status PlotHeatmap(const Row& row, const std::string& name,
       "set title ",
       Quote(absl::StrCat(kind.title, ": ", row.arch, ", L=", row.layers,
                          ", d_model=", row.d_model)),
-      "\n",
-      "set xlabel ", Quote(kind.xlabel), "\n",
-      "set ylabel ", Quote(kind.ylabel), "\n",
-      "set cblabel ", Quote(kind.cblabel), "\n",
+      "\n", "set xlabel ", Quote(kind.xlabel), "\n", "set ylabel ",
+      Quote(kind.ylabel), "\n", "set cblabel ", Quote(kind.cblabel), "\n",
       "set xrange [-0.5:", cols, "-0.5]\n",
-      "set yrange [-0.5:", rows, "-0.5] reverse\n",
-      "set xtics ", step, " out nomirror\n",
-      "set ytics ", step, " out nomirror\n",
-      "set cbrange [0:*]\n",
-      "set size ratio -1\n",
+      // Row 0 at the top, as the matrix is printed.
+      "set yrange [", rows, "-0.5:-0.5]\n", "set xtics ", step,
+      " out nomirror\n", "set ytics ", step, " out nomirror\n",
+      "set cbrange [0:*]\n", "set size ratio -1\n",
       "set palette defined (0 '#440154', 1 '#3b528b', 2 '#21908d', "
       "3 '#5dc963', 4 '#fde725')\n",
       "set object 1 rectangle from graph 0,0 to graph 1,1 behind "
       "fillcolor rgb '#eeeeee' fillstyle solid noborder\n",
       "plot ", Quote("gnuplot/" + name + ".dat"),
-      " matrix with image pixels notitle\n");
+      " matrix with image notitle\n");
   return p.Render(name, body, 760, 680);
 }
 
@@ -652,11 +653,9 @@ absl::Status PlotCurve(const Curve& c, const std::string& name,
   RETURN_IF_ERROR(p.Data(name + ".dat", data));
   const std::string body = absl::StrCat(
       "set title ", Quote(absl::StrCat("Loss curve: ", label)), "\n",
-      "set xlabel \"step\"\n",
-      "set ylabel \"loss (nats/token)\"\n",
-      "set grid lc rgb \"#dddddd\"\n",
-      "set key top right\n",
-      "plot ", Quote("gnuplot/" + name + ".dat"),
+      "set xlabel \"step\"\n", "set ylabel \"loss (nats/token)\"\n",
+      "set grid lc rgb \"#dddddd\"\n", "set key top right\n", "plot ",
+      Quote("gnuplot/" + name + ".dat"),
       " using 1:2 with lines lw 2 lc rgb \"#1f77b4\" title \"loss\"\n");
   return p.Render(name, body, 900, 560);
 }
@@ -692,11 +691,13 @@ absl::StatusOr<std::string> DetectPngTerminal(const std::string& gnuplot) {
   auto has = [&](const std::string& t) {
     size_t pos = 0;
     while ((pos = run.second.find(t, pos)) != std::string::npos) {
-      const bool left = pos == 0 || std::isspace(static_cast<unsigned char>(
-                                        run.second[pos - 1]));
+      const bool left =
+          pos == 0 ||
+          std::isspace(static_cast<unsigned char>(run.second[pos - 1]));
       const size_t end = pos + t.size();
-      const bool right = end >= run.second.size() ||
-                         std::isspace(static_cast<unsigned char>(run.second[end]));
+      const bool right =
+          end >= run.second.size() ||
+          std::isspace(static_cast<unsigned char>(run.second[end]));
       if (left && right) return true;
       pos = end;
     }
@@ -719,9 +720,8 @@ absl::StatusOr<ReportSummary> WriteReport(const json& doc,
   std::error_code ec;
   fs::create_directories(dir / "gnuplot", ec);
   if (ec) {
-    return absl::InternalError(
-        absl::StrCat("cannot create ", (dir / "gnuplot").string(), ": ",
-                     ec.message()));
+    return absl::InternalError(absl::StrCat(
+        "cannot create ", (dir / "gnuplot").string(), ": ", ec.message()));
   }
   ReportSummary summary;
   std::vector<std::string> figures;
@@ -752,8 +752,7 @@ absl::StatusOr<ReportSummary> WriteReport(const json& doc,
             "angular distance (0 = same direction, 0.5 = orthogonal)"};
         const HeatmapKind kCausal = {
             "causal", "Causal score C(s, l)", "l (later block, 0-indexed)",
-            "s (skipped block, 0-indexed)",
-            "C(s,l) = mean|dD_l| / mean|D_l|"};
+            "s (skipped block, 0-indexed)", "C(s,l) = mean|dD_l| / mean|D_l|"};
         const HeatmapKind kPerm = {
             "perm", "Permutation score P(l1, l2)", "l2 (block, 0-indexed)",
             "l1 (block, 0-indexed)", "|loss_swap - loss| / loss"};
@@ -777,12 +776,12 @@ absl::StatusOr<ReportSummary> WriteReport(const json& doc,
           std::string label = c.run_id;
           for (const Row& row : r.rows) {
             if (!row.run_id.empty() && row.run_id == c.run_id) {
-              label = absl::StrCat(c.run_id, " (", row.arch, ", L=", row.layers,
-                                   ", d_model=", row.d_model,
-                                   row.best_lr ? absl::StrCat(", lr=",
-                                                              LrLabel(*row.best_lr))
-                                               : "",
-                                   ")");
+              label = absl::StrCat(
+                  c.run_id, " (", row.arch, ", L=", row.layers,
+                  ", d_model=", row.d_model,
+                  row.best_lr ? absl::StrCat(", lr=", LrLabel(*row.best_lr))
+                              : "",
+                  ")");
             }
           }
           const std::string name =

@@ -17,7 +17,8 @@
 //                                                //   every LR diverged
 //         "run_id": "job-17",                    // optional: the best run
 //         "lr_losses": {"0.001": 2.80,           // optional; key: LR written
-//                       "0.004": null},          //   as a number; null: diverged
+//                       "0.004": null},          //   as a number; null =
+//                                                //   diverged
 //         "diagnostics": {                       // optional; all keys optional
 //           "r_causal": 0.01, "r_perm": 0.08, "deff_over_l": 0.40,
 //           "angular": [[...]],  // (L+1) x (L+1): [l][n], l = state (0 =
@@ -49,10 +50,9 @@
 #ifndef DEPTHBENCH_CLI_REPORT_REPORT_H_
 #define DEPTHBENCH_CLI_REPORT_REPORT_H_
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"

@@ -7,17 +7,17 @@
 //
 // Exit codes: 0 ok, 2 bad usage or invalid document, 1 other failure
 // (including a missing gnuplot: the tables are written before it fails).
+#include <CLI/CLI.hpp>
 #include <fstream>
 #include <iostream>
-#include <string>
-
-#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "cli/report/report.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{"Render sweep results: CSV/JSON/Markdown tables, gnuplot figures"};
+  CLI::App app{
+      "Render sweep results: CSV/JSON/Markdown tables, gnuplot figures"};
   std::string results_path, out_dir;
   depthbench::report::ReportOptions options;
   bool no_plots = false;
@@ -34,16 +34,20 @@ int main(int argc, char** argv) {
     std::cerr << "depthbench-report: cannot open " << results_path << "\n";
     return 2;
   }
-  nlohmann::json doc = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  nlohmann::json doc =
+      nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded()) {
-    std::cerr << "depthbench-report: " << results_path << " is not valid JSON\n";
+    std::cerr << "depthbench-report: " << results_path
+              << " is not valid JSON\n";
     return 2;
   }
   auto summary = depthbench::report::WriteReport(doc, out_dir, options);
   if (!summary.ok()) {
     std::cerr << "depthbench-report: " << summary.status() << "\n";
-    return summary.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+    return summary.status().code() == absl::StatusCode::kInvalidArgument ? 2
+                                                                         : 1;
   }
-  for (const std::string& f : summary->files) std::cout << out_dir << "/" << f << "\n";
+  for (const std::string& f : summary->files)
+    std::cout << out_dir << "/" << f << "\n";
   return 0;
 }

@@ -1,15 +1,14 @@
 // D_eff against NumPy golden values (tests/golden/deff_golden.py), through the
 // .npy path the CLI uses, and the depthbench-deff binary itself.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
 #include <array>
 #include <cstdio>
 #include <fstream>
-#include <sys/wait.h>
 #include <memory>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "trainer_core/diagnostics/deff_npy.h"
 #include "trainer_core/diagnostics/npy.h"
@@ -27,7 +26,8 @@ nlohmann::json LoadExpected() {
 }
 
 void ExpectMatches(const nlohmann::json& got, const nlohmann::json& want) {
-  for (const char* key : {"deff", "deff_over_l", "rho_bar1", "f_l", "gap_pct"}) {
+  for (const char* key :
+       {"deff", "deff_over_l", "rho_bar1", "f_l", "gap_pct"}) {
     EXPECT_NEAR(got.at(key).get<double>(), want.at(key).get<double>(), kTol)
         << key;
   }
@@ -78,8 +78,8 @@ TEST(DeffGoldenTest, TableNamesEveryFigure) {
   auto got = DeffFromNpy(kGoldenDir + "/deff_states.npy");
   ASSERT_TRUE(got.ok()) << got.status();
   const std::string table = FormatDeffTable(*got);
-  for (const char* s : {"D_eff", "D_eff / L", "rho_bar(1)", "F_L",
-                        "gap to F_L", "1.1242", "0.9396", "34.42"}) {
+  for (const char* s : {"D_eff", "D_eff / L", "rho_bar(1)", "F_L", "gap to F_L",
+                        "1.1242", "0.9396", "34.42"}) {
     EXPECT_NE(table.find(s), std::string::npos) << s << "\n" << table;
   }
 }
@@ -91,7 +91,8 @@ std::pair<int, std::string> RunShell(const std::string& cmd) {
   if (p == nullptr) return {-1, out};
   std::array<char, 4096> buf;
   size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0)
+    out.append(buf.data(), n);
   const int status = pclose(p);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
@@ -113,10 +114,10 @@ TEST(DeffCliTest, JsonAndTableAndErrors) {
   ASSERT_EQ(rc3, 0);
   EXPECT_NE(out3.find("D_eff / L"), std::string::npos) << out3;
 
-  EXPECT_EQ(RunShell("'" + bin + "' --states /nonexistent.npy 2>/dev/null").first,
-            2);
+  EXPECT_EQ(
+      RunShell("'" + bin + "' --states /nonexistent.npy 2>/dev/null").first, 2);
   EXPECT_EQ(RunShell("'" + bin + "' --states '" + states +
-                "' --max-lag 9 2>/dev/null")
+                     "' --max-lag 9 2>/dev/null")
                 .first,
             2);
   EXPECT_NE(RunShell("'" + bin + "' 2>/dev/null").first, 0);

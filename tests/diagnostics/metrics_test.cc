@@ -25,7 +25,7 @@ class MetricsTest : public ::testing::Test {
 
 TEST_F(MetricsTest, AngularIdenticalStatesAreZeroAndLayoutIsDocumented) {
   torch::Tensor h = torch::randn({2, 5, 16});  // [B, T, d]
-  std::vector<torch::Tensor> states(5, h);      // L = 4
+  std::vector<torch::Tensor> states(5, h);     // L = 4
   auto m = AngularDistanceMatrix(states);
   ASSERT_TRUE(m.ok()) << m.status();
   ASSERT_EQ(m->size(), 5u);
@@ -289,8 +289,8 @@ TEST_F(MetricsTest, CkaSelfIsOneAndInvariances) {
     EXPECT_NEAR(base, ReferenceCka(x, y), 1e-12);
     EXPECT_GT(base, 0.0);
     EXPECT_LT(base, 1.0);
-    torch::Tensor q = std::get<0>(at::linalg_qr(
-        torch::randn({d, d}, torch::kFloat64)));
+    torch::Tensor q =
+        std::get<0>(at::linalg_qr(torch::randn({d, d}, torch::kFloat64)));
     EXPECT_NEAR(*LinearCka(x.matmul(q), y), base, 1e-12) << "orthogonal";
     EXPECT_NEAR(*LinearCka(x * 3.7, y), base, 1e-12) << "isotropic scale";
     EXPECT_NEAR(*LinearCka(x + 5.0, y), base, 1e-12) << "translation";
@@ -317,8 +317,7 @@ std::vector<torch::Tensor> OrthogonalLayers(int64_t num_layers, int64_t d) {
   std::vector<torch::Tensor> layers;
   for (int64_t l = 0; l < num_layers; ++l) {
     torch::Tensor basis = q.slice(1, 1 + 2 * l, 3 + 2 * l);  // [n, 2]
-    layers.push_back(
-        basis.matmul(torch::randn({2, d}, torch::kFloat64)) + 2.0);
+    layers.push_back(basis.matmul(torch::randn({2, d}, torch::kFloat64)) + 2.0);
   }
   return layers;
 }

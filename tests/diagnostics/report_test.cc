@@ -4,10 +4,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
-
-#include <nlohmann/json.hpp>
 
 namespace depthbench {
 namespace report {
@@ -125,9 +124,8 @@ TEST(ReportTest, TablesOnlyNeedsNoGnuplot) {
   opts.plots = false;
   auto s = WriteReport(Minimal(), dir.string(), opts);
   ASSERT_TRUE(s.ok()) << s.status();
-  EXPECT_EQ(s->files,
-            (std::vector<std::string>{"results.csv", "results.json",
-                                      "results.md"}));
+  EXPECT_EQ(s->files, (std::vector<std::string>{"results.csv", "results.json",
+                                                "results.md"}));
   const json back = json::parse(Slurp(dir / "results.json"));
   EXPECT_EQ(back["schema"], kResultsSchema);
   EXPECT_DOUBLE_EQ(back["rows"][0]["aspect_ratio"].get<double>(), 16.0);

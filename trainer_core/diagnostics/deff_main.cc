@@ -4,11 +4,10 @@
 //   depthbench-deff --states FILE.npy [--json] [--max-lag K]
 //
 // Exit codes: 0 ok, 2 bad usage or invalid input, 1 other failure.
+#include <CLI/CLI.hpp>
 #include <cstdint>
 #include <iostream>
 #include <string>
-
-#include <CLI/CLI.hpp>
 
 #include "absl/status/status.h"
 #include "trainer_core/diagnostics/deff_npy.h"

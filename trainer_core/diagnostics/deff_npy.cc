@@ -34,17 +34,17 @@ absl::StatusOr<nlohmann::json> DeffFromNpy(const std::string& path,
                                            int64_t max_lag) {
   ASSIGN_OR_RETURN(NpyArray arr, ReadNpyFloat32(path));
   if (arr.shape.size() != 3) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "deff: ", path, " must have shape (L, N, d), got ", arr.shape.size(),
-        " dimensions"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("deff: ", path, " must have shape (L, N, d), got ",
+                     arr.shape.size(), " dimensions"));
   }
   const int64_t num_layers = arr.shape[0];
   const int64_t num_seq = arr.shape[1];
   const int64_t dim = arr.shape[2];
   if (num_layers < 1 || num_seq < 2 || dim < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "deff: need L >= 1, N >= 2, d >= 1; got (", num_layers, ", ", num_seq,
-        ", ", dim, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("deff: need L >= 1, N >= 2, d >= 1; got (", num_layers,
+                     ", ", num_seq, ", ", dim, ")"));
   }
   torch::Tensor pooled =
       torch::from_blob(arr.data.data(), {num_layers, num_seq, dim},
@@ -83,13 +83,14 @@ std::string FormatDeffTable(const nlohmann::json& d) {
       "Effective depth of ", d.value("states", std::string("(states)")),
       "  (L=", integer("layers"), ", N=", integer("sequences"),
       ", d=", integer("d_model"), ", K=", integer("max_lag"), ")\n");
-  absl::StrAppend(&s, absl::StrFormat("  %-22s %12s\n", "D_eff", num("deff", 4)));
+  absl::StrAppend(&s,
+                  absl::StrFormat("  %-22s %12s\n", "D_eff", num("deff", 4)));
   absl::StrAppend(&s, absl::StrFormat("  %-22s %12s\n", "D_eff / L",
                                       num("deff_over_l", 4)));
-  absl::StrAppend(&s, absl::StrFormat("  %-22s %12s\n", "rho_bar(1)",
-                                      num("rho_bar1", 4)));
-  absl::StrAppend(&s, absl::StrFormat("  %-22s %12s\n", "F_L = 2L/(L+1)",
-                                      num("f_l", 4)));
+  absl::StrAppend(
+      &s, absl::StrFormat("  %-22s %12s\n", "rho_bar(1)", num("rho_bar1", 4)));
+  absl::StrAppend(
+      &s, absl::StrFormat("  %-22s %12s\n", "F_L = 2L/(L+1)", num("f_l", 4)));
   absl::StrAppend(&s, absl::StrFormat("  %-22s %12s\n", "gap to F_L (%)",
                                       num("gap_pct", 2)));
   if (d.contains("lag_profile") && d["lag_profile"].is_array()) {
@@ -97,10 +98,11 @@ std::string FormatDeffTable(const nlohmann::json& d) {
     const auto& lag = d["lag_profile"];
     for (size_t k = 1; k < lag.size(); ++k) {
       absl::StrAppend(
-          &s, absl::StrFormat("  %3d  %10s\n", static_cast<int>(k),
-                              lag[k].is_number()
-                                  ? absl::StrFormat("%.4f", lag[k].get<double>())
-                                  : std::string("n/a")));
+          &s,
+          absl::StrFormat("  %3d  %10s\n", static_cast<int>(k),
+                          lag[k].is_number()
+                              ? absl::StrFormat("%.4f", lag[k].get<double>())
+                              : std::string("n/a")));
     }
   }
   return s;

@@ -15,9 +15,8 @@
 #define DEPTHBENCH_TRAINER_CORE_DIAGNOSTICS_DEFF_NPY_H_
 
 #include <cstdint>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "absl/status/statusor.h"
 

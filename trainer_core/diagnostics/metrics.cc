@@ -51,9 +51,8 @@ absl::Status CheckSameShape(const torch::Tensor& a, const torch::Tensor& b,
     return absl::InvalidArgumentError(absl::StrCat(what, ": undefined tensor"));
   }
   if (a.dim() < 1 || a.numel() == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": need a non-empty tensor [..., d], got ",
-                     ShapeString(a)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": need a non-empty tensor [..., d], got ", ShapeString(a)));
   }
   if (!a.sizes().equals(b.sizes())) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -88,13 +87,12 @@ struct CkaOperand {
 };
 
 // Gram (N x N) form when N <= d: ||Y^T X||_F^2 = <X X^T, Y Y^T>_F.
-absl::StatusOr<CkaOperand> MakeCkaOperand(const torch::Tensor& x,
-                                          bool use_gram,
+absl::StatusOr<CkaOperand> MakeCkaOperand(const torch::Tensor& x, bool use_gram,
                                           const std::string& what) {
   if (!x.defined() || x.dim() != 2 || x.size(0) < 2 || x.size(1) < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": need a [N >= 2, d >= 1] matrix, got ",
-        x.defined() ? ShapeString(x) : std::string("undefined")));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": need a [N >= 2, d >= 1] matrix, got ",
+                     x.defined() ? ShapeString(x) : std::string("undefined")));
   }
   CkaOperand op;
   torch::Tensor xd = x.to(torch::kFloat64);
@@ -130,18 +128,19 @@ double CkaOf(const CkaOperand& x, const CkaOperand& y) {
   return hsic / (x.self_norm * y.self_norm);
 }
 
-// Effective rank of one 2-D float64 matrix.
-absl::StatusOr<double> EffectiveRank2d(const torch::Tensor& m) {
-  torch::Tensor s = at::linalg_svdvals(m);
-  const double total = s.sum().item<double>();
-  if (!(total > 0.0) || !std::isfinite(total)) {
+// Effective rank of each matrix of a [B, r, c] float64 batch, averaged.
+absl::StatusOr<double> MeanEffectiveRank(const torch::Tensor& batch) {
+  torch::Tensor s = at::linalg_svdvals(batch);  // [B, k]
+  torch::Tensor total = s.sum(-1, /*keepdim=*/true);
+  if (!(total > 0).all().item<bool>() ||
+      !torch::isfinite(total).all().item<bool>()) {
     return absl::InvalidArgumentError(
         "EffectiveRank: matrix is zero or non-finite");
   }
   torch::Tensor p = s / total;
-  p = p.masked_select(p > 0);
-  const double entropy = -(p * p.log()).sum().item<double>();
-  return std::exp(entropy);
+  // 0 log 0 = 0.
+  torch::Tensor plogp = torch::where(p > 0, p * p.log(), torch::zeros_like(p));
+  return (-plogp.sum(-1)).exp().mean().item<double>();
 }
 
 }  // namespace
@@ -220,8 +219,8 @@ absl::StatusOr<std::vector<double>> CausalScoreRow(
   std::vector<double> row(static_cast<size_t>(num_layers), kNaN);
   for (int64_t l = s + 1; l < num_layers; ++l) {
     auto score = Guarded("CausalScoreRow", [&]() -> absl::StatusOr<double> {
-      RETURN_IF_ERROR(CheckSameShape(base_states[l], skipped_states[l],
-                                     "CausalScoreRow"));
+      RETURN_IF_ERROR(
+          CheckSameShape(base_states[l], skipped_states[l], "CausalScoreRow"));
       RETURN_IF_ERROR(CheckSameShape(base_states[l + 1], skipped_states[l + 1],
                                      "CausalScoreRow"));
       return CausalScore(base_states[l + 1] - base_states[l],
@@ -281,21 +280,21 @@ int64_t LateStart(int64_t num_layers) {
 absl::StatusOr<double> LateFractionAbove(const Matrix& m, int64_t num_layers,
                                          double threshold) {
   if (num_layers < 2) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "late-layer summary: need L >= 2, got ", num_layers));
+    return absl::InvalidArgumentError(
+        absl::StrCat("late-layer summary: need L >= 2, got ", num_layers));
   }
   if (static_cast<int64_t>(m.size()) < num_layers) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "late-layer summary: matrix has ", m.size(), " rows, need ",
-        num_layers));
+    return absl::InvalidArgumentError(
+        absl::StrCat("late-layer summary: matrix has ", m.size(),
+                     " rows, need ", num_layers));
   }
   int64_t total = 0;
   int64_t above = 0;
   for (int64_t a = LateStart(num_layers); a < num_layers; ++a) {
     if (static_cast<int64_t>(m[a].size()) < num_layers) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "late-layer summary: row ", a, " has ", m[a].size(),
-          " entries, need ", num_layers));
+      return absl::InvalidArgumentError(
+          absl::StrCat("late-layer summary: row ", a, " has ", m[a].size(),
+                       " entries, need ", num_layers));
     }
     for (int64_t b = a + 1; b < num_layers; ++b) {
       const double v = m[a][b];
@@ -308,8 +307,8 @@ absl::StatusOr<double> LateFractionAbove(const Matrix& m, int64_t num_layers,
     }
   }
   if (total == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "late-layer summary: no late pairs for L = ", num_layers));
+    return absl::InvalidArgumentError(
+        absl::StrCat("late-layer summary: no late pairs for L = ", num_layers));
   }
   return static_cast<double>(above) / static_cast<double>(total);
 }
@@ -360,7 +359,7 @@ absl::StatusOr<std::vector<double>> LogitLensKlProfile(
   return out;
 }
 
-// ------------------------------------------------------ CKA / effective depth --
+// ----------------------------------------------------- CKA / effective depth
 
 absl::StatusOr<double> LinearCka(const torch::Tensor& x,
                                  const torch::Tensor& y) {
@@ -371,8 +370,8 @@ absl::StatusOr<double> LinearCka(const torch::Tensor& x,
     }
     if (x.size(0) != y.size(0)) {
       return absl::InvalidArgumentError(
-          absl::StrCat("LinearCka: row counts differ: ", ShapeString(x),
-                       " vs ", ShapeString(y)));
+          absl::StrCat("LinearCka: row counts differ: ", ShapeString(x), " vs ",
+                       ShapeString(y)));
     }
     const bool gram = x.size(0) <= std::max(x.size(1), y.size(1));
     ASSIGN_OR_RETURN(CkaOperand a, MakeCkaOperand(x, gram, "LinearCka X"));
@@ -383,76 +382,77 @@ absl::StatusOr<double> LinearCka(const torch::Tensor& x,
 
 absl::StatusOr<EffectiveDepthResult> EffectiveDepth(
     const std::vector<torch::Tensor>& layer_states, int64_t max_lag) {
-  return Guarded("EffectiveDepth", [&]() -> absl::StatusOr<EffectiveDepthResult> {
-    torch::NoGradGuard no_grad;
-    const int64_t num_layers = static_cast<int64_t>(layer_states.size());
-    if (num_layers < 1) {
-      return absl::InvalidArgumentError("EffectiveDepth: no layer states");
-    }
-    if (max_lag == -1) max_lag = num_layers - 1;
-    if (max_lag < 0 || max_lag > num_layers - 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "EffectiveDepth: max lag ", max_lag, " outside [0, ",
-          num_layers - 1, "]"));
-    }
-    std::vector<torch::Tensor> pooled;
-    pooled.reserve(layer_states.size());
-    int64_t max_d = 0;
-    for (int64_t l = 0; l < num_layers; ++l) {
-      const torch::Tensor& h = layer_states[l];
-      if (!h.defined() || (h.dim() != 2 && h.dim() != 3)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "EffectiveDepth: layer ", l + 1,
-            " must be [N, T, d] or [N, d]"));
-      }
-      torch::Tensor p = h.dim() == 3 ? h.to(torch::kFloat64).mean(1)
-                                     : h.to(torch::kFloat64);
-      if (p.size(0) != layer_states[0].size(0)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "EffectiveDepth: layer ", l + 1, " has ", p.size(0),
-            " sequences, layer 1 has ", layer_states[0].size(0)));
-      }
-      max_d = std::max(max_d, p.size(1));
-      pooled.push_back(std::move(p));
-    }
-    const bool gram = pooled[0].size(0) <= max_d;
-    std::vector<CkaOperand> ops;
-    ops.reserve(pooled.size());
-    for (int64_t l = 0; l < num_layers; ++l) {
-      ASSIGN_OR_RETURN(
-          CkaOperand op,
-          MakeCkaOperand(pooled[l], gram,
-                         absl::StrCat("EffectiveDepth: layer ", l + 1)));
-      ops.push_back(std::move(op));
-    }
-    EffectiveDepthResult r;
-    r.num_layers = num_layers;
-    r.max_lag = max_lag;
-    r.cka = NaNMatrix(num_layers, num_layers);
-    for (int64_t i = 0; i < num_layers; ++i) {
-      r.cka[i][i] = 1.0;
-      for (int64_t j = i + 1; j < num_layers; ++j) {
-        r.cka[i][j] = r.cka[j][i] = CkaOf(ops[i], ops[j]);
-      }
-    }
-    r.lag_profile.assign(static_cast<size_t>(num_layers), 0.0);
-    for (int64_t k = 0; k < num_layers; ++k) {
-      double sum = 0.0;
-      for (int64_t i = 0; i + k < num_layers; ++i) sum += r.cka[i][i + k];
-      r.lag_profile[k] = sum / static_cast<double>(num_layers - k);
-    }
-    const double l_d = static_cast<double>(num_layers);
-    double acc = 0.0;
-    for (int64_t k = 1; k <= max_lag; ++k) {
-      acc += (1.0 - static_cast<double>(k) / l_d) * r.lag_profile[k];
-    }
-    r.deff = l_d / (1.0 + 2.0 * acc);
-    r.deff_over_l = r.deff / l_d;
-    r.rho_bar1 = num_layers > 1 ? r.lag_profile[1] : kNaN;
-    r.f_l = 2.0 * l_d / (l_d + 1.0);
-    r.gap_pct = 100.0 * (r.f_l - r.deff) / r.f_l;
-    return r;
-  });
+  return Guarded(
+      "EffectiveDepth", [&]() -> absl::StatusOr<EffectiveDepthResult> {
+        torch::NoGradGuard no_grad;
+        const int64_t num_layers = static_cast<int64_t>(layer_states.size());
+        if (num_layers < 1) {
+          return absl::InvalidArgumentError("EffectiveDepth: no layer states");
+        }
+        if (max_lag == -1) max_lag = num_layers - 1;
+        if (max_lag < 0 || max_lag > num_layers - 1) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("EffectiveDepth: max lag ", max_lag, " outside [0, ",
+                           num_layers - 1, "]"));
+        }
+        std::vector<torch::Tensor> pooled;
+        pooled.reserve(layer_states.size());
+        int64_t max_d = 0;
+        for (int64_t l = 0; l < num_layers; ++l) {
+          const torch::Tensor& h = layer_states[l];
+          if (!h.defined() || (h.dim() != 2 && h.dim() != 3)) {
+            return absl::InvalidArgumentError(
+                absl::StrCat("EffectiveDepth: layer ", l + 1,
+                             " must be [N, T, d] or [N, d]"));
+          }
+          torch::Tensor p = h.dim() == 3 ? h.to(torch::kFloat64).mean(1)
+                                         : h.to(torch::kFloat64);
+          if (p.size(0) != layer_states[0].size(0)) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                "EffectiveDepth: layer ", l + 1, " has ", p.size(0),
+                " sequences, layer 1 has ", layer_states[0].size(0)));
+          }
+          max_d = std::max(max_d, p.size(1));
+          pooled.push_back(std::move(p));
+        }
+        const bool gram = pooled[0].size(0) <= max_d;
+        std::vector<CkaOperand> ops;
+        ops.reserve(pooled.size());
+        for (int64_t l = 0; l < num_layers; ++l) {
+          ASSIGN_OR_RETURN(
+              CkaOperand op,
+              MakeCkaOperand(pooled[l], gram,
+                             absl::StrCat("EffectiveDepth: layer ", l + 1)));
+          ops.push_back(std::move(op));
+        }
+        EffectiveDepthResult r;
+        r.num_layers = num_layers;
+        r.max_lag = max_lag;
+        r.cka = NaNMatrix(num_layers, num_layers);
+        for (int64_t i = 0; i < num_layers; ++i) {
+          r.cka[i][i] = 1.0;
+          for (int64_t j = i + 1; j < num_layers; ++j) {
+            r.cka[i][j] = r.cka[j][i] = CkaOf(ops[i], ops[j]);
+          }
+        }
+        r.lag_profile.assign(static_cast<size_t>(num_layers), 0.0);
+        for (int64_t k = 0; k < num_layers; ++k) {
+          double sum = 0.0;
+          for (int64_t i = 0; i + k < num_layers; ++i) sum += r.cka[i][i + k];
+          r.lag_profile[k] = sum / static_cast<double>(num_layers - k);
+        }
+        const double l_d = static_cast<double>(num_layers);
+        double acc = 0.0;
+        for (int64_t k = 1; k <= max_lag; ++k) {
+          acc += (1.0 - static_cast<double>(k) / l_d) * r.lag_profile[k];
+        }
+        r.deff = l_d / (1.0 + 2.0 * acc);
+        r.deff_over_l = r.deff / l_d;
+        r.rho_bar1 = num_layers > 1 ? r.lag_profile[1] : kNaN;
+        r.f_l = 2.0 * l_d / (l_d + 1.0);
+        r.gap_pct = 100.0 * (r.f_l - r.deff) / r.f_l;
+        return r;
+      });
 }
 
 absl::StatusOr<EffectiveDepthResult> EffectiveDepthFromPooled(
@@ -465,7 +465,7 @@ absl::StatusOr<EffectiveDepthResult> EffectiveDepthFromPooled(
   return EffectiveDepth(layers, max_lag);
 }
 
-// --------------------------------------------------------- HC / mHC / AttnRes --
+// -------------------------------------------------------- HC / mHC / AttnRes
 
 absl::StatusOr<double> EffectiveRank(const torch::Tensor& m) {
   return Guarded("EffectiveRank", [&]() -> absl::StatusOr<double> {
@@ -475,52 +475,47 @@ absl::StatusOr<double> EffectiveRank(const torch::Tensor& m) {
           "EffectiveRank: need a non-empty [r, c] or [B, r, c] tensor");
     }
     torch::Tensor md = m.to(torch::kFloat64);
-    if (md.dim() == 2) return EffectiveRank2d(md);
-    double acc = 0.0;
-    for (int64_t b = 0; b < md.size(0); ++b) {
-      ASSIGN_OR_RETURN(double r, EffectiveRank2d(md[b]));
-      acc += r;
-    }
-    return acc / static_cast<double>(md.size(0));
+    return MeanEffectiveRank(md.dim() == 2 ? md.unsqueeze(0) : md);
   });
 }
 
 absl::StatusOr<std::vector<double>> ComposedEffectiveRanks(
     const std::vector<torch::Tensor>& maps) {
-  return Guarded("ComposedEffectiveRanks",
-                 [&]() -> absl::StatusOr<std::vector<double>> {
-    torch::NoGradGuard no_grad;
-    std::vector<double> out;
-    out.reserve(maps.size());
-    torch::Tensor composed;
-    for (size_t k = 0; k < maps.size(); ++k) {
-      const torch::Tensor& a = maps[k];
-      if (!a.defined() || (a.dim() != 2 && a.dim() != 3) ||
-          a.size(-1) != a.size(-2) || a.numel() == 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "ComposedEffectiveRanks: map ", k, " must be [n, n] or [B, n, n]"));
-      }
-      torch::Tensor ad = a.to(torch::kFloat64);
-      if (k == 0) {
-        composed = ad;
-      } else {
-        if (a.size(-1) != composed.size(-1)) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "ComposedEffectiveRanks: map ", k, " has n = ", a.size(-1),
-              ", earlier maps n = ", composed.size(-1)));
+  return Guarded(
+      "ComposedEffectiveRanks", [&]() -> absl::StatusOr<std::vector<double>> {
+        torch::NoGradGuard no_grad;
+        std::vector<double> out;
+        out.reserve(maps.size());
+        torch::Tensor composed;
+        for (size_t k = 0; k < maps.size(); ++k) {
+          const torch::Tensor& a = maps[k];
+          if (!a.defined() || (a.dim() != 2 && a.dim() != 3) ||
+              a.size(-1) != a.size(-2) || a.numel() == 0) {
+            return absl::InvalidArgumentError(
+                absl::StrCat("ComposedEffectiveRanks: map ", k,
+                             " must be [n, n] or [B, n, n]"));
+          }
+          torch::Tensor ad = a.to(torch::kFloat64);
+          if (k == 0) {
+            composed = ad;
+          } else {
+            if (a.size(-1) != composed.size(-1)) {
+              return absl::InvalidArgumentError(absl::StrCat(
+                  "ComposedEffectiveRanks: map ", k, " has n = ", a.size(-1),
+                  ", earlier maps n = ", composed.size(-1)));
+            }
+            composed = composed.matmul(ad);
+          }
+          // Effective rank is scale-free; renormalise so long products neither
+          // overflow nor underflow.
+          torch::Tensor scale = composed.abs().amax({-2, -1}, /*keepdim=*/true);
+          composed = composed /
+                     torch::where(scale > 0, scale, torch::ones_like(scale));
+          ASSIGN_OR_RETURN(double r, EffectiveRank(composed));
+          out.push_back(r);
         }
-        composed = composed.matmul(ad);
-      }
-      // Effective rank is scale-free; renormalise so long products neither
-      // overflow nor underflow.
-      torch::Tensor scale = composed.abs().amax({-2, -1}, /*keepdim=*/true);
-      composed = composed / torch::where(scale > 0, scale,
-                                         torch::ones_like(scale));
-      ASSIGN_OR_RETURN(double r, EffectiveRank(composed));
-      out.push_back(r);
-    }
-    return out;
-  });
+        return out;
+      });
 }
 
 absl::StatusOr<double> RunningSumShare(const torch::Tensor& weights,
@@ -532,12 +527,12 @@ absl::StatusOr<double> RunningSumShare(const torch::Tensor& weights,
           "RunningSumShare: need non-empty weights [..., S]");
     }
     const int64_t sources = weights.size(-1);
-    const int64_t idx = running_index < 0 ? sources + running_index
-                                          : running_index;
+    const int64_t idx =
+        running_index < 0 ? sources + running_index : running_index;
     if (idx < 0 || idx >= sources) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "RunningSumShare: source index ", running_index, " outside ",
-          sources, " sources"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("RunningSumShare: source index ", running_index,
+                       " outside ", sources, " sources"));
     }
     torch::Tensor w = Rows(weights);
     if ((w < 0).any().item<bool>() || !torch::isfinite(w).all().item<bool>()) {
@@ -557,15 +552,15 @@ absl::StatusOr<std::vector<double>> RunningSumShares(
     const std::vector<torch::Tensor>& weights,
     const std::vector<int64_t>& running_index) {
   if (weights.size() != running_index.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "RunningSumShares: ", weights.size(), " weight tensors but ",
-        running_index.size(), " indices"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("RunningSumShares: ", weights.size(),
+                     " weight tensors but ", running_index.size(), " indices"));
   }
   std::vector<double> out;
   out.reserve(weights.size());
   for (size_t i = 0; i < weights.size(); ++i) {
-    ASSIGN_OR_RETURN(double share, RunningSumShare(weights[i],
-                                                   running_index[i]));
+    ASSIGN_OR_RETURN(double share,
+                     RunningSumShare(weights[i], running_index[i]));
     out.push_back(share);
   }
   return out;

@@ -93,9 +93,8 @@ using SwappedLossFn =
 
 // L x L matrix P[l1][l2] for 0 <= l1 < l2 < L (NaN elsewhere), one call of
 // `swapped_loss` per pair.
-absl::StatusOr<Matrix> PermutationScoreMatrix(int64_t num_blocks,
-                                              double base_loss,
-                                              const SwappedLossFn& swapped_loss);
+absl::StatusOr<Matrix> PermutationScoreMatrix(
+    int64_t num_blocks, double base_loss, const SwappedLossFn& swapped_loss);
 
 // ---------------------------------------------------- late-layer summaries --
 
@@ -133,22 +132,23 @@ absl::StatusOr<std::vector<double>> LogitLensKlProfile(
     const torch::Tensor& final_logits,
     const std::vector<torch::Tensor>& layer_logits);
 
-// ------------------------------------------------------ CKA / effective depth --
+// ----------------------------------------------------- CKA / effective depth
 
 // Linear CKA of X [N, d1] and Y [N, d2] (rows = samples): columns centred,
 //   ||Y^T X||_F^2 / (||X^T X||_F ||Y^T Y||_F),
 // computed in float64. InvalidArgument if N differs, N < 2, or either matrix
 // has zero variance after centring.
-absl::StatusOr<double> LinearCka(const torch::Tensor& x, const torch::Tensor& y);
+absl::StatusOr<double> LinearCka(const torch::Tensor& x,
+                                 const torch::Tensor& y);
 
 struct EffectiveDepthResult {
   int64_t num_layers = 0;  // L
   int64_t max_lag = 0;     // K
   double deff = 0.0;       // L / (1 + 2 sum_{k=1..K} (1 - k/L) rho_bar(k))
   double deff_over_l = 0.0;
-  double rho_bar1 = 0.0;   // rho_bar(1); NaN when L == 1
-  double f_l = 0.0;        // orthogonal-update reference 2L / (L+1)
-  double gap_pct = 0.0;    // 100 (F_L - D_eff) / F_L (positive: below F_L)
+  double rho_bar1 = 0.0;  // rho_bar(1); NaN when L == 1
+  double f_l = 0.0;       // orthogonal-update reference 2L / (L+1)
+  double gap_pct = 0.0;   // 100 (F_L - D_eff) / F_L (positive: below F_L)
   // lag_profile[k] = rho_bar(k) for k = 0..L-1 (lag_profile[0] = 1). The
   // profile always covers every lag, whatever K is.
   std::vector<double> lag_profile;
@@ -166,7 +166,7 @@ absl::StatusOr<EffectiveDepthResult> EffectiveDepth(
 absl::StatusOr<EffectiveDepthResult> EffectiveDepthFromPooled(
     const torch::Tensor& pooled, int64_t max_lag = -1);
 
-// --------------------------------------------------------- HC / mHC / AttnRes --
+// -------------------------------------------------------- HC / mHC / AttnRes
 
 // exp(entropy of the normalised singular values) of a 2-D matrix: n for an
 // n x n matrix with equal singular values (e.g. identity), 1 for rank 1.

@@ -148,17 +148,15 @@ absl::StatusOr<NpyArray> ParseNpyFloat32(std::string_view bytes) {
   }
   const uint64_t data_bytes = bytes.size() - prefix - header_len;
   if (data_bytes != count * 4) {
-    return Bad(absl::StrCat("data is ", data_bytes, " bytes, shape needs ",
-                            count * 4, data_bytes < count * 4
-                                           ? " (truncated file)"
-                                           : " (trailing bytes)"));
+    return Bad(absl::StrCat(
+        "data is ", data_bytes, " bytes, shape needs ", count * 4,
+        data_bytes < count * 4 ? " (truncated file)" : " (trailing bytes)"));
   }
   NpyArray out;
   out.shape = *std::move(shape);
   out.data.resize(count);
   if (count > 0) {
-    std::memcpy(out.data.data(), bytes.data() + prefix + header_len,
-                count * 4);
+    std::memcpy(out.data.data(), bytes.data() + prefix + header_len, count * 4);
   }
   return out;
 }
@@ -189,8 +187,8 @@ absl::Status WriteNpyFloat32(const std::string& path,
   }
   tuple += shape.size() == 1 ? ",)" : ")";
   if (count != data.size()) {
-    return Bad(absl::StrCat("data has ", data.size(), " values, shape needs ",
-                            count));
+    return Bad(
+        absl::StrCat("data has ", data.size(), " values, shape needs ", count));
   }
   std::string header = absl::StrCat(
       "{'descr': '<f4', 'fortran_order': False, 'shape': ", tuple, ", }");
@@ -199,7 +197,8 @@ absl::Status WriteNpyFloat32(const std::string& path,
   header.push_back('\n');
   if (header.size() > 0xffff) return Bad("header too long for version 1.0");
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) return absl::InternalError(absl::StrCat("npy: cannot write ", path));
+  if (!out)
+    return absl::InternalError(absl::StrCat("npy: cannot write ", path));
   out.write(kMagic, kMagicLen);
   const char version[2] = {1, 0};
   out.write(version, 2);
