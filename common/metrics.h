@@ -340,6 +340,7 @@ class MetricsRegistry {
   // Every sample name in use (a histogram claims _bucket, _sum, _count).
   std::map<std::string, std::string> sample_names_ ABSL_GUARDED_BY(mu_);
   CounterFamily* collect_errors_ = nullptr;  // set once in the constructor
+  mutable std::atomic<size_t> last_render_bytes_{0};  // capacity hint
 };
 
 }  // namespace depthbench
