@@ -1,0 +1,81 @@
+// The CLI's frame: global flags, subcommand registration, exit codes.
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "cli/commands.h"
+
+namespace depthbench::cli {
+
+absl::StatusOr<SchedulerClient*> CommandEnv::Client() {
+  if (client_ == nullptr) {
+    auto connected = SchedulerClient::Connect(client);
+    if (!connected.ok()) return connected.status();
+    client_ = std::move(*connected);
+  }
+  return client_.get();
+}
+
+int CommandEnv::Fail(const absl::Status& status) {
+  *err << "error: " << status.message() << " [" << absl::StatusCodeToString(status.code())
+       << "]\n";
+  return status.code() == absl::StatusCode::kInvalidArgument ? kExitUsage : kExitFailure;
+}
+
+int RunCli(int argc, char** argv, std::ostream& out, std::ostream& err) {
+  CLI::App app{"depthbench: submit and follow DepthBench sweeps on a depthbench-scheduler"};
+  app.require_subcommand(1);
+  CommandEnv env;
+  env.out = &out;
+  env.err = &err;
+  const char* from_env = std::getenv("DEPTHBENCH_SCHEDULER");
+  if (from_env != nullptr && *from_env != '\0') env.client.address = from_env;
+  std::string token_file;
+  app.add_option("--scheduler", env.client.address,
+                 "scheduler address HOST:PORT (default: $DEPTHBENCH_SCHEDULER, else 127.0.0.1:7070)")
+      ->capture_default_str();
+  app.add_option("--token-file", token_file,
+                 "file holding the shared token (also $DEPTHBENCH_TOKEN)");
+  app.add_option("--tls-ca", env.client.tls_ca_file,
+                 "PEM root certificate: connect with TLS trusting it");
+  app.add_option("--timeout-ms", env.client.timeout_ms, "deadline of each RPC")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_flag("--json", env.json, "machine-readable JSON output");
+  AddSubmitCommand(app, env);
+  AddSweepCommands(app, env);
+  AddJobCommands(app, env);
+  AddResultsCommand(app, env);
+  // `demo` is added by its own issue: AddDemoCommand(app, env);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e, out, err);
+    return rc == 0 ? kExitOk : kExitUsage;
+  }
+  const char* token_env = std::getenv("DEPTHBENCH_TOKEN");
+  if (!token_file.empty()) {
+    std::ifstream in(token_file);
+    if (!in) {
+      err << "error: --token-file: cannot read " << token_file << "\n";
+      return kExitUsage;
+    }
+    std::stringstream ss;
+    ss << in.rdbuf();
+    env.client.token = ss.str();
+    while (!env.client.token.empty() &&
+           (env.client.token.back() == '\n' || env.client.token.back() == ' ' ||
+            env.client.token.back() == '\r')) {
+      env.client.token.pop_back();
+    }
+  } else if (token_env != nullptr) {
+    env.client.token = token_env;
+  }
+  if (!env.run) {
+    err << "error: no command\n";
+    return kExitUsage;
+  }
+  return env.run(env);
+}
+
+}  // namespace depthbench::cli

@@ -1,0 +1,214 @@
+// depthbench jobs | job ID | retry (ID | --sweep S) | watch ID
+#include "absl/strings/str_cat.h"
+#include "cli/commands.h"
+#include "cli/output.h"
+
+namespace depthbench::cli {
+namespace {
+
+namespace v1 = ::depthbench::v1;
+
+std::string StateName(v1::JobState s) {
+  std::string name = v1::JobState_Name(s);
+  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return name;
+}
+
+absl::StatusOr<v1::JobState> ParseState(const std::string& text) {
+  std::string upper = text;
+  for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  v1::JobState state;
+  if (text.empty()) return v1::JOB_STATE_UNSPECIFIED;
+  if (!v1::JobState_Parse(upper, &state) || state == v1::JOB_STATE_UNSPECIFIED) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--state: unknown state \"", text,
+        "\" (valid: pending, leased, running, succeeded, diverged, failed, cancelled)"));
+  }
+  return state;
+}
+
+}  // namespace
+
+void AddJobCommands(CLI::App& app, CommandEnv& env) {
+  struct JobsArgs {
+    std::string sweep, state, arch;
+    int limit = 100;
+    bool all = false;
+  };
+  auto args = std::make_shared<JobsArgs>();
+  auto* jobs = app.add_subcommand("jobs", "list jobs (filters: --sweep, --state, --arch)");
+  jobs->add_option("--sweep", args->sweep, "only this sweep");
+  jobs->add_option("--state", args->state, "only this state");
+  jobs->add_option("--arch", args->arch, "only this architecture");
+  jobs->add_option("--limit", args->limit, "page size (1..1000)")->capture_default_str()
+      ->check(CLI::Range(1, 1000));
+  jobs->add_flag("--all", args->all, "follow pages until the end");
+  jobs->callback([&env, args] {
+    env.run = [args](CommandEnv& env) -> int {
+      auto state = ParseState(args->state);
+      if (!state.ok()) return env.Fail(state.status());
+      auto client = env.Client();
+      if (!client.ok()) return env.Fail(client.status());
+      v1::ListJobsRequest req;
+      req.set_sweep(args->sweep);
+      req.set_state(*state);
+      req.set_arch(args->arch);
+      req.set_page_size(args->limit);
+      v1::ListJobsResponse all;
+      while (true) {
+        v1::ListJobsResponse page;
+        auto ctx = (*client)->Context();
+        auto status = FromGrpc((*client)->sweeps()->ListJobs(ctx.get(), req, &page));
+        if (!status.ok()) return env.Fail(status);
+        for (auto& j : *page.mutable_jobs()) *all.add_jobs() = std::move(j);
+        all.set_next_page_token(page.next_page_token());
+        if (!args->all || page.next_page_token().empty()) break;
+        req.set_page_token(page.next_page_token());
+      }
+      if (env.json) {
+        *env.out << ToJson(all) << "\n";
+        return kExitOk;
+      }
+      Table table({"ID", "SWEEP", "KIND", "ARCH", "L", "D", "LR", "SEED", "STATE", "ATTEMPTS",
+                   "VAL_LOSS", "BEST"});
+      for (const auto& j : all.jobs()) {
+        table.AddRow({std::to_string(j.id()), j.sweep_name(),
+                      j.kind() == v1::DIAGNOSE ? "diagnose" : "train", j.arch(),
+                      std::to_string(j.layers()), std::to_string(j.d_model()),
+                      FormatDouble(j.lr(), 4), std::to_string(j.seed()), StateName(j.state()),
+                      absl::StrCat(j.attempts_used(), "/", j.max_attempts()),
+                      j.has_val_loss() ? FormatDouble(j.final_val_loss(), 5) : "-",
+                      j.is_best() ? "*" : ""});
+      }
+      table.Print(*env.out);
+      if (!all.next_page_token().empty()) {
+        *env.out << "(more: --all, or narrow with --sweep/--state/--arch)\n";
+      }
+      return kExitOk;
+    };
+  });
+
+  auto job_id = std::make_shared<int64_t>(0);
+  auto* job = app.add_subcommand("job", "one job with its attempts");
+  job->add_option("id", *job_id, "job id")->required()->check(CLI::PositiveNumber);
+  job->callback([&env, job_id] {
+    env.run = [job_id](CommandEnv& env) -> int {
+      auto client = env.Client();
+      if (!client.ok()) return env.Fail(client.status());
+      v1::GetJobRequest req;
+      req.set_job_id(*job_id);
+      v1::Job j;
+      auto ctx = (*client)->Context();
+      auto status = FromGrpc((*client)->sweeps()->GetJob(ctx.get(), req, &j));
+      if (!status.ok()) return env.Fail(status);
+      if (env.json) {
+        *env.out << ToJson(j) << "\n";
+        return kExitOk;
+      }
+      Table fields({"FIELD", "VALUE"});
+      fields.AddRow({"id", std::to_string(j.id())});
+      fields.AddRow({"sweep", j.sweep_name()});
+      fields.AddRow({"kind", j.kind() == v1::DIAGNOSE ? "diagnose" : "train"});
+      fields.AddRow({"state", StateName(j.state())});
+      fields.AddRow({"arch", j.arch()});
+      fields.AddRow({"shape", absl::StrCat(j.layers(), "x", j.d_model())});
+      fields.AddRow({"lr", FormatDouble(j.lr())});
+      fields.AddRow({"seed", std::to_string(j.seed())});
+      fields.AddRow({"attempts", absl::StrCat(j.attempts_used(), "/", j.max_attempts())});
+      fields.AddRow({"val_loss", j.has_val_loss() ? FormatDouble(j.final_val_loss()) : "-"});
+      fields.AddRow({"best", j.is_best() ? "yes" : "no"});
+      fields.AddRow({"checkpoint_dir", j.checkpoint_dir()});
+      if (!j.reason().empty()) fields.AddRow({"reason", j.reason()});
+      fields.AddRow({"config", j.config_json()});
+      fields.Print(*env.out);
+      if (j.attempts_size() > 0) {
+        *env.out << "\n";
+        Table attempts({"ATTEMPT", "N", "WORKER", "OUTCOME", "REASON"});
+        for (const auto& a : j.attempts()) {
+          attempts.AddRow({std::to_string(a.attempt_id()), std::to_string(a.number()),
+                           a.worker_id(), a.outcome(), a.reason()});
+        }
+        attempts.Print(*env.out);
+      }
+      return kExitOk;
+    };
+  });
+
+  struct RetryArgs {
+    int64_t job_id = 0;
+    std::string sweep;
+  };
+  auto retry_args = std::make_shared<RetryArgs>();
+  auto* retry = app.add_subcommand("retry", "retry a failed/cancelled job, or every failed job of --sweep");
+  auto* id_opt = retry->add_option("id", retry_args->job_id, "job id")->check(CLI::PositiveNumber);
+  auto* sweep_opt = retry->add_option("--sweep", retry_args->sweep, "retry every failed job of this sweep");
+  id_opt->excludes(sweep_opt);
+  retry->callback([&env, retry_args] {
+    env.run = [retry_args](CommandEnv& env) -> int {
+      if ((retry_args->job_id == 0) == retry_args->sweep.empty()) {
+        *env.err << "error: retry needs a job id or --sweep NAME\n";
+        return kExitUsage;
+      }
+      auto client = env.Client();
+      if (!client.ok()) return env.Fail(client.status());
+      v1::RetryJobRequest req;
+      req.set_job_id(retry_args->job_id);
+      req.set_sweep(retry_args->sweep);
+      v1::RetryJobResponse resp;
+      auto ctx = (*client)->Context();
+      auto status = FromGrpc((*client)->sweeps()->RetryJob(ctx.get(), req, &resp));
+      if (!status.ok()) return env.Fail(status);
+      if (env.json) {
+        *env.out << ToJson(resp) << "\n";
+      } else {
+        *env.out << "re-queued " << resp.job_ids_size() << " job(s)";
+        for (int64_t id : resp.job_ids()) *env.out << " " << id;
+        *env.out << "\n";
+      }
+      return kExitOk;
+    };
+  });
+
+  struct WatchArgs {
+    int64_t job_id = 0;
+    int64_t from_step = 0;
+    int64_t timeout_s = 86400;
+  };
+  auto watch_args = std::make_shared<WatchArgs>();
+  auto* watch = app.add_subcommand("watch", "stream a job's metrics and state changes until it ends");
+  watch->add_option("id", watch_args->job_id, "job id")->required()->check(CLI::PositiveNumber);
+  watch->add_option("--from-step", watch_args->from_step, "resume from this step")->check(CLI::NonNegativeNumber);
+  watch->add_option("--timeout-s", watch_args->timeout_s, "give up after this long")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  watch->callback([&env, watch_args] {
+    env.run = [watch_args](CommandEnv& env) -> int {
+      auto client = env.Client();
+      if (!client.ok()) return env.Fail(client.status());
+      v1::WatchJobRequest req;
+      req.set_job_id(watch_args->job_id);
+      req.set_from_step(watch_args->from_step);
+      auto ctx = (*client)->Context(watch_args->timeout_s * 1000);
+      auto reader = (*client)->sweeps()->WatchJob(ctx.get(), req);
+      v1::WatchJobEvent event;
+      while (reader->Read(&event)) {
+        if (env.json) {
+          std::string line = ToJson(event);
+          line.erase(std::remove(line.begin(), line.end(), '\n'), line.end());
+          *env.out << line << "\n";
+        } else if (event.has_point()) {
+          *env.out << "attempt " << event.attempt_id() << " step " << event.point().step()
+                   << " " << event.point().name() << " " << FormatDouble(event.point().value())
+                   << "\n";
+        } else {
+          *env.out << "state " << StateName(event.state()) << "\n";
+        }
+        env.out->flush();
+      }
+      auto status = FromGrpc(reader->Finish());
+      if (!status.ok()) return env.Fail(status);
+      return kExitOk;
+    };
+  });
+}
+
+}  // namespace depthbench::cli

@@ -1,0 +1,73 @@
+// depthbench results SWEEP [--csv | --json]
+#include <map>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "cli/commands.h"
+#include "cli/output.h"
+
+namespace depthbench::cli {
+
+namespace v1 = ::depthbench::v1;
+
+// The paper's table: one row per (arch, shape) with the loss at every LR
+// ("div" marks a diverged LR, "-" one without a finished run).
+Table ResultsTable(const v1::QueryResultsResponse& resp) {
+  std::set<double> lrs;
+  for (const auto& row : resp.rows()) {
+    for (const auto& l : row.lrs()) lrs.insert(l.lr());
+  }
+  std::vector<std::string> header = {"ARCH", "L", "D", "ASPECT", "PARAMS", "BEST_LR", "VAL_LOSS"};
+  for (double lr : lrs) header.push_back("LR=" + FormatDouble(lr, 4));
+  header.push_back("DONE");
+  Table table(header);
+  for (const auto& row : resp.rows()) {
+    std::map<double, std::string> cells;
+    for (const auto& l : row.lrs()) {
+      cells[l.lr()] = l.diverged() ? "div" : (l.has_loss() ? FormatDouble(l.val_loss(), 5) : "-");
+    }
+    std::vector<std::string> r = {row.arch(), std::to_string(row.layers()),
+                                  std::to_string(row.d_model()),
+                                  FormatDouble(row.aspect_ratio(), 4),
+                                  std::to_string(row.params()),
+                                  row.has_best() ? FormatDouble(row.best_lr(), 4) : "-",
+                                  row.has_best() ? FormatDouble(row.best_val_loss(), 5) : "-"};
+    for (double lr : lrs) r.push_back(cells.count(lr) ? cells[lr] : "");
+    r.push_back(row.complete() ? "yes" : "no");
+    table.AddRow(r);
+  }
+  return table;
+}
+
+void AddResultsCommand(CLI::App& app, CommandEnv& env) {
+  struct Args {
+    std::string sweep;
+    bool csv = false;
+  };
+  auto args = std::make_shared<Args>();
+  auto* cmd = app.add_subcommand("results", "the results table: val loss per (arch, shape) at every LR");
+  cmd->add_option("sweep", args->sweep, "sweep name")->required();
+  cmd->add_flag("--csv", args->csv, "CSV output");
+  cmd->callback([&env, args] {
+    env.run = [args](CommandEnv& env) -> int {
+      auto client = env.Client();
+      if (!client.ok()) return env.Fail(client.status());
+      v1::QueryResultsRequest req;
+      req.set_sweep(args->sweep);
+      v1::QueryResultsResponse resp;
+      auto ctx = (*client)->Context();
+      auto status = FromGrpc((*client)->sweeps()->QueryResults(ctx.get(), req, &resp));
+      if (!status.ok()) return env.Fail(status);
+      if (env.json) {
+        *env.out << ToJson(resp) << "\n";
+      } else if (args->csv) {
+        ResultsTable(resp).PrintCsv(*env.out);
+      } else {
+        ResultsTable(resp).Print(*env.out);
+      }
+      return kExitOk;
+    };
+  });
+}
+
+}  // namespace depthbench::cli

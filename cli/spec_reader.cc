@@ -1,0 +1,356 @@
+#include "cli/spec_reader.h"
+
+#include <cmath>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+
+#include <yaml-cpp/yaml.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace depthbench::cli {
+namespace {
+
+using nlohmann::json;
+namespace v1 = ::depthbench::v1;
+
+absl::Status Err(const std::string& path, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
+}
+
+std::string Kind(const json& j) {
+  if (j.is_null()) return "null";
+  if (j.is_boolean()) return "a boolean";
+  if (j.is_number()) return "a number";
+  if (j.is_string()) return "a string";
+  if (j.is_array()) return "a list";
+  return "a mapping";
+}
+
+absl::StatusOr<int64_t> Int(const json& j, const std::string& path) {
+  if (j.is_number_integer()) return j.get<int64_t>();
+  if (j.is_number_float()) {
+    double d = j.get<double>();
+    if (std::floor(d) == d && std::abs(d) < 9e15) return static_cast<int64_t>(d);
+  }
+  return Err(path, absl::StrCat("expected an integer, got ", Kind(j), " ", j.dump()));
+}
+
+absl::StatusOr<double> Double(const json& j, const std::string& path) {
+  if (j.is_number()) return j.get<double>();
+  return Err(path, absl::StrCat("expected a number, got ", Kind(j), " ", j.dump()));
+}
+
+absl::StatusOr<std::string> String(const json& j, const std::string& path) {
+  if (j.is_string()) return j.get<std::string>();
+  return Err(path, absl::StrCat("expected a string, got ", Kind(j), " ", j.dump()));
+}
+
+absl::Status Object(const json& j, const std::string& path) {
+  if (!j.is_object()) return Err(path, absl::StrCat("expected a mapping, got ", Kind(j)));
+  return absl::OkStatus();
+}
+
+absl::Status List(const json& j, const std::string& path) {
+  if (!j.is_array()) return Err(path, absl::StrCat("expected a list, got ", Kind(j)));
+  return absl::OkStatus();
+}
+
+using Handler = std::function<absl::Status(const json&, const std::string&)>;
+
+// Dispatches each key of `obj` to its handler; unknown keys are errors.
+absl::Status Fields(const json& obj, const std::string& path,
+                    const std::map<std::string, Handler>& handlers) {
+  RETURN_IF_ERROR(Object(obj, path));
+  for (auto it = obj.begin(); it != obj.end(); ++it) {
+    auto h = handlers.find(it.key());
+    std::string field = absl::StrCat(path, ".", it.key());
+    if (h == handlers.end()) {
+      std::string known;
+      for (const auto& [k, _] : handlers) known += (known.empty() ? "" : ", ") + k;
+      return Err(field, absl::StrCat("unknown field (valid: ", known, ")"));
+    }
+    RETURN_IF_ERROR(h->second(it.value(), field));
+  }
+  return absl::OkStatus();
+}
+
+template <typename Setter>
+Handler IntField(Setter set) {
+  return [set](const json& j, const std::string& p) -> absl::Status {
+    ASSIGN_OR_RETURN(int64_t v, Int(j, p));
+    set(v);
+    return absl::OkStatus();
+  };
+}
+template <typename Setter>
+Handler DoubleField(Setter set) {
+  return [set](const json& j, const std::string& p) -> absl::Status {
+    ASSIGN_OR_RETURN(double v, Double(j, p));
+    set(v);
+    return absl::OkStatus();
+  };
+}
+template <typename Setter>
+Handler StringField(Setter set) {
+  return [set](const json& j, const std::string& p) -> absl::Status {
+    ASSIGN_OR_RETURN(std::string v, String(j, p));
+    set(v);
+    return absl::OkStatus();
+  };
+}
+
+absl::Status StringMap(const json& j, const std::string& path,
+                       google::protobuf::Map<std::string, std::string>* out) {
+  RETURN_IF_ERROR(Object(j, path));
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    ASSIGN_OR_RETURN(std::string v, String(it.value(), absl::StrCat(path, ".", it.key())));
+    (*out)[it.key()] = v;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Shapes(const json& j, const std::string& path, v1::ShapeSpec* s) {
+  return Fields(j, path, {
+      {"suite", StringField([s](const std::string& v) { s->set_suite(v); })},
+      {"solver", [s](const json& j, const std::string& p) {
+         auto* v = s->mutable_solver();
+         return Fields(j, p, {
+             {"ref", [v](const json& j, const std::string& p) -> absl::Status {
+                // "24x1024" shorthand for ref_layers/ref_d_model.
+                ASSIGN_OR_RETURN(std::string text, String(j, p));
+                size_t x = text.find('x');
+                int64_t l = 0, d = 0;
+                if (x == std::string::npos || !absl::SimpleAtoi(text.substr(0, x), &l) ||
+                    !absl::SimpleAtoi(text.substr(x + 1), &d)) {
+                  return Err(p, absl::StrCat("expected LxD such as 24x1024, got \"", text, "\""));
+                }
+                v->set_ref_layers(l);
+                v->set_ref_d_model(d);
+                return absl::OkStatus();
+              }},
+             {"ref_layers", IntField([v](int64_t x) { v->set_ref_layers(x); })},
+             {"ref_d_model", IntField([v](int64_t x) { v->set_ref_d_model(x); })},
+             {"layers", [v](const json& j, const std::string& p) -> absl::Status {
+                RETURN_IF_ERROR(List(j, p));
+                for (size_t i = 0; i < j.size(); ++i) {
+                  ASSIGN_OR_RETURN(int64_t l, Int(j[i], absl::StrCat(p, "[", i, "]")));
+                  v->add_layers(l);
+                }
+                return absl::OkStatus();
+              }},
+             {"match", StringField([v](const std::string& x) { v->set_match(x); })},
+             {"vocab", IntField([v](int64_t x) { v->set_vocab(x); })},
+             {"heads", IntField([v](int64_t x) { v->set_heads(x); })},
+             {"kv_heads", IntField([v](int64_t x) { v->set_kv_heads(x); })},
+         });
+       }},
+      {"explicit", [s](const json& j, const std::string& p) -> absl::Status {
+         RETURN_IF_ERROR(List(j, p));
+         for (size_t i = 0; i < j.size(); ++i) {
+           auto* e = s->add_explicit_shapes();
+           std::string ip = absl::StrCat(p, "[", i, "]");
+           if (j[i].is_string()) {  // "LxD"
+             std::string text = j[i].get<std::string>();
+             size_t x = text.find('x');
+             int64_t l = 0, d = 0;
+             if (x == std::string::npos || !absl::SimpleAtoi(text.substr(0, x), &l) ||
+                 !absl::SimpleAtoi(text.substr(x + 1), &d)) {
+               return Err(ip, absl::StrCat("expected LxD such as 4x96 or {layers, d_model}, got \"", text, "\""));
+             }
+             e->set_layers(l);
+             e->set_d_model(d);
+             continue;
+           }
+           RETURN_IF_ERROR(Fields(j[i], ip, {
+               {"layers", IntField([e](int64_t x) { e->set_layers(x); })},
+               {"d_model", IntField([e](int64_t x) { e->set_d_model(x); })},
+               {"vocab", IntField([e](int64_t x) { e->set_vocab(x); })},
+               {"heads", IntField([e](int64_t x) { e->set_heads(x); })},
+               {"kv_heads", IntField([e](int64_t x) { e->set_kv_heads(x); })},
+           }));
+         }
+         return absl::OkStatus();
+       }},
+  });
+}
+
+absl::Status Training(const json& j, const std::string& path, v1::TrainingSettings* t) {
+  return Fields(j, path, {
+      {"data", StringField([t](const std::string& v) { t->set_data(v); })},
+      {"seq_len", IntField([t](int64_t v) { t->set_seq_len(v); })},
+      {"batch", IntField([t](int64_t v) { t->set_batch(v); })},
+      {"tokens_per_param", DoubleField([t](double v) { t->set_tokens_per_param(v); })},
+      {"steps", IntField([t](int64_t v) { t->set_steps(v); })},
+      {"tokens", IntField([t](int64_t v) { t->set_tokens(v); })},
+      {"eval_interval", IntField([t](int64_t v) { t->set_eval_interval(v); })},
+      {"eval_batches", IntField([t](int64_t v) { t->set_eval_batches(v); })},
+      {"checkpoint_interval", IntField([t](int64_t v) { t->set_checkpoint_interval(v); })},
+      {"threads", IntField([t](int64_t v) { t->set_threads(v); })},
+      {"warmup_frac", DoubleField([t](double v) { t->set_warmup_frac(v); })},
+      {"min_lr_frac", DoubleField([t](double v) { t->set_min_lr_frac(v); })},
+      {"weight_decay", DoubleField([t](double v) { t->set_weight_decay(v); })},
+      {"grad_clip", DoubleField([t](double v) { t->set_grad_clip(v); })},
+      {"explode_threshold", DoubleField([t](double v) { t->set_explode_threshold(v); })},
+      {"hc_streams", IntField([t](int64_t v) { t->set_hc_streams(v); })},
+      {"hc_form", StringField([t](const std::string& v) { t->set_hc_form(v); })},
+      {"log_interval", IntField([t](int64_t v) { t->set_log_interval(v); })},
+  });
+}
+
+// YAML -> JSON. Unquoted scalars become integers, floats, booleans or null
+// when they parse as such; quoted scalars stay strings.
+absl::StatusOr<json> YamlToJson(const YAML::Node& node, const std::string& path) {
+  switch (node.Type()) {
+    case YAML::NodeType::Null:
+    case YAML::NodeType::Undefined:
+      return json(nullptr);
+    case YAML::NodeType::Scalar: {
+      const std::string& text = node.Scalar();
+      if (node.Tag() == "!") return json(text);  // quoted
+      int64_t i = 0;
+      double d = 0;
+      if (absl::SimpleAtoi(text, &i)) return json(i);
+      if (absl::SimpleAtod(text, &d) && text.find_first_of("0123456789") != std::string::npos) {
+        return json(d);
+      }
+      if (text == "true" || text == "True") return json(true);
+      if (text == "false" || text == "False") return json(false);
+      if (text == "null" || text == "~") return json(nullptr);
+      return json(text);
+    }
+    case YAML::NodeType::Sequence: {
+      json arr = json::array();
+      for (size_t i = 0; i < node.size(); ++i) {
+        ASSIGN_OR_RETURN(json v, YamlToJson(node[i], absl::StrCat(path, "[", i, "]")));
+        arr.push_back(std::move(v));
+      }
+      return arr;
+    }
+    case YAML::NodeType::Map: {
+      json obj = json::object();
+      for (auto it = node.begin(); it != node.end(); ++it) {
+        std::string key = it->first.as<std::string>();
+        ASSIGN_OR_RETURN(json v, YamlToJson(it->second, absl::StrCat(path, ".", key)));
+        obj[key] = std::move(v);
+      }
+      return obj;
+    }
+  }
+  return json(nullptr);
+}
+
+}  // namespace
+
+absl::StatusOr<v1::SweepSpec> SpecFromJson(const json& root) {
+  v1::SweepSpec spec;
+  v1::SweepSpec* s = &spec;
+  RETURN_IF_ERROR(Fields(root, "spec", {
+      {"name", StringField([s](const std::string& v) { s->set_name(v); })},
+      {"architectures", [s](const json& j, const std::string& p) -> absl::Status {
+         RETURN_IF_ERROR(List(j, p));
+         for (size_t i = 0; i < j.size(); ++i) {
+           ASSIGN_OR_RETURN(std::string a, String(j[i], absl::StrCat(p, "[", i, "]")));
+           s->add_architectures(a);
+         }
+         return absl::OkStatus();
+       }},
+      {"shapes", [s](const json& j, const std::string& p) {
+         return Shapes(j, p, s->mutable_shapes());
+       }},
+      {"lr_grids", [s](const json& j, const std::string& p) -> absl::Status {
+         RETURN_IF_ERROR(Object(j, p));
+         for (auto it = j.begin(); it != j.end(); ++it) {
+           std::string ap = absl::StrCat(p, "[\"", it.key(), "\"]");
+           RETURN_IF_ERROR(List(it.value(), ap));
+           auto& grid = (*s->mutable_lr_grids())[it.key()];
+           for (size_t i = 0; i < it.value().size(); ++i) {
+             ASSIGN_OR_RETURN(double lr, Double(it.value()[i], absl::StrCat(ap, "[", i, "]")));
+             grid.add_lrs(lr);
+           }
+         }
+         return absl::OkStatus();
+       }},
+      {"seeds", [s](const json& j, const std::string& p) -> absl::Status {
+         RETURN_IF_ERROR(List(j, p));
+         for (size_t i = 0; i < j.size(); ++i) {
+           ASSIGN_OR_RETURN(int64_t v, Int(j[i], absl::StrCat(p, "[", i, "]")));
+           s->add_seeds(v);
+         }
+         return absl::OkStatus();
+       }},
+      {"training", [s](const json& j, const std::string& p) {
+         return Training(j, p, s->mutable_training());
+       }},
+      {"retry", [s](const json& j, const std::string& p) {
+         auto* r = s->mutable_retry();
+         return Fields(j, p, {
+             {"max_attempts", IntField([r](int64_t v) { r->set_max_attempts(static_cast<int32_t>(v)); })},
+             {"initial_backoff_ms", IntField([r](int64_t v) { r->set_initial_backoff_ms(v); })},
+             {"backoff_multiplier", DoubleField([r](double v) { r->set_backoff_multiplier(v); })},
+             {"max_backoff_ms", IntField([r](int64_t v) { r->set_max_backoff_ms(v); })},
+         });
+       }},
+      {"diagnostics", [s](const json& j, const std::string& p) -> absl::Status {
+         // Either a list of kinds or {kinds: [...]}.
+         const json* kinds = &j;
+         std::string kp = p;
+         if (j.is_object()) {
+           RETURN_IF_ERROR(Fields(j, p, {{"kinds", [](const json&, const std::string&) {
+                                            return absl::OkStatus();
+                                          }}}));
+           if (!j.contains("kinds")) return absl::OkStatus();
+           kinds = &j["kinds"];
+           kp = p + ".kinds";
+         }
+         RETURN_IF_ERROR(List(*kinds, kp));
+         for (size_t i = 0; i < kinds->size(); ++i) {
+           ASSIGN_OR_RETURN(std::string k, String((*kinds)[i], absl::StrCat(kp, "[", i, "]")));
+           s->mutable_diagnostics()->add_kinds(k);
+         }
+         return absl::OkStatus();
+       }},
+      {"resources", [s](const json& j, const std::string& p) {
+         auto* r = s->mutable_resources();
+         return Fields(j, p, {
+             {"devices", IntField([r](int64_t v) { r->set_devices(static_cast<int32_t>(v)); })},
+             {"memory_mb", IntField([r](int64_t v) { r->set_memory_mb(v); })},
+             {"labels", [r](const json& j, const std::string& p) {
+                return StringMap(j, p, r->mutable_labels());
+              }},
+         });
+       }},
+  }));
+  return spec;
+}
+
+absl::StatusOr<v1::SweepSpec> ParseSpecJson(const std::string& text) {
+  json root = json::parse(text, nullptr, false);
+  if (root.is_discarded()) return absl::InvalidArgumentError("spec: not valid JSON");
+  return SpecFromJson(root);
+}
+
+absl::StatusOr<v1::SweepSpec> ParseSpecYaml(const std::string& text) {
+  YAML::Node node;
+  try {
+    node = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("spec: not valid YAML: ", e.what()));
+  }
+  ASSIGN_OR_RETURN(json root, YamlToJson(node, "spec"));
+  return SpecFromJson(root);
+}
+
+absl::StatusOr<v1::SweepSpec> ReadSpecFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read spec file ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  bool is_json = path.size() >= 5 && path.substr(path.size() - 5) == ".json";
+  return is_json ? ParseSpecJson(ss.str()) : ParseSpecYaml(ss.str());
+}
+
+}  // namespace depthbench::cli

@@ -1,0 +1,46 @@
+// Best-LR selection for one (arch, shape) group (spec section 6): per LR the
+// mean final validation loss over the seeds that succeeded; an LR where any
+// seed diverged is marked diverged and not eligible; the best LR is the
+// eligible one with the lowest mean loss, and the best run is that LR's
+// succeeded job with the lowest loss.
+//
+// Thread safety: pure function.
+#ifndef DEPTHBENCH_SCHEDULER_BEST_LR_H_
+#define DEPTHBENCH_SCHEDULER_BEST_LR_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "storage/records.h"
+
+namespace depthbench::scheduler {
+
+struct LrSummary {
+  double lr = 0;
+  std::optional<double> mean_val_loss;
+  int succeeded = 0;
+  int diverged = 0;
+  int failed = 0;  // failed or cancelled
+};
+
+struct GroupSelection {
+  std::vector<LrSummary> lrs;  // ascending LR
+  bool complete = false;       // every job is in a terminal state
+  std::optional<double> best_lr;
+  std::optional<double> best_val_loss;
+  int64_t best_job_id = 0;     // 0 when none
+};
+
+bool IsTerminalState(const std::string& state);
+
+GroupSelection SelectBest(const std::vector<storage::JobRecord>& jobs);
+
+// lrs as JSON: [{"lr":..,"val_loss":..|null,"diverged":bool,"succeeded":n,
+// "diverged_runs":n,"failed_runs":n}, ...]
+std::string LrsToJson(const std::vector<LrSummary>& lrs);
+
+}  // namespace depthbench::scheduler
+
+#endif  // DEPTHBENCH_SCHEDULER_BEST_LR_H_

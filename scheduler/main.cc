@@ -1,0 +1,132 @@
+// depthbench-scheduler: the scheduler daemon.
+//   depthbench-scheduler --db PATH --listen HOST:PORT [--metrics-listen H:P]
+//     [--auth-token-file F] [--tls-cert F --tls-key F] [--port-file F]
+//     [--lease-ttl-ms N] [--heartbeat-interval-ms N]
+// Exit codes: 0 clean shutdown (SIGINT/SIGTERM), 2 bad usage, 1 other.
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/clock.h"
+#include "scheduler/scheduler.h"
+#include "scheduler/server.h"
+
+namespace {
+
+bool ReadFile(const std::string& path, std::string* out) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return false;
+  std::stringstream ss;
+  ss << in.rdbuf();
+  *out = ss.str();
+  return true;
+}
+
+std::string Trim(std::string s) {
+  while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"depthbench-scheduler: runs DepthBench sweeps (SweepService + WorkerService over gRPC)"};
+  std::string db_path, listen = "127.0.0.1:7070", metrics_listen, token_file, tls_cert,
+              tls_key, port_file;
+  int64_t lease_ttl_ms = 30000, heartbeat_ms = 0;
+  app.add_option("--db", db_path, "SQLite file (created and migrated if needed)")->required();
+  app.add_option("--listen", listen, "gRPC address HOST:PORT (port 0 picks a free port)")
+      ->capture_default_str();
+  app.add_option("--metrics-listen", metrics_listen,
+                 "Prometheus /metrics address HOST:PORT (served once the metrics exporter lands)");
+  app.add_option("--auth-token-file", token_file,
+                 "file holding a shared token; clients must send 'authorization: Bearer TOKEN'")
+      ->check(CLI::ExistingFile);
+  app.add_option("--tls-cert", tls_cert, "PEM certificate chain (TLS with --tls-key)")
+      ->check(CLI::ExistingFile);
+  app.add_option("--tls-key", tls_key, "PEM private key (TLS with --tls-cert)")
+      ->check(CLI::ExistingFile);
+  app.add_option("--port-file", port_file, "write the bound port to this file once listening");
+  app.add_option("--lease-ttl-ms", lease_ttl_ms, "lease time-to-live renewed by heartbeats")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--heartbeat-interval-ms", heartbeat_ms,
+                 "heartbeat interval told to workers (default: TTL / 3)")
+      ->check(CLI::PositiveNumber);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  }
+  if (tls_cert.empty() != tls_key.empty()) {
+    std::fprintf(stderr, "error: --tls-cert and --tls-key must be given together\n");
+    return 2;
+  }
+  depthbench::scheduler::ServerOptions server_options;
+  server_options.listen = listen;
+  if (!token_file.empty()) {
+    if (!ReadFile(token_file, &server_options.auth_token)) {
+      std::fprintf(stderr, "error: --auth-token-file: cannot read %s\n", token_file.c_str());
+      return 2;
+    }
+    server_options.auth_token = Trim(server_options.auth_token);
+    if (server_options.auth_token.empty()) {
+      std::fprintf(stderr, "error: --auth-token-file: %s is empty\n", token_file.c_str());
+      return 2;
+    }
+  }
+  if (!tls_cert.empty() && (!ReadFile(tls_cert, &server_options.tls_cert_pem) ||
+                            !ReadFile(tls_key, &server_options.tls_key_pem))) {
+    std::fprintf(stderr, "error: cannot read --tls-cert/--tls-key\n");
+    return 2;
+  }
+
+  // Block the shutdown signals in every thread; a dedicated thread waits.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  depthbench::scheduler::SchedulerOptions options;
+  options.lease_ttl_ms = lease_ttl_ms;
+  options.heartbeat_interval_ms = heartbeat_ms > 0 ? heartbeat_ms : std::max<int64_t>(1, lease_ttl_ms / 3);
+  auto scheduler = depthbench::scheduler::Scheduler::Open(
+      db_path, depthbench::RealClock::Default(), options);
+  if (!scheduler.ok()) {
+    std::fprintf(stderr, "error: %s\n", scheduler.status().ToString().c_str());
+    return 1;
+  }
+  server_options.expiry_interval_ms = std::min<int64_t>(200, std::max<int64_t>(10, lease_ttl_ms / 10));
+  depthbench::scheduler::SchedulerServer server(scheduler->get(), server_options);
+  absl::Status started = server.Start();
+  if (!started.ok()) {
+    std::fprintf(stderr, "error: %s\n", started.ToString().c_str());
+    return 1;
+  }
+  if (!metrics_listen.empty()) {
+    spdlog::warn("--metrics-listen {}: the metrics exporter is not wired yet (issue 7)",
+                 metrics_listen);
+  }
+  std::fprintf(stderr, "listening on %s\n", server.address().c_str());
+  std::fflush(stderr);
+  if (!port_file.empty()) {
+    std::string tmp = port_file + ".tmp";
+    {
+      std::ofstream out(tmp);
+      out << server.port() << "\n";
+    }
+    std::rename(tmp.c_str(), port_file.c_str());
+  }
+  int sig = 0;
+  sigwait(&signals, &sig);
+  spdlog::info("signal {}: shutting down", sig);
+  server.Shutdown();
+  return 0;
+}

@@ -1,0 +1,192 @@
+// The scheduler's core: sweeps in, jobs out under leases, metrics and
+// results back. Every state change is one SQLite transaction; the gRPC
+// services (sweep_service.h, worker_service.h) are thin wrappers over these
+// Status-returning methods, which speak the depthbench.v1 messages.
+//
+// Job states: pending -> leased -> running -> succeeded | diverged | failed |
+// cancelled. An acquired attempt counts against max_attempts; a failed
+// attempt or an expired lease re-queues the job with exponential backoff
+// until the attempts are used up (then `failed`); divergence is final; an
+// interrupted attempt (worker shutting down) re-queues at once and does not
+// count. Reports from an attempt that no longer holds its job's lease are
+// refused with FailedPrecondition.
+//
+// Restart: Create() on an existing file re-grants every leased/running job a
+// fresh lease TTL; workers re-attach by listing their running attempts in
+// RegisterWorker/Heartbeat, and unclaimed leases expire normally.
+//
+// Thread safety: every public method is safe to call concurrently; one
+// mutex serialises access to the database and the lease table. Ownership:
+// owns the Database; borrows the Clock, which must outlive it.
+#ifndef DEPTHBENCH_SCHEDULER_SCHEDULER_H_
+#define DEPTHBENCH_SCHEDULER_SCHEDULER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "depthbench/v1/sweep_service.pb.h"
+#include "depthbench/v1/worker_service.pb.h"
+#include "scheduler/lease_manager.h"
+#include "storage/sqlite.h"
+#include "storage/stores.h"
+
+namespace depthbench::scheduler {
+
+struct SchedulerOptions {
+  int64_t lease_ttl_ms = 30000;
+  int64_t heartbeat_interval_ms = 10000;
+};
+
+// Monotonic counters for the metrics exporter (issue 7 wires them to
+// /metrics); read with Scheduler::Counters().
+struct SchedulerCounters {
+  int64_t sweeps_submitted = 0;
+  int64_t jobs_created = 0;
+  int64_t leases_granted = 0;
+  int64_t leases_expired = 0;
+  int64_t jobs_succeeded = 0;
+  int64_t jobs_diverged = 0;
+  int64_t jobs_failed = 0;       // final failures
+  int64_t attempts_retried = 0;  // failed or expired attempts re-queued
+  int64_t attempts_interrupted = 0;
+  int64_t points_accepted = 0;
+  int64_t points_duplicate = 0;
+  int64_t stale_reports = 0;     // refused: attempt not current
+  int64_t active_leases = 0;     // gauge
+};
+
+// One read of WatchJob's stream.
+struct WatchBatch {
+  std::vector<storage::MetricRecord> points;
+  depthbench::v1::JobState state = depthbench::v1::JOB_STATE_UNSPECIFIED;
+  int64_t attempt_id = 0;
+};
+
+class Scheduler {
+ public:
+  // Migrates the schema and reloads leases of running jobs.
+  static absl::StatusOr<std::unique_ptr<Scheduler>> Create(
+      std::unique_ptr<storage::Database> db, Clock* clock,
+      SchedulerOptions options = {});
+  // Opens (creating) the file at `path`, then Create().
+  static absl::StatusOr<std::unique_ptr<Scheduler>> Open(
+      const std::string& path, Clock* clock, SchedulerOptions options = {});
+
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // --- SweepService -------------------------------------------------------
+  absl::StatusOr<depthbench::v1::SubmitSweepResponse> SubmitSweep(
+      const depthbench::v1::SweepSpec& spec);
+  absl::StatusOr<depthbench::v1::Sweep> GetSweep(const std::string& name);
+  absl::StatusOr<depthbench::v1::ListSweepsResponse> ListSweeps();
+  absl::StatusOr<depthbench::v1::CancelSweepResponse> CancelSweep(
+      const std::string& name);
+  absl::StatusOr<depthbench::v1::ListJobsResponse> ListJobs(
+      const depthbench::v1::ListJobsRequest& request);
+  absl::StatusOr<depthbench::v1::Job> GetJob(int64_t job_id);
+  absl::StatusOr<depthbench::v1::RetryJobResponse> RetryJob(
+      const depthbench::v1::RetryJobRequest& request);
+  absl::StatusOr<depthbench::v1::QueryResultsResponse> QueryResults(
+      const std::string& sweep);
+  // Points of the job after `after_row_id` with step >= from_step, plus its
+  // state. NotFound for an unknown job.
+  absl::StatusOr<WatchBatch> ReadWatch(int64_t job_id, int64_t after_row_id,
+                                       int64_t from_step, int64_t limit);
+  // A counter bumped on every metric insert and state change.
+  uint64_t ChangeVersion() const { return change_version_.load(); }
+  // Blocks until ChangeVersion() != seen or the timeout passes (real time;
+  // used by streaming handlers only).
+  void WaitForChange(uint64_t seen, absl::Duration timeout);
+
+  // --- WorkerService ------------------------------------------------------
+  absl::StatusOr<depthbench::v1::RegisterWorkerResponse> RegisterWorker(
+      const depthbench::v1::RegisterWorkerRequest& request);
+  absl::StatusOr<depthbench::v1::HeartbeatResponse> Heartbeat(
+      const depthbench::v1::HeartbeatRequest& request);
+  absl::StatusOr<depthbench::v1::AcquireJobResponse> AcquireJob(
+      const depthbench::v1::AcquireJobRequest& request);
+  // One chunk of a ReportMetrics stream, stored in one transaction.
+  absl::StatusOr<depthbench::v1::ReportMetricsResponse> ReportMetrics(
+      const depthbench::v1::ReportMetricsRequest& request);
+  absl::StatusOr<depthbench::v1::FinishJobResponse> FinishJob(
+      const depthbench::v1::FinishJobRequest& request);
+
+  // Expires leases whose TTL passed (driven by the Clock; the server calls
+  // it periodically, tests after FakeClock::AdvanceMs). Returns how many.
+  absl::StatusOr<int64_t> ExpireLeases();
+
+  SchedulerCounters Counters() const;
+  const SchedulerOptions& options() const { return options_; }
+
+ private:
+  Scheduler(std::unique_ptr<storage::Database> db, Clock* clock,
+            SchedulerOptions options);
+
+  absl::Status LoadLeases() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<int64_t> ExpireLeasesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<depthbench::v1::SweepSpec> SpecFor(int64_t sweep_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<storage::SweepRecord> SweepByName(const std::string& name)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<depthbench::v1::Sweep> SweepProto(const storage::SweepRecord& s)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<storage::WorkerRecord> Worker(const std::string& id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Checks (job, attempt) pairs a worker says it runs: renews valid leases,
+  // returns cancellations for the rest.
+  std::vector<depthbench::v1::Cancellation> Reattach(
+      const std::string& worker_id,
+      const google::protobuf::RepeatedPtrField<depthbench::v1::RunningAttempt>& running)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Re-queues (with backoff) or fails a job whose attempt ended badly.
+  // Caller holds a transaction.
+  absl::Status RequeueOrFail(storage::JobRecord& job, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Recomputes the results row of the job's (arch, shape) group, marks the
+  // best run and queues diagnostics once the group is complete. Caller holds
+  // a transaction.
+  absl::Status UpdateGroup(const storage::JobRecord& job)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status RecordDiagnostics(const storage::JobRecord& job,
+                                 const depthbench::v1::FinishJobRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Bumps ChangeVersion() and wakes WaitForChange().
+  void Bump();
+
+  Clock* const clock_;
+  const SchedulerOptions options_;
+
+  mutable absl::Mutex mu_;
+  std::unique_ptr<storage::Database> db_ ABSL_GUARDED_BY(mu_);
+  storage::SweepStore sweeps_ ABSL_GUARDED_BY(mu_);
+  storage::JobStore jobs_ ABSL_GUARDED_BY(mu_);
+  storage::WorkerStore workers_ ABSL_GUARDED_BY(mu_);
+  storage::MetricStore metrics_ ABSL_GUARDED_BY(mu_);
+  storage::ResultStore results_ ABSL_GUARDED_BY(mu_);
+  LeaseManager leases_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, depthbench::v1::SweepSpec> spec_cache_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, storage::WorkerRecord> worker_cache_ ABSL_GUARDED_BY(mu_);
+  SchedulerCounters counters_ ABSL_GUARDED_BY(mu_);
+
+  std::atomic<uint64_t> change_version_{0};
+  absl::Mutex change_mu_;
+  absl::CondVar change_cv_;
+};
+
+// "pending" <-> PENDING etc.
+std::string JobStateName(depthbench::v1::JobState state);
+depthbench::v1::JobState JobStateFromName(const std::string& name);
+
+}  // namespace depthbench::scheduler
+
+#endif  // DEPTHBENCH_SCHEDULER_SCHEDULER_H_

@@ -1,0 +1,69 @@
+#include "scheduler/server.h"
+
+#include <spdlog/spdlog.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace depthbench::scheduler {
+
+SchedulerServer::SchedulerServer(Scheduler* scheduler, ServerOptions options)
+    : scheduler_(scheduler),
+      options_(std::move(options)),
+      sweep_service_(scheduler, options_.auth_token),
+      worker_service_(scheduler, options_.auth_token) {}
+
+SchedulerServer::~SchedulerServer() { Shutdown(); }
+
+absl::Status SchedulerServer::Start() {
+  std::shared_ptr<grpc::ServerCredentials> creds;
+  if (!options_.tls_cert_pem.empty() || !options_.tls_key_pem.empty()) {
+    if (options_.tls_cert_pem.empty() || options_.tls_key_pem.empty()) {
+      return absl::InvalidArgumentError("--tls-cert and --tls-key must be given together");
+    }
+    grpc::SslServerCredentialsOptions ssl;
+    ssl.pem_key_cert_pairs.push_back({options_.tls_key_pem, options_.tls_cert_pem});
+    creds = grpc::SslServerCredentials(ssl);
+  } else {
+    creds = grpc::InsecureServerCredentials();
+  }
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options_.listen, creds, &port_);
+  builder.RegisterService(&sweep_service_);
+  builder.RegisterService(&worker_service_);
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr || port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", options_.listen));
+  }
+  ticker_ = std::thread([this] {
+    while (!stop_.WaitForNotificationWithTimeout(
+        absl::Milliseconds(options_.expiry_interval_ms))) {
+      absl::StatusOr<int64_t> expired = scheduler_->ExpireLeases();
+      if (!expired.ok()) {
+        spdlog::error("lease expiry: {}", expired.status().ToString());
+      } else if (*expired > 0) {
+        spdlog::info("expired {} lease(s)", *expired);
+      }
+    }
+  });
+  return absl::OkStatus();
+}
+
+std::string SchedulerServer::address() const {
+  std::string host = options_.listen.substr(0, options_.listen.rfind(':'));
+  return absl::StrCat(host, ":", port_);
+}
+
+void SchedulerServer::Wait() {
+  if (server_ != nullptr) server_->Wait();
+}
+
+void SchedulerServer::Shutdown() {
+  if (!stop_.HasBeenNotified()) stop_.Notify();
+  if (ticker_.joinable()) ticker_.join();
+  if (server_ != nullptr) {
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    server_.reset();
+  }
+}
+
+}  // namespace depthbench::scheduler

@@ -1,0 +1,299 @@
+#include "scheduler/sweep_expander.h"
+
+#include <cmath>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "trainer_core/arch.h"
+
+namespace depthbench::scheduler {
+namespace {
+
+using depthbench::v1::SweepSpec;
+using depthbench::v1::TrainingSettings;
+
+absl::Status Field(const std::string& path, const std::string& message) {
+  return absl::InvalidArgumentError(absl::StrCat("spec.", path, ": ", message));
+}
+
+// Re-prefixes an error from trainer_core (whose messages start with the field
+// name, e.g. "layers[2]: ...") with the spec path of the object it describes.
+absl::Status Prefixed(const std::string& path, const absl::Status& status) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("spec.", path, ".", std::string(status.message())));
+}
+
+bool ValidName(const std::string& name) {
+  if (name.empty() || name.size() > 64) return false;
+  for (char c : name) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' &&
+        c != '.') {
+      return false;
+    }
+  }
+  return name != "." && name != "..";
+}
+
+template <typename T>
+absl::Status Positive(bool has, T value, const std::string& path) {
+  if (has && !(value > 0)) return Field(path, absl::StrCat("must be positive, got ", value));
+  return absl::OkStatus();
+}
+template <typename T>
+absl::Status NonNegative(bool has, T value, const std::string& path) {
+  if (has && !(value >= 0)) return Field(path, absl::StrCat("must be >= 0, got ", value));
+  return absl::OkStatus();
+}
+
+absl::Status ValidateTraining(const TrainingSettings& t) {
+  if (t.has_data() && t.data().empty()) return Field("training.data", "must not be empty");
+  RETURN_IF_ERROR(Positive(t.has_seq_len(), t.seq_len(), "training.seq_len"));
+  RETURN_IF_ERROR(Positive(t.has_batch(), t.batch(), "training.batch"));
+  RETURN_IF_ERROR(Positive(t.has_tokens_per_param(), t.tokens_per_param(),
+                           "training.tokens_per_param"));
+  RETURN_IF_ERROR(Positive(t.has_steps(), t.steps(), "training.steps"));
+  RETURN_IF_ERROR(Positive(t.has_tokens(), t.tokens(), "training.tokens"));
+  RETURN_IF_ERROR(NonNegative(t.has_eval_interval(), t.eval_interval(), "training.eval_interval"));
+  RETURN_IF_ERROR(Positive(t.has_eval_batches(), t.eval_batches(), "training.eval_batches"));
+  RETURN_IF_ERROR(NonNegative(t.has_checkpoint_interval(), t.checkpoint_interval(),
+                              "training.checkpoint_interval"));
+  RETURN_IF_ERROR(Positive(t.has_threads(), t.threads(), "training.threads"));
+  if (t.has_warmup_frac() && !(t.warmup_frac() >= 0 && t.warmup_frac() < 1)) {
+    return Field("training.warmup_frac", absl::StrCat("must be in [0, 1), got ", t.warmup_frac()));
+  }
+  if (t.has_min_lr_frac() && !(t.min_lr_frac() >= 0 && t.min_lr_frac() <= 1)) {
+    return Field("training.min_lr_frac", absl::StrCat("must be in [0, 1], got ", t.min_lr_frac()));
+  }
+  RETURN_IF_ERROR(NonNegative(t.has_weight_decay(), t.weight_decay(), "training.weight_decay"));
+  RETURN_IF_ERROR(NonNegative(t.has_grad_clip(), t.grad_clip(), "training.grad_clip"));
+  RETURN_IF_ERROR(Positive(t.has_explode_threshold(), t.explode_threshold(),
+                           "training.explode_threshold"));
+  RETURN_IF_ERROR(Positive(t.has_hc_streams(), t.hc_streams(), "training.hc_streams"));
+  if (t.has_hc_form() && t.hc_form() != "paper" && t.hc_form() != "code") {
+    return Field("training.hc_form",
+                 absl::StrCat("must be \"paper\" or \"code\", got \"", t.hc_form(), "\""));
+  }
+  RETURN_IF_ERROR(Positive(t.has_log_interval(), t.log_interval(), "training.log_interval"));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+RetrySettings RetryFromSpec(const depthbench::v1::RetryPolicy& p) {
+  RetrySettings r;
+  if (p.max_attempts() > 0) r.max_attempts = p.max_attempts();
+  if (p.initial_backoff_ms() > 0) r.initial_backoff_ms = p.initial_backoff_ms();
+  if (p.backoff_multiplier() > 0) r.backoff_multiplier = p.backoff_multiplier();
+  if (p.max_backoff_ms() > 0) r.max_backoff_ms = p.max_backoff_ms();
+  return r;
+}
+
+absl::StatusOr<std::vector<ModelShape>> SpecShapes(const SweepSpec& spec) {
+  const auto& s = spec.shapes();
+  int sources = (!s.suite().empty()) + s.has_solver() + (s.explicit_shapes_size() > 0);
+  if (sources != 1) {
+    return Field("shapes", "exactly one of suite, solver or explicit_shapes is required");
+  }
+  std::vector<ModelShape> shapes;
+  if (!s.suite().empty() || s.has_solver()) {
+    SuiteDefinition suite;
+    std::string path;
+    if (!s.suite().empty()) {
+      path = "shapes.suite";
+      absl::StatusOr<SuiteDefinition> named = NamedSuite(s.suite());
+      if (!named.ok()) return Field(path, std::string(named.status().message()));
+      suite = *named;
+    } else {
+      path = "shapes.solver";
+      const auto& v = s.solver();
+      if (v.ref_layers() <= 0) return Field(path + ".ref_layers", absl::StrCat("must be positive, got ", v.ref_layers()));
+      if (v.ref_d_model() <= 0) return Field(path + ".ref_d_model", absl::StrCat("must be positive, got ", v.ref_d_model()));
+      if (v.layers_size() == 0) return Field(path + ".layers", "at least one depth is required");
+      if (!v.match().empty() && v.match() != "total" && v.match() != "backbone") {
+        return Field(path + ".match", absl::StrCat("must be \"total\" or \"backbone\", got \"", v.match(), "\""));
+      }
+      RETURN_IF_ERROR(NonNegative(true, v.vocab(), path + ".vocab"));
+      RETURN_IF_ERROR(NonNegative(true, v.heads(), path + ".heads"));
+      RETURN_IF_ERROR(NonNegative(true, v.kv_heads(), path + ".kv_heads"));
+      suite.name = "custom";
+      suite.ref_layers = v.ref_layers();
+      suite.ref_d_model = v.ref_d_model();
+      suite.layers.assign(v.layers().begin(), v.layers().end());
+      suite.match = v.match() == "backbone" ? MatchBy::kBackbone : MatchBy::kTotal;
+      suite.vocab = v.vocab() > 0 ? v.vocab() : 256;
+      suite.heads = v.heads() > 0 ? v.heads() : 16;
+      suite.kv_heads = v.kv_heads() > 0 ? v.kv_heads() : suite.heads;
+    }
+    absl::StatusOr<std::vector<ShapeRow>> rows = SolveSuite(suite);
+    if (!rows.ok()) return Prefixed(path, rows.status());
+    for (const ShapeRow& row : *rows) shapes.push_back(row.shape);
+  } else {
+    std::set<std::pair<int64_t, int64_t>> seen;
+    for (int i = 0; i < s.explicit_shapes_size(); ++i) {
+      const auto& e = s.explicit_shapes(i);
+      std::string path = absl::StrCat("shapes.explicit_shapes[", i, "]");
+      RETURN_IF_ERROR(NonNegative(true, e.vocab(), path + ".vocab"));
+      RETURN_IF_ERROR(NonNegative(true, e.heads(), path + ".heads"));
+      RETURN_IF_ERROR(NonNegative(true, e.kv_heads(), path + ".kv_heads"));
+      int64_t heads = e.heads() > 0 ? e.heads() : 16;
+      ModelShape shape = MakeShape(e.layers(), e.d_model(),
+                                   e.vocab() > 0 ? e.vocab() : 256,
+                                   FfnRule::kSwiGlu83, heads,
+                                   e.kv_heads() > 0 ? e.kv_heads() : heads);
+      absl::Status valid = ValidateShape(shape);
+      if (!valid.ok()) return Prefixed(path, valid);
+      if (!seen.insert({shape.layers, shape.d_model}).second) {
+        return Field(path, absl::StrCat("duplicate shape ", shape.layers, "x", shape.d_model));
+      }
+      shapes.push_back(shape);
+    }
+  }
+  return shapes;
+}
+
+absl::StatusOr<ExpandedSweep> ExpandSweep(const SweepSpec& spec) {
+  if (!ValidName(spec.name())) {
+    return Field("name", absl::StrCat(
+        "must be 1-64 characters of [A-Za-z0-9._-], got \"", spec.name(), "\""));
+  }
+  if (spec.architectures_size() == 0) {
+    return Field("architectures", "at least one architecture is required");
+  }
+  std::set<std::string> archs;
+  for (int i = 0; i < spec.architectures_size(); ++i) {
+    const std::string& name = spec.architectures(i);
+    absl::StatusOr<Arch> arch = ParseArch(name);
+    if (!arch.ok()) {
+      return Field(absl::StrCat("architectures[", i, "]"), std::string(arch.status().message()));
+    }
+    if (!archs.insert(name).second) {
+      return Field(absl::StrCat("architectures[", i, "]"), absl::StrCat("duplicate architecture \"", name, "\""));
+    }
+  }
+  ASSIGN_OR_RETURN(std::vector<ModelShape> shapes, SpecShapes(spec));
+  for (const auto& [arch, grid] : spec.lr_grids()) {
+    std::string path = absl::StrCat("lr_grids[\"", arch, "\"]");
+    if (archs.count(arch) == 0) return Field(path, "architecture is not in spec.architectures");
+    if (grid.lrs_size() == 0) return Field(path + ".lrs", "at least one learning rate is required");
+    std::set<double> seen;
+    for (int i = 0; i < grid.lrs_size(); ++i) {
+      double lr = grid.lrs(i);
+      std::string lr_path = absl::StrCat(path, ".lrs[", i, "]");
+      if (!std::isfinite(lr) || lr <= 0) return Field(lr_path, absl::StrCat("must be a positive finite number, got ", lr));
+      if (!seen.insert(lr).second) return Field(lr_path, absl::StrCat("duplicate learning rate ", lr));
+    }
+  }
+  std::vector<int64_t> seeds(spec.seeds().begin(), spec.seeds().end());
+  if (seeds.empty()) seeds.push_back(0);
+  std::set<int64_t> seen_seeds;
+  for (size_t i = 0; i < seeds.size(); ++i) {
+    std::string path = absl::StrCat("seeds[", i, "]");
+    if (seeds[i] < 0) return Field(path, absl::StrCat("must be >= 0, got ", seeds[i]));
+    if (!seen_seeds.insert(seeds[i]).second) return Field(path, absl::StrCat("duplicate seed ", seeds[i]));
+  }
+  RETURN_IF_ERROR(ValidateTraining(spec.training()));
+  const auto& retry = spec.retry();
+  if (retry.max_attempts() < 0 || retry.max_attempts() > 100) {
+    return Field("retry.max_attempts", absl::StrCat("must be in 1..100 (0 = default 3), got ", retry.max_attempts()));
+  }
+  RETURN_IF_ERROR(NonNegative(true, retry.initial_backoff_ms(), "retry.initial_backoff_ms"));
+  RETURN_IF_ERROR(NonNegative(true, retry.max_backoff_ms(), "retry.max_backoff_ms"));
+  if (retry.backoff_multiplier() != 0 && !(retry.backoff_multiplier() >= 1)) {
+    return Field("retry.backoff_multiplier", absl::StrCat("must be >= 1 (0 = default 2), got ", retry.backoff_multiplier()));
+  }
+  std::set<std::string> kinds;
+  for (int i = 0; i < spec.diagnostics().kinds_size(); ++i) {
+    const std::string& kind = spec.diagnostics().kinds(i);
+    std::string path = absl::StrCat("diagnostics.kinds[", i, "]");
+    bool ok = !kind.empty();
+    for (char c : kind) ok = ok && (std::islower(static_cast<unsigned char>(c)) || std::isdigit(static_cast<unsigned char>(c)) || c == '_');
+    if (!ok) return Field(path, absl::StrCat("must be a lowercase identifier, got \"", kind, "\""));
+    if (!kinds.insert(kind).second) return Field(path, absl::StrCat("duplicate kind \"", kind, "\""));
+  }
+  RETURN_IF_ERROR(NonNegative(true, spec.resources().devices(), "resources.devices"));
+  RETURN_IF_ERROR(NonNegative(true, spec.resources().memory_mb(), "resources.memory_mb"));
+
+  ExpandedSweep out;
+  out.retry = RetryFromSpec(retry);
+  out.diagnostics.assign(spec.diagnostics().kinds().begin(), spec.diagnostics().kinds().end());
+  int64_t total = 0;
+  for (const std::string& arch_name : spec.architectures()) {
+    Arch arch = *ParseArch(arch_name);
+    std::vector<double> lrs;
+    auto grid = spec.lr_grids().find(arch_name);
+    if (grid != spec.lr_grids().end()) {
+      lrs.assign(grid->second.lrs().begin(), grid->second.lrs().end());
+    } else {
+      lrs = DefaultLrGrid(arch);
+    }
+    total += static_cast<int64_t>(shapes.size() * lrs.size() * seeds.size());
+    if (total > kMaxJobsPerSweep) {
+      return Field("architectures", absl::StrCat("the grid has more than ", kMaxJobsPerSweep, " jobs"));
+    }
+    int64_t streams = spec.training().has_hc_streams() ? spec.training().hc_streams() : kDefaultHcStreams;
+    for (const ModelShape& shape : shapes) {
+      PlannedGroup group;
+      group.arch = arch_name;
+      group.shape = shape;
+      group.params = TotalParams(shape) +
+                     ExtraParamsFormula(arch, shape.layers, shape.d_model, shape.kv_dim(), streams);
+      group.lrs = lrs;
+      out.groups.push_back(group);
+      for (double lr : lrs) {
+        for (int64_t seed : seeds) {
+          out.jobs.push_back({arch_name, shape, lr, seed,
+                              TrainConfigJson(spec.training(), arch_name, shape, lr, seed)});
+        }
+      }
+    }
+  }
+  return out;
+}
+
+std::string TrainConfigJson(const TrainingSettings& t, const std::string& arch,
+                            const ModelShape& shape, double lr, int64_t seed) {
+  nlohmann::json j;
+  j["arch"] = arch;
+  j["layers"] = shape.layers;
+  j["d_model"] = shape.d_model;
+  j["d_ff"] = shape.d_ff;
+  j["heads"] = shape.heads;
+  j["kv_heads"] = shape.kv_heads;
+  j["vocab"] = shape.vocab;
+  j["lr"] = lr;
+  j["seed"] = seed;
+  if (t.has_data()) j["data"] = t.data();
+  if (t.has_seq_len()) j["seq_len"] = t.seq_len();
+  if (t.has_batch()) j["batch"] = t.batch();
+  if (t.has_steps()) j["steps"] = t.steps();
+  if (t.has_tokens()) j["tokens"] = t.tokens();
+  if (t.has_tokens_per_param()) j["tokens_per_param"] = t.tokens_per_param();
+  if (t.has_eval_interval()) j["eval_interval"] = t.eval_interval();
+  if (t.has_eval_batches()) j["eval_batches"] = t.eval_batches();
+  if (t.has_checkpoint_interval()) j["checkpoint_interval"] = t.checkpoint_interval();
+  if (t.has_threads()) j["threads"] = t.threads();
+  if (t.has_warmup_frac()) j["warmup_frac"] = t.warmup_frac();
+  if (t.has_min_lr_frac()) j["min_lr_frac"] = t.min_lr_frac();
+  if (t.has_weight_decay()) j["weight_decay"] = t.weight_decay();
+  if (t.has_grad_clip()) j["grad_clip"] = t.grad_clip();
+  if (t.has_explode_threshold()) j["explode_threshold"] = t.explode_threshold();
+  if (t.has_hc_streams()) j["hc_streams"] = t.hc_streams();
+  if (t.has_hc_form()) j["hc_form"] = t.hc_form();
+  if (t.has_log_interval()) j["log_interval"] = t.log_interval();
+  return j.dump();
+}
+
+std::string DiagnoseConfigJson(const std::string& train_config_json,
+                               const std::string& checkpoint_dir,
+                               const std::vector<std::string>& kinds) {
+  nlohmann::json j = nlohmann::json::parse(train_config_json, nullptr, false);
+  if (!j.is_object()) j = nlohmann::json::object();
+  j["checkpoint"] = checkpoint_dir;
+  j["kinds"] = kinds;
+  return j.dump();
+}
+
+}  // namespace depthbench::scheduler

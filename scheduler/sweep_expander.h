@@ -1,0 +1,76 @@
+// Validates a SweepSpec and expands it into the job grid
+//   architectures x shapes x lr_grid(arch) x seeds
+// with one train-config JSON per job (keys of trainer_core/README.md).
+// Errors are InvalidArgument naming the field as `spec.<path>: ...`, e.g.
+// `spec.architectures[2]: unknown architecture "hcc" (valid: ...)`.
+//
+// Thread safety: pure functions.
+#ifndef DEPTHBENCH_SCHEDULER_SWEEP_EXPANDER_H_
+#define DEPTHBENCH_SCHEDULER_SWEEP_EXPANDER_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "depthbench/v1/spec.pb.h"
+#include "trainer_core/shapes.h"
+
+namespace depthbench::scheduler {
+
+// Upper bound on jobs one spec may create.
+inline constexpr int64_t kMaxJobsPerSweep = 100000;
+
+struct PlannedJob {
+  std::string arch;
+  ModelShape shape;
+  double lr = 0;
+  int64_t seed = 0;
+  std::string config_json;
+};
+
+// One (arch, shape) row of the results table.
+struct PlannedGroup {
+  std::string arch;
+  ModelShape shape;
+  int64_t params = 0;  // total + the design's extra parameters
+  std::vector<double> lrs;
+};
+
+struct RetrySettings {
+  int64_t max_attempts = 3;
+  int64_t initial_backoff_ms = 1000;
+  double backoff_multiplier = 2.0;
+  int64_t max_backoff_ms = 60000;
+};
+
+struct ExpandedSweep {
+  std::vector<PlannedJob> jobs;
+  std::vector<PlannedGroup> groups;
+  RetrySettings retry;
+  std::vector<std::string> diagnostics;
+};
+
+// Retry policy with defaults applied (validated).
+RetrySettings RetryFromSpec(const depthbench::v1::RetryPolicy& policy);
+
+absl::StatusOr<ExpandedSweep> ExpandSweep(const depthbench::v1::SweepSpec& spec);
+
+// The shapes the spec's shape source yields (validated).
+absl::StatusOr<std::vector<ModelShape>> SpecShapes(
+    const depthbench::v1::SweepSpec& spec);
+
+// Train-config JSON for one point of the grid.
+std::string TrainConfigJson(const depthbench::v1::TrainingSettings& training,
+                            const std::string& arch, const ModelShape& shape,
+                            double lr, int64_t seed);
+
+// Diagnose-config JSON: the diagnosed run's train config plus
+// {"checkpoint": checkpoint_dir, "kinds": kinds}.
+std::string DiagnoseConfigJson(const std::string& train_config_json,
+                               const std::string& checkpoint_dir,
+                               const std::vector<std::string>& kinds);
+
+}  // namespace depthbench::scheduler
+
+#endif  // DEPTHBENCH_SCHEDULER_SWEEP_EXPANDER_H_

@@ -1,0 +1,147 @@
+#include "storage/migrations.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace depthbench::storage {
+namespace {
+
+// kMigrations[i] takes the schema from version i to i + 1.
+const std::vector<std::string>& Migrations() {
+  static const auto* migrations = new std::vector<std::string>{
+      // 1: the initial schema.
+      R"sql(
+CREATE TABLE sweeps(
+  id INTEGER PRIMARY KEY,
+  name TEXT NOT NULL UNIQUE,
+  spec BLOB NOT NULL,
+  created_ms INTEGER NOT NULL,
+  cancelled INTEGER NOT NULL DEFAULT 0);
+CREATE TABLE jobs(
+  id INTEGER PRIMARY KEY,
+  sweep_id INTEGER NOT NULL REFERENCES sweeps(id),
+  kind TEXT NOT NULL,
+  state TEXT NOT NULL,
+  arch TEXT NOT NULL,
+  layers INTEGER NOT NULL,
+  d_model INTEGER NOT NULL,
+  lr REAL NOT NULL,
+  seed INTEGER NOT NULL,
+  config_json TEXT NOT NULL,
+  attempts_used INTEGER NOT NULL DEFAULT 0,
+  max_attempts INTEGER NOT NULL,
+  current_attempt_id INTEGER NOT NULL DEFAULT 0,
+  worker_id TEXT NOT NULL DEFAULT '',
+  not_before_ms INTEGER NOT NULL DEFAULT 0,
+  val_loss REAL,
+  final_step INTEGER NOT NULL DEFAULT 0,
+  reason TEXT NOT NULL DEFAULT '',
+  checkpoint_dir TEXT NOT NULL,
+  is_best INTEGER NOT NULL DEFAULT 0,
+  parent_job_id INTEGER NOT NULL DEFAULT 0,
+  req_devices INTEGER NOT NULL DEFAULT 0,
+  req_memory_mb INTEGER NOT NULL DEFAULT 0,
+  req_labels TEXT NOT NULL DEFAULT '{}',
+  created_ms INTEGER NOT NULL,
+  updated_ms INTEGER NOT NULL);
+CREATE INDEX jobs_by_state ON jobs(state, id);
+CREATE INDEX jobs_by_sweep ON jobs(sweep_id, id);
+CREATE TABLE attempts(
+  id INTEGER PRIMARY KEY,
+  job_id INTEGER NOT NULL REFERENCES jobs(id),
+  number INTEGER NOT NULL,
+  worker_id TEXT NOT NULL,
+  start_ms INTEGER NOT NULL,
+  end_ms INTEGER NOT NULL DEFAULT 0,
+  outcome TEXT NOT NULL DEFAULT 'running',
+  reason TEXT NOT NULL DEFAULT '');
+CREATE INDEX attempts_by_job ON attempts(job_id, id);
+CREATE TABLE workers(
+  id TEXT PRIMARY KEY,
+  devices INTEGER NOT NULL,
+  memory_mb INTEGER NOT NULL,
+  slots INTEGER NOT NULL,
+  registered_ms INTEGER NOT NULL,
+  last_seen_ms INTEGER NOT NULL);
+CREATE TABLE metric_points(
+  id INTEGER PRIMARY KEY,
+  job_id INTEGER NOT NULL,
+  attempt_id INTEGER NOT NULL,
+  step INTEGER NOT NULL,
+  name TEXT NOT NULL,
+  value REAL NOT NULL,
+  wall_ms INTEGER NOT NULL,
+  UNIQUE(job_id, attempt_id, step, name));
+CREATE TABLE results(
+  sweep_id INTEGER NOT NULL,
+  arch TEXT NOT NULL,
+  layers INTEGER NOT NULL,
+  d_model INTEGER NOT NULL,
+  aspect_ratio REAL NOT NULL,
+  params INTEGER NOT NULL,
+  best_lr REAL,
+  best_val_loss REAL,
+  best_job_id INTEGER NOT NULL DEFAULT 0,
+  lrs_json TEXT NOT NULL DEFAULT '[]',
+  complete INTEGER NOT NULL DEFAULT 0,
+  PRIMARY KEY(sweep_id, arch, layers, d_model));
+CREATE TABLE diagnostics(
+  job_id INTEGER NOT NULL,
+  kind TEXT NOT NULL,
+  data_json TEXT NOT NULL,
+  created_ms INTEGER NOT NULL,
+  PRIMARY KEY(job_id, kind));
+)sql",
+      // 2: worker labels, room for diagnostics summaries on results rows
+      // (R_causal, R_perm, D_eff/L: issue 6), and step-ordered reads of a
+      // job's points for WatchJob resume.
+      R"sql(
+ALTER TABLE workers ADD COLUMN labels_json TEXT NOT NULL DEFAULT '{}';
+ALTER TABLE results ADD COLUMN diagnostics_json TEXT NOT NULL DEFAULT '{}';
+CREATE INDEX metric_points_by_job_step ON metric_points(job_id, step);
+)sql",
+  };
+  return *migrations;
+}
+
+}  // namespace
+
+int64_t LatestSchemaVersion() { return static_cast<int64_t>(Migrations().size()); }
+
+absl::StatusOr<int64_t> SchemaVersion(Database* db) {
+  RETURN_IF_ERROR(db->Exec(
+      "CREATE TABLE IF NOT EXISTS schema_version(version INTEGER NOT NULL)"));
+  ASSIGN_OR_RETURN(Query query,
+                   db->Prepare("SELECT COALESCE(MAX(version), 0) FROM schema_version"));
+  ASSIGN_OR_RETURN(bool row, query.Step());
+  return row ? query.ColumnInt(0) : 0;
+}
+
+absl::Status Migrate(Database* db, int64_t target) {
+  if (target < 0) target = LatestSchemaVersion();
+  ASSIGN_OR_RETURN(int64_t version, SchemaVersion(db));
+  if (version > LatestSchemaVersion()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "database ", db->path(), " has schema version ", version,
+        " but this binary knows only up to ", LatestSchemaVersion()));
+  }
+  for (int64_t v = version; v < target; ++v) {
+    ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db));
+    absl::Status status = db->Exec(Migrations()[v]);
+    if (!status.ok()) {
+      return absl::Status(status.code(), absl::StrCat("migration to version ",
+                                                      v + 1, ": ", status.message()));
+    }
+    RETURN_IF_ERROR(db->Exec("DELETE FROM schema_version"));
+    ASSIGN_OR_RETURN(Query bump,
+                     db->Prepare("INSERT INTO schema_version(version) VALUES (?)"));
+    RETURN_IF_ERROR(bump.Bind(1, v + 1).Run());
+    RETURN_IF_ERROR(txn.Commit());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace depthbench::storage

@@ -1,0 +1,108 @@
+// Plain rows of the scheduler's tables, as the stores read and write them.
+// States and kinds are the lowercase strings stored in SQLite ("pending",
+// "leased", "running", "succeeded", "diverged", "failed", "cancelled";
+// "train", "diagnose").
+//
+// Thread safety: plain values.
+#ifndef DEPTHBENCH_STORAGE_RECORDS_H_
+#define DEPTHBENCH_STORAGE_RECORDS_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace depthbench::storage {
+
+struct SweepRecord {
+  int64_t id = 0;
+  std::string name;
+  std::string spec;  // serialised depthbench.v1.SweepSpec
+  int64_t created_ms = 0;
+  bool cancelled = false;
+};
+
+struct JobRecord {
+  int64_t id = 0;
+  int64_t sweep_id = 0;
+  std::string kind = "train";
+  std::string state = "pending";
+  std::string arch;
+  int64_t layers = 0;
+  int64_t d_model = 0;
+  double lr = 0;
+  int64_t seed = 0;
+  std::string config_json;
+  int64_t attempts_used = 0;
+  int64_t max_attempts = 1;
+  int64_t current_attempt_id = 0;
+  std::string worker_id;
+  int64_t not_before_ms = 0;  // wall clock; backoff
+  std::optional<double> val_loss;
+  int64_t final_step = 0;
+  std::string reason;
+  std::string checkpoint_dir;
+  bool is_best = false;
+  int64_t parent_job_id = 0;
+  int64_t req_devices = 0;
+  int64_t req_memory_mb = 0;
+  std::string req_labels = "{}";  // JSON object of label -> value
+  int64_t created_ms = 0;
+  int64_t updated_ms = 0;
+};
+
+struct AttemptRecord {
+  int64_t id = 0;
+  int64_t job_id = 0;
+  int64_t number = 0;
+  std::string worker_id;
+  int64_t start_ms = 0;
+  int64_t end_ms = 0;
+  std::string outcome = "running";
+  std::string reason;
+};
+
+struct WorkerRecord {
+  std::string id;
+  int64_t devices = 0;
+  int64_t memory_mb = 0;
+  int64_t slots = 1;
+  std::string labels_json = "{}";
+  int64_t registered_ms = 0;
+  int64_t last_seen_ms = 0;
+};
+
+struct MetricRecord {
+  int64_t row_id = 0;  // insertion order; WatchJob's cursor
+  int64_t job_id = 0;
+  int64_t attempt_id = 0;
+  int64_t step = 0;
+  std::string name;
+  double value = 0;
+  int64_t wall_ms = 0;
+};
+
+struct ResultRecord {
+  int64_t sweep_id = 0;
+  std::string arch;
+  int64_t layers = 0;
+  int64_t d_model = 0;
+  double aspect_ratio = 0;
+  int64_t params = 0;
+  std::optional<double> best_lr;
+  std::optional<double> best_val_loss;
+  int64_t best_job_id = 0;
+  std::string lrs_json = "[]";
+  bool complete = false;
+  std::string diagnostics_json = "{}";
+};
+
+struct DiagnosticRecord {
+  int64_t job_id = 0;
+  std::string kind;
+  std::string data_json;
+  int64_t created_ms = 0;
+};
+
+}  // namespace depthbench::storage
+
+#endif  // DEPTHBENCH_STORAGE_RECORDS_H_

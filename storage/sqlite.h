@@ -1,0 +1,119 @@
+// RAII over the sqlite3 C API: a Database connection (WAL, busy timeout,
+// synchronous=NORMAL, foreign keys), cached prepared statements borrowed as
+// Query objects, and Transaction (BEGIN IMMEDIATE, rollback unless
+// committed). SQLite result codes become absl::Status here and nowhere else.
+//
+// Thread safety: none. A Database and everything borrowed from it must be
+// used by one thread at a time; the scheduler serialises access with its own
+// mutex. Ownership: Database owns the connection and every cached statement;
+// a Query borrows one statement and resets it when destroyed, so it must not
+// outlive its Database.
+#ifndef DEPTHBENCH_STORAGE_SQLITE_H_
+#define DEPTHBENCH_STORAGE_SQLITE_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+struct sqlite3;
+struct sqlite3_stmt;
+
+namespace depthbench::storage {
+
+// Maps an SQLite result code (plus the connection's message) to a Status:
+// BUSY/LOCKED -> Unavailable, CONSTRAINT -> AlreadyExists, CORRUPT/NOTADB ->
+// DataLoss, FULL -> ResourceExhausted, CANTOPEN/PERM/READONLY ->
+// PermissionDenied-or-Unavailable, others -> Internal.
+absl::Status SqliteStatus(int code, sqlite3* db, const std::string& context);
+
+// A borrowed prepared statement. Bind* indexes are 1-based (SQLite's);
+// Column* indexes are 0-based. A failed bind is remembered and returned by
+// the next Step/Run.
+class Query {
+ public:
+  Query(sqlite3* db, sqlite3_stmt* stmt);
+  Query(Query&& other) noexcept;
+  Query& operator=(Query&&) = delete;
+  Query(const Query&) = delete;
+  ~Query();  // resets the statement and clears its bindings
+
+  Query& Bind(int index, int64_t value);
+  Query& Bind(int index, int value) { return Bind(index, static_cast<int64_t>(value)); }
+  Query& Bind(int index, double value);
+  Query& Bind(int index, const std::string& value);
+  Query& Bind(int index, const char* value) { return Bind(index, std::string(value)); }
+  Query& BindBlob(int index, const std::string& bytes);
+  Query& BindNull(int index);
+  Query& Bind(int index, std::optional<double> value) {
+    return value ? Bind(index, *value) : BindNull(index);
+  }
+
+  // Advances: true when a row is available, false when done.
+  absl::StatusOr<bool> Step();
+  // Steps to completion (for statements that return no rows).
+  absl::Status Run();
+  // Rewinds to run again with new bindings.
+  void Reset();
+
+  int64_t ColumnInt(int col) const;
+  double ColumnDouble(int col) const;
+  std::string ColumnText(int col) const;
+  std::string ColumnBlob(int col) const;
+  bool ColumnIsNull(int col) const;
+
+ private:
+  sqlite3* db_;
+  sqlite3_stmt* stmt_;
+  absl::Status bind_status_;
+};
+
+class Database {
+ public:
+  // Opens (creating if needed) the file at `path` (":memory:" works) and
+  // applies the connection settings above.
+  static absl::StatusOr<std::unique_ptr<Database>> Open(const std::string& path);
+
+  Database(const Database&) = delete;
+  Database& operator=(const Database&) = delete;
+  ~Database();
+
+  // Borrows the cached prepared statement for `sql`, compiling it once.
+  absl::StatusOr<Query> Prepare(const std::string& sql);
+  // Runs one or more statements without results (schema scripts, pragmas).
+  absl::Status Exec(const std::string& sql);
+  int64_t LastInsertRowId() const;
+  int64_t Changes() const;  // rows changed by the last statement
+  sqlite3* raw() const { return db_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  Database(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}
+  sqlite3* db_;
+  std::string path_;
+  std::unordered_map<std::string, sqlite3_stmt*> cache_;
+};
+
+// BEGIN IMMEDIATE on construction (via Begin); ROLLBACK on destruction unless
+// Commit() succeeded.
+class Transaction {
+ public:
+  static absl::StatusOr<Transaction> Begin(Database* db);
+  Transaction(Transaction&& other) noexcept;
+  Transaction& operator=(Transaction&&) = delete;
+  Transaction(const Transaction&) = delete;
+  ~Transaction();
+  absl::Status Commit();
+
+ private:
+  explicit Transaction(Database* db) : db_(db) {}
+  Database* db_;  // null once committed, rolled back or moved from
+};
+
+}  // namespace depthbench::storage
+
+#endif  // DEPTHBENCH_STORAGE_SQLITE_H_

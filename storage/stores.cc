@@ -1,0 +1,465 @@
+#include "storage/stores.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+
+namespace depthbench::storage {
+namespace {
+
+constexpr char kJobColumns[] =
+    "id, sweep_id, kind, state, arch, layers, d_model, lr, seed, config_json, "
+    "attempts_used, max_attempts, current_attempt_id, worker_id, "
+    "not_before_ms, val_loss, final_step, reason, checkpoint_dir, is_best, "
+    "parent_job_id, req_devices, req_memory_mb, req_labels, created_ms, "
+    "updated_ms";
+
+JobRecord JobFromRow(const Query& q) {
+  JobRecord job;
+  job.id = q.ColumnInt(0);
+  job.sweep_id = q.ColumnInt(1);
+  job.kind = q.ColumnText(2);
+  job.state = q.ColumnText(3);
+  job.arch = q.ColumnText(4);
+  job.layers = q.ColumnInt(5);
+  job.d_model = q.ColumnInt(6);
+  job.lr = q.ColumnDouble(7);
+  job.seed = q.ColumnInt(8);
+  job.config_json = q.ColumnText(9);
+  job.attempts_used = q.ColumnInt(10);
+  job.max_attempts = q.ColumnInt(11);
+  job.current_attempt_id = q.ColumnInt(12);
+  job.worker_id = q.ColumnText(13);
+  job.not_before_ms = q.ColumnInt(14);
+  if (!q.ColumnIsNull(15)) job.val_loss = q.ColumnDouble(15);
+  job.final_step = q.ColumnInt(16);
+  job.reason = q.ColumnText(17);
+  job.checkpoint_dir = q.ColumnText(18);
+  job.is_best = q.ColumnInt(19) != 0;
+  job.parent_job_id = q.ColumnInt(20);
+  job.req_devices = q.ColumnInt(21);
+  job.req_memory_mb = q.ColumnInt(22);
+  job.req_labels = q.ColumnText(23);
+  job.created_ms = q.ColumnInt(24);
+  job.updated_ms = q.ColumnInt(25);
+  return job;
+}
+
+SweepRecord SweepFromRow(const Query& q) {
+  SweepRecord s;
+  s.id = q.ColumnInt(0);
+  s.name = q.ColumnText(1);
+  s.spec = q.ColumnBlob(2);
+  s.created_ms = q.ColumnInt(3);
+  s.cancelled = q.ColumnInt(4) != 0;
+  return s;
+}
+
+AttemptRecord AttemptFromRow(const Query& q) {
+  AttemptRecord a;
+  a.id = q.ColumnInt(0);
+  a.job_id = q.ColumnInt(1);
+  a.number = q.ColumnInt(2);
+  a.worker_id = q.ColumnText(3);
+  a.start_ms = q.ColumnInt(4);
+  a.end_ms = q.ColumnInt(5);
+  a.outcome = q.ColumnText(6);
+  a.reason = q.ColumnText(7);
+  return a;
+}
+
+ResultRecord ResultFromRow(const Query& q) {
+  ResultRecord r;
+  r.sweep_id = q.ColumnInt(0);
+  r.arch = q.ColumnText(1);
+  r.layers = q.ColumnInt(2);
+  r.d_model = q.ColumnInt(3);
+  r.aspect_ratio = q.ColumnDouble(4);
+  r.params = q.ColumnInt(5);
+  if (!q.ColumnIsNull(6)) r.best_lr = q.ColumnDouble(6);
+  if (!q.ColumnIsNull(7)) r.best_val_loss = q.ColumnDouble(7);
+  r.best_job_id = q.ColumnInt(8);
+  r.lrs_json = q.ColumnText(9);
+  r.complete = q.ColumnInt(10) != 0;
+  r.diagnostics_json = q.ColumnText(11);
+  return r;
+}
+
+constexpr char kSweepColumns[] = "id, name, spec, created_ms, cancelled";
+constexpr char kAttemptColumns[] =
+    "id, job_id, number, worker_id, start_ms, end_ms, outcome, reason";
+constexpr char kResultColumns[] =
+    "sweep_id, arch, layers, d_model, aspect_ratio, params, best_lr, "
+    "best_val_loss, best_job_id, lrs_json, complete, diagnostics_json";
+
+}  // namespace
+
+// --- SweepStore -------------------------------------------------------------
+
+absl::StatusOr<int64_t> SweepStore::Insert(const SweepRecord& sweep) {
+  ASSIGN_OR_RETURN(Query q, db_->Prepare(
+      "INSERT INTO sweeps(name, spec, created_ms, cancelled) VALUES (?,?,?,?)"));
+  q.Bind(1, sweep.name).BindBlob(2, sweep.spec).Bind(3, sweep.created_ms)
+      .Bind(4, static_cast<int64_t>(sweep.cancelled));
+  RETURN_IF_ERROR(q.Run());
+  return db_->LastInsertRowId();
+}
+
+absl::StatusOr<std::optional<SweepRecord>> SweepStore::FindByName(
+    const std::string& name) {
+  ASSIGN_OR_RETURN(Query q, db_->Prepare(absl::StrCat(
+      "SELECT ", kSweepColumns, " FROM sweeps WHERE name = ?")));
+  q.Bind(1, name);
+  ASSIGN_OR_RETURN(bool row, q.Step());
+  if (!row) return std::optional<SweepRecord>();
+  return std::optional<SweepRecord>(SweepFromRow(q));
+}
+
+absl::StatusOr<std::optional<SweepRecord>> SweepStore::Get(int64_t id) {
+  ASSIGN_OR_RETURN(Query q, db_->Prepare(absl::StrCat(
+      "SELECT ", kSweepColumns, " FROM sweeps WHERE id = ?")));
+  q.Bind(1, id);
+  ASSIGN_OR_RETURN(bool row, q.Step());
+  if (!row) return std::optional<SweepRecord>();
+  return std::optional<SweepRecord>(SweepFromRow(q));
+}
+
+absl::StatusOr<std::vector<SweepRecord>> SweepStore::List() {
+  ASSIGN_OR_RETURN(Query q, db_->Prepare(absl::StrCat(
+      "SELECT ", kSweepColumns, " FROM sweeps ORDER BY id")));
+  std::vector<SweepRecord> out;
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, q.Step());
+    if (!row) break;
+    out.push_back(SweepFromRow(q));
+  }
+  return out;
+}
+
+absl::Status SweepStore::SetCancelled(int64_t id, bool cancelled) {
+  ASSIGN_OR_RETURN(Query q, db_->Prepare("UPDATE sweeps SET cancelled = ? WHERE id = ?"));
+  return q.Bind(1, static_cast<int64_t>(cancelled)).Bind(2, id).Run();
+}
+
+// --- JobStore ---------------------------------------------------------------
+
+absl::StatusOr<int64_t> JobStore::Insert(const JobRecord& job) {
+  ASSIGN_OR_RETURN(Query q, db_->Prepare(
+      "INSERT INTO jobs(sweep_id, kind, state, arch, layers, d_model, lr, seed, "
+      "config_json, attempts_used, max_attempts, current_attempt_id, worker_id, "
+      "not_before_ms, val_loss, final_step, reason, checkpoint_dir, is_best, "
+      "parent_job_id, req_devices, req_memory_mb, req_labels, created_ms, "
+      "updated_ms) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"));
+  q.Bind(1, job.sweep_id).Bind(2, job.kind).Bind(3, job.state).Bind(4, job.arch)
+      .Bind(5, job.layers).Bind(6, job.d_model).Bind(7, job.lr).Bind(8, job.seed)
+      .Bind(9, job.config_json).Bind(10, job.attempts_used)
+      .Bind(11, job.max_attempts).Bind(12, job.current_attempt_id)
+      .Bind(13, job.worker_id).Bind(14, job.not_before_ms).Bind(15, job.val_loss)
+      .Bind(16, job.final_step).Bind(17, job.reason).Bind(18, job.checkpoint_dir)
+      .Bind(19, static_cast<int64_t>(job.is_best)).Bind(20, job.parent_job_id)
+      .Bind(21, job.req_devices).Bind(22, job.req_memory_mb)
+      .Bind(23, job.req_labels).Bind(24, job.created_ms).Bind(25, job.updated_ms);
+  RETURN_IF_ERROR(q.Run());
+  return db_->LastInsertRowId();
+}
+
+absl::StatusOr<JobRecord> JobStore::Get(int64_t id) {
+  ASSIGN_OR_RETURN(Query q, db_->Prepare(absl::StrCat(
+      "SELECT ", kJobColumns, " FROM jobs WHERE id = ?")));
+  q.Bind(1, id);
+  ASSIGN_OR_RETURN(bool row, q.Step());
+  if (!row) return absl::NotFoundError(absl::StrCat("job ", id, " not found"));
+  return JobFromRow(q);
+}
+
+absl::Status JobStore::Update(const JobRecord& job) {
+  ASSIGN_OR_RETURN(Query q, db_->Prepare(
+      "UPDATE jobs SET state = ?, config_json = ?, attempts_used = ?, "
+      "max_attempts = ?, current_attempt_id = ?, worker_id = ?, "
+      "not_before_ms = ?, val_loss = ?, final_step = ?, reason = ?, "
+      "checkpoint_dir = ?, is_best = ?, updated_ms = ? WHERE id = ?"));
+  q.Bind(1, job.state).Bind(2, job.config_json).Bind(3, job.attempts_used)
+      .Bind(4, job.max_attempts).Bind(5, job.current_attempt_id)
+      .Bind(6, job.worker_id).Bind(7, job.not_before_ms).Bind(8, job.val_loss)
+      .Bind(9, job.final_step).Bind(10, job.reason).Bind(11, job.checkpoint_dir)
+      .Bind(12, static_cast<int64_t>(job.is_best)).Bind(13, job.updated_ms)
+      .Bind(14, job.id);
+  RETURN_IF_ERROR(q.Run());
+  if (db_->Changes() != 1) {
+    return absl::NotFoundError(absl::StrCat("job ", job.id, " not found"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<JobRecord>> JobStore::ReadJobs(Query& q) {
+  std::vector<JobRecord> out;
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, q.Step());
+    if (!row) break;
+    out.push_back(JobFromRow(q));
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<JobRecord>> JobStore::FindRunnable(
+    int64_t now_wall_ms, int64_t devices, int64_t memory_mb, int64_t limit) {
+  ASSIGN_OR_RETURN(Query q, db_->Prepare(absl::StrCat(
+      "SELECT ", kJobColumns, " FROM jobs WHERE state = 'pending' AND "
+      "not_before_ms <= ? AND req_devices <= ? AND req_memory_mb <= ? "
+      "ORDER BY id LIMIT ?")));
+  q.Bind(1, now_wall_ms).Bind(2, devices).Bind(3, memory_mb).Bind(4, limit);
+  return ReadJobs(q);
+}
+
+absl::StatusOr<std::vector<JobRecord>> JobStore::List(const JobFilter& f) {
+  ASSIGN_OR_RETURN(Query q, db_->Prepare(absl::StrCat(
+      "SELECT ", kJobColumns, " FROM jobs WHERE id > ? AND "
+      "(? = 0 OR sweep_id = ?) AND (? = '' OR state = ?) AND "
+      "(? = '' OR arch = ?) ORDER BY id LIMIT ?")));
+  q.Bind(1, f.after_id).Bind(2, f.sweep_id).Bind(3, f.sweep_id)
+      .Bind(4, f.state).Bind(5, f.state).Bind(6, f.arch).Bind(7, f.arch)
+      .Bind(8, f.limit);
+  return ReadJobs(q);
+}
+
+absl::StatusOr<std::vector<JobRecord>> JobStore::ListInStates(
+    const std::vector<std::string>& states) {
+  if (states.empty()) return std::vector<JobRecord>();
+  std::vector<std::string> marks(states.size(), "?");
+  ASSIGN_OR_RETURN(Query q, db_->Prepare(absl::StrCat(
+      "SELECT ", kJobColumns, " FROM jobs WHERE state IN (",
+      absl::StrJoin(marks, ","), ") ORDER BY id")));
+  for (size_t i = 0; i < states.size(); ++i) q.Bind(static_cast<int>(i + 1), states[i]);
+  return ReadJobs(q);
+}
+
+absl::StatusOr<std::vector<JobRecord>> JobStore::ListBySweep(int64_t sweep_id) {
+  ASSIGN_OR_RETURN(Query q, db_->Prepare(absl::StrCat(
+      "SELECT ", kJobColumns, " FROM jobs WHERE sweep_id = ? ORDER BY id")));
+  q.Bind(1, sweep_id);
+  return ReadJobs(q);
+}
+
+absl::StatusOr<std::vector<JobRecord>> JobStore::ListGroup(
+    int64_t sweep_id, const std::string& arch, int64_t layers, int64_t d_model) {
+  ASSIGN_OR_RETURN(Query q, db_->Prepare(absl::StrCat(
+      "SELECT ", kJobColumns, " FROM jobs WHERE sweep_id = ? AND kind = 'train' "
+      "AND arch = ? AND layers = ? AND d_model = ? ORDER BY id")));
+  q.Bind(1, sweep_id).Bind(2, arch).Bind(3, layers).Bind(4, d_model);
+  return ReadJobs(q);
+}
+
+absl::StatusOr<std::vector<JobRecord>> JobStore::ListChildren(int64_t parent_job_id) {
+  ASSIGN_OR_RETURN(Query q, db_->Prepare(absl::StrCat(
+      "SELECT ", kJobColumns, " FROM jobs WHERE parent_job_id = ? ORDER BY id")));
+  q.Bind(1, parent_job_id);
+  return ReadJobs(q);
+}
+
+absl::StatusOr<std::map<std::string, int64_t>> JobStore::CountByState(
+    int64_t sweep_id) {
+  ASSIGN_OR_RETURN(Query q, db_->Prepare(
+      "SELECT state, COUNT(*) FROM jobs WHERE sweep_id = ? GROUP BY state"));
+  q.Bind(1, sweep_id);
+  std::map<std::string, int64_t> out;
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, q.Step());
+    if (!row) break;
+    out[q.ColumnText(0)] = q.ColumnInt(1);
+  }
+  return out;
+}
+
+absl::StatusOr<int64_t> JobStore::InsertAttempt(const AttemptRecord& a) {
+  ASSIGN_OR_RETURN(Query q, db_->Prepare(
+      "INSERT INTO attempts(job_id, number, worker_id, start_ms, end_ms, "
+      "outcome, reason) VALUES (?,?,?,?,?,?,?)"));
+  q.Bind(1, a.job_id).Bind(2, a.number).Bind(3, a.worker_id).Bind(4, a.start_ms)
+      .Bind(5, a.end_ms).Bind(6, a.outcome).Bind(7, a.reason);
+  RETURN_IF_ERROR(q.Run());
+  return db_->LastInsertRowId();
+}
+
+absl::StatusOr<std::optional<AttemptRecord>> JobStore::GetAttempt(int64_t id) {
+  ASSIGN_OR_RETURN(Query q, db_->Prepare(absl::StrCat(
+      "SELECT ", kAttemptColumns, " FROM attempts WHERE id = ?")));
+  q.Bind(1, id);
+  ASSIGN_OR_RETURN(bool row, q.Step());
+  if (!row) return std::optional<AttemptRecord>();
+  return std::optional<AttemptRecord>(AttemptFromRow(q));
+}
+
+absl::Status JobStore::EndAttempt(int64_t attempt_id, int64_t end_ms,
+                                  const std::string& outcome,
+                                  const std::string& reason) {
+  ASSIGN_OR_RETURN(Query q, db_->Prepare(
+      "UPDATE attempts SET end_ms = ?, outcome = ?, reason = ? WHERE id = ?"));
+  return q.Bind(1, end_ms).Bind(2, outcome).Bind(3, reason).Bind(4, attempt_id).Run();
+}
+
+absl::StatusOr<std::vector<AttemptRecord>> JobStore::ListAttempts(int64_t job_id) {
+  ASSIGN_OR_RETURN(Query q, db_->Prepare(absl::StrCat(
+      "SELECT ", kAttemptColumns, " FROM attempts WHERE job_id = ? ORDER BY id")));
+  q.Bind(1, job_id);
+  std::vector<AttemptRecord> out;
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, q.Step());
+    if (!row) break;
+    out.push_back(AttemptFromRow(q));
+  }
+  return out;
+}
+
+// --- WorkerStore ------------------------------------------------------------
+
+absl::Status WorkerStore::Upsert(const WorkerRecord& w) {
+  ASSIGN_OR_RETURN(Query q, db_->Prepare(
+      "INSERT INTO workers(id, devices, memory_mb, slots, labels_json, "
+      "registered_ms, last_seen_ms) VALUES (?,?,?,?,?,?,?) ON CONFLICT(id) DO "
+      "UPDATE SET devices = excluded.devices, memory_mb = excluded.memory_mb, "
+      "slots = excluded.slots, labels_json = excluded.labels_json, "
+      "registered_ms = excluded.registered_ms, last_seen_ms = excluded.last_seen_ms"));
+  return q.Bind(1, w.id).Bind(2, w.devices).Bind(3, w.memory_mb).Bind(4, w.slots)
+      .Bind(5, w.labels_json).Bind(6, w.registered_ms).Bind(7, w.last_seen_ms)
+      .Run();
+}
+
+absl::StatusOr<std::optional<WorkerRecord>> WorkerStore::Get(const std::string& id) {
+  ASSIGN_OR_RETURN(Query q, db_->Prepare(
+      "SELECT id, devices, memory_mb, slots, labels_json, registered_ms, "
+      "last_seen_ms FROM workers WHERE id = ?"));
+  q.Bind(1, id);
+  ASSIGN_OR_RETURN(bool row, q.Step());
+  if (!row) return std::optional<WorkerRecord>();
+  WorkerRecord w;
+  w.id = q.ColumnText(0);
+  w.devices = q.ColumnInt(1);
+  w.memory_mb = q.ColumnInt(2);
+  w.slots = q.ColumnInt(3);
+  w.labels_json = q.ColumnText(4);
+  w.registered_ms = q.ColumnInt(5);
+  w.last_seen_ms = q.ColumnInt(6);
+  return std::optional<WorkerRecord>(std::move(w));
+}
+
+absl::Status WorkerStore::Touch(const std::string& id, int64_t now_ms) {
+  ASSIGN_OR_RETURN(Query q, db_->Prepare("UPDATE workers SET last_seen_ms = ? WHERE id = ?"));
+  return q.Bind(1, now_ms).Bind(2, id).Run();
+}
+
+// --- MetricStore ------------------------------------------------------------
+
+absl::StatusOr<InsertCounts> MetricStore::Insert(
+    const std::vector<MetricRecord>& points) {
+  ASSIGN_OR_RETURN(Query q, db_->Prepare(
+      "INSERT OR IGNORE INTO metric_points(job_id, attempt_id, step, name, "
+      "value, wall_ms) VALUES (?,?,?,?,?,?)"));
+  InsertCounts counts;
+  for (const MetricRecord& p : points) {
+    q.Reset();
+    q.Bind(1, p.job_id).Bind(2, p.attempt_id).Bind(3, p.step).Bind(4, p.name)
+        .Bind(5, p.value).Bind(6, p.wall_ms);
+    RETURN_IF_ERROR(q.Run());
+    if (db_->Changes() == 1) {
+      ++counts.accepted;
+    } else {
+      ++counts.duplicates;
+    }
+  }
+  return counts;
+}
+
+absl::StatusOr<std::vector<MetricRecord>> MetricStore::Read(
+    int64_t job_id, int64_t after_row_id, int64_t from_step, int64_t limit) {
+  ASSIGN_OR_RETURN(Query q, db_->Prepare(
+      "SELECT id, job_id, attempt_id, step, name, value, wall_ms FROM "
+      "metric_points WHERE job_id = ? AND id > ? AND step >= ? ORDER BY id "
+      "LIMIT ?"));
+  q.Bind(1, job_id).Bind(2, after_row_id).Bind(3, from_step).Bind(4, limit);
+  std::vector<MetricRecord> out;
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, q.Step());
+    if (!row) break;
+    MetricRecord m;
+    m.row_id = q.ColumnInt(0);
+    m.job_id = q.ColumnInt(1);
+    m.attempt_id = q.ColumnInt(2);
+    m.step = q.ColumnInt(3);
+    m.name = q.ColumnText(4);
+    m.value = q.ColumnDouble(5);
+    m.wall_ms = q.ColumnInt(6);
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
+absl::StatusOr<int64_t> MetricStore::Count(int64_t job_id, int64_t attempt_id) {
+  ASSIGN_OR_RETURN(Query q, db_->Prepare(
+      "SELECT COUNT(*) FROM metric_points WHERE job_id = ? AND attempt_id = ?"));
+  q.Bind(1, job_id).Bind(2, attempt_id);
+  ASSIGN_OR_RETURN(bool row, q.Step());
+  return row ? q.ColumnInt(0) : 0;
+}
+
+// --- ResultStore ------------------------------------------------------------
+
+absl::Status ResultStore::Upsert(const ResultRecord& r) {
+  ASSIGN_OR_RETURN(Query q, db_->Prepare(absl::StrCat(
+      "INSERT OR REPLACE INTO results(", kResultColumns,
+      ") VALUES (?,?,?,?,?,?,?,?,?,?,?,?)")));
+  return q.Bind(1, r.sweep_id).Bind(2, r.arch).Bind(3, r.layers)
+      .Bind(4, r.d_model).Bind(5, r.aspect_ratio).Bind(6, r.params)
+      .Bind(7, r.best_lr).Bind(8, r.best_val_loss).Bind(9, r.best_job_id)
+      .Bind(10, r.lrs_json).Bind(11, static_cast<int64_t>(r.complete))
+      .Bind(12, r.diagnostics_json).Run();
+}
+
+absl::StatusOr<std::optional<ResultRecord>> ResultStore::Get(
+    int64_t sweep_id, const std::string& arch, int64_t layers, int64_t d_model) {
+  ASSIGN_OR_RETURN(Query q, db_->Prepare(absl::StrCat(
+      "SELECT ", kResultColumns, " FROM results WHERE sweep_id = ? AND arch = ? "
+      "AND layers = ? AND d_model = ?")));
+  q.Bind(1, sweep_id).Bind(2, arch).Bind(3, layers).Bind(4, d_model);
+  ASSIGN_OR_RETURN(bool row, q.Step());
+  if (!row) return std::optional<ResultRecord>();
+  return std::optional<ResultRecord>(ResultFromRow(q));
+}
+
+absl::StatusOr<std::vector<ResultRecord>> ResultStore::List(int64_t sweep_id) {
+  ASSIGN_OR_RETURN(Query q, db_->Prepare(absl::StrCat(
+      "SELECT ", kResultColumns, " FROM results WHERE sweep_id = ? "
+      "ORDER BY rowid")));
+  q.Bind(1, sweep_id);
+  std::vector<ResultRecord> out;
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, q.Step());
+    if (!row) break;
+    out.push_back(ResultFromRow(q));
+  }
+  return out;
+}
+
+absl::Status ResultStore::InsertDiagnostic(const DiagnosticRecord& d) {
+  ASSIGN_OR_RETURN(Query q, db_->Prepare(
+      "INSERT OR REPLACE INTO diagnostics(job_id, kind, data_json, created_ms) "
+      "VALUES (?,?,?,?)"));
+  return q.Bind(1, d.job_id).Bind(2, d.kind).Bind(3, d.data_json)
+      .Bind(4, d.created_ms).Run();
+}
+
+absl::StatusOr<std::vector<DiagnosticRecord>> ResultStore::ListDiagnostics(
+    int64_t job_id) {
+  ASSIGN_OR_RETURN(Query q, db_->Prepare(
+      "SELECT job_id, kind, data_json, created_ms FROM diagnostics WHERE "
+      "job_id = ? ORDER BY kind"));
+  q.Bind(1, job_id);
+  std::vector<DiagnosticRecord> out;
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, q.Step());
+    if (!row) break;
+    out.push_back({q.ColumnInt(0), q.ColumnText(1), q.ColumnText(2), q.ColumnInt(3)});
+  }
+  return out;
+}
+
+}  // namespace depthbench::storage

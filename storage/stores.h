@@ -1,0 +1,136 @@
+// Typed access to the scheduler's tables, one store per table family. Stores
+// hold no state beyond the Database pointer; transactions belong to the
+// caller (the scheduler opens one per state change and calls several stores
+// inside it).
+//
+// Thread safety: as Database (caller serialises). Ownership: stores borrow
+// the Database, which must outlive them.
+#ifndef DEPTHBENCH_STORAGE_STORES_H_
+#define DEPTHBENCH_STORAGE_STORES_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "storage/records.h"
+#include "storage/sqlite.h"
+
+namespace depthbench::storage {
+
+class SweepStore {
+ public:
+  explicit SweepStore(Database* db) : db_(db) {}
+  // AlreadyExists when the name is taken.
+  absl::StatusOr<int64_t> Insert(const SweepRecord& sweep);
+  absl::StatusOr<std::optional<SweepRecord>> FindByName(const std::string& name);
+  absl::StatusOr<std::optional<SweepRecord>> Get(int64_t id);
+  absl::StatusOr<std::vector<SweepRecord>> List();
+  absl::Status SetCancelled(int64_t id, bool cancelled);
+
+ private:
+  Database* db_;
+};
+
+struct JobFilter {
+  int64_t sweep_id = 0;  // 0: any
+  std::string state;     // empty: any
+  std::string arch;      // empty: any
+  int64_t after_id = 0;  // pagination cursor
+  int64_t limit = 100;
+};
+
+class JobStore {
+ public:
+  explicit JobStore(Database* db) : db_(db) {}
+  absl::StatusOr<int64_t> Insert(const JobRecord& job);
+  // NotFound names the id.
+  absl::StatusOr<JobRecord> Get(int64_t id);
+  // Writes every mutable column of `job` (matched by id).
+  absl::Status Update(const JobRecord& job);
+  // Pending jobs runnable at `now_wall_ms` whose resource needs fit, oldest
+  // first.
+  absl::StatusOr<std::vector<JobRecord>> FindRunnable(int64_t now_wall_ms,
+                                                      int64_t devices,
+                                                      int64_t memory_mb,
+                                                      int64_t limit);
+  absl::StatusOr<std::vector<JobRecord>> List(const JobFilter& filter);
+  absl::StatusOr<std::vector<JobRecord>> ListInStates(
+      const std::vector<std::string>& states);
+  absl::StatusOr<std::vector<JobRecord>> ListBySweep(int64_t sweep_id);
+  // Train jobs of one (arch, shape) group of a sweep.
+  absl::StatusOr<std::vector<JobRecord>> ListGroup(int64_t sweep_id,
+                                                   const std::string& arch,
+                                                   int64_t layers,
+                                                   int64_t d_model);
+  absl::StatusOr<std::vector<JobRecord>> ListChildren(int64_t parent_job_id);
+  // Count of jobs by state for a sweep.
+  absl::StatusOr<std::map<std::string, int64_t>> CountByState(int64_t sweep_id);
+
+  absl::StatusOr<int64_t> InsertAttempt(const AttemptRecord& attempt);
+  absl::StatusOr<std::optional<AttemptRecord>> GetAttempt(int64_t attempt_id);
+  absl::Status EndAttempt(int64_t attempt_id, int64_t end_ms,
+                          const std::string& outcome, const std::string& reason);
+  absl::StatusOr<std::vector<AttemptRecord>> ListAttempts(int64_t job_id);
+
+ private:
+  absl::StatusOr<std::vector<JobRecord>> ReadJobs(Query& query);
+  Database* db_;
+};
+
+class WorkerStore {
+ public:
+  explicit WorkerStore(Database* db) : db_(db) {}
+  absl::Status Upsert(const WorkerRecord& worker);
+  absl::StatusOr<std::optional<WorkerRecord>> Get(const std::string& id);
+  absl::Status Touch(const std::string& id, int64_t now_ms);
+
+ private:
+  Database* db_;
+};
+
+struct InsertCounts {
+  int64_t accepted = 0;
+  int64_t duplicates = 0;
+};
+
+class MetricStore {
+ public:
+  explicit MetricStore(Database* db) : db_(db) {}
+  // Idempotent on (job, attempt, step, name): a point already stored is
+  // counted as a duplicate and left unchanged.
+  absl::StatusOr<InsertCounts> Insert(const std::vector<MetricRecord>& points);
+  // Points of `job_id` with row_id > after_row_id and step >= from_step, in
+  // insertion order.
+  absl::StatusOr<std::vector<MetricRecord>> Read(int64_t job_id,
+                                                 int64_t after_row_id,
+                                                 int64_t from_step,
+                                                 int64_t limit);
+  absl::StatusOr<int64_t> Count(int64_t job_id, int64_t attempt_id);
+
+ private:
+  Database* db_;
+};
+
+class ResultStore {
+ public:
+  explicit ResultStore(Database* db) : db_(db) {}
+  absl::Status Upsert(const ResultRecord& row);
+  absl::StatusOr<std::optional<ResultRecord>> Get(int64_t sweep_id,
+                                                  const std::string& arch,
+                                                  int64_t layers,
+                                                  int64_t d_model);
+  absl::StatusOr<std::vector<ResultRecord>> List(int64_t sweep_id);
+  absl::Status InsertDiagnostic(const DiagnosticRecord& diagnostic);
+  absl::StatusOr<std::vector<DiagnosticRecord>> ListDiagnostics(int64_t job_id);
+
+ private:
+  Database* db_;
+};
+
+}  // namespace depthbench::storage
+
+#endif  // DEPTHBENCH_STORAGE_STORES_H_

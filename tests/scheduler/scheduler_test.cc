@@ -1,0 +1,511 @@
+#include "scheduler/scheduler.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "scheduler/best_lr.h"
+#include "scheduler/lease_manager.h"
+#include "tests/scheduler/test_util.h"
+
+namespace depthbench::scheduler {
+namespace {
+
+namespace v1 = ::depthbench::v1;
+using depthbench::testing::SmallSpec;
+
+std::string TempDb(const std::string& name) {
+  std::string dir = std::filesystem::temp_directory_path() /
+                    ("db_scheduler_test_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  std::string path = dir + "/" + name;
+  for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(path + suffix);
+  return path;
+}
+
+class SchedulerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    path_ = TempDb(std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) + ".db");
+    Reopen();
+  }
+  void Reopen() {
+    scheduler_.reset();
+    SchedulerOptions options;
+    options.lease_ttl_ms = 10000;
+    auto s = Scheduler::Open(path_, &clock_, options);
+    ASSERT_TRUE(s.ok()) << s.status();
+    scheduler_ = std::move(*s);
+  }
+  void Register(const std::string& name, int slots = 4) {
+    v1::RegisterWorkerRequest req;
+    req.set_name(name);
+    req.mutable_resources()->set_slots(slots);
+    ASSERT_TRUE(scheduler_->RegisterWorker(req).ok());
+  }
+  v1::AcquireJobResponse Acquire(const std::string& worker) {
+    v1::AcquireJobRequest req;
+    req.set_worker_id(worker);
+    auto r = scheduler_->AcquireJob(req);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *r : v1::AcquireJobResponse();
+  }
+  absl::StatusOr<v1::FinishJobResponse> Finish(const v1::AcquireJobResponse& lease,
+                                               v1::FinishStatus status,
+                                               double loss = 0, bool has_loss = true) {
+    v1::FinishJobRequest req;
+    req.set_job_id(lease.job_id());
+    req.set_attempt_id(lease.attempt_id());
+    req.set_status(status);
+    req.set_has_val_loss(has_loss);
+    req.set_final_val_loss(loss);
+    req.set_final_step(10);
+    req.set_reason(status == v1::FINISH_FAILED ? "exit code 1" : "");
+    return scheduler_->FinishJob(req);
+  }
+  absl::StatusOr<v1::ReportMetricsResponse> Report(const v1::AcquireJobResponse& lease,
+                                                   int64_t first_step, int64_t last_step) {
+    v1::ReportMetricsRequest req;
+    req.set_job_id(lease.job_id());
+    req.set_attempt_id(lease.attempt_id());
+    for (int64_t s = first_step; s <= last_step; ++s) {
+      auto* p = req.add_points();
+      p->set_step(s);
+      p->set_name("loss");
+      p->set_value(5.0 - 0.1 * s);
+    }
+    return scheduler_->ReportMetrics(req);
+  }
+  v1::JobState State(int64_t job_id) {
+    auto job = scheduler_->GetJob(job_id);
+    EXPECT_TRUE(job.ok());
+    return job.ok() ? job->state() : v1::JOB_STATE_UNSPECIFIED;
+  }
+
+  FakeClock clock_;
+  std::string path_;
+  std::unique_ptr<Scheduler> scheduler_;
+};
+
+TEST_F(SchedulerTest, SubmitIsIdempotentOnNameAndSpec) {
+  auto spec = SmallSpec("s1", {"pre_ln", "hc"}, {1e-3, 2e-3});
+  auto first = scheduler_->SubmitSweep(spec);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_TRUE(first->created());
+  EXPECT_EQ(first->sweep().total_jobs(), 4);
+  auto again = scheduler_->SubmitSweep(spec);
+  ASSERT_TRUE(again.ok());
+  EXPECT_FALSE(again->created());
+  EXPECT_EQ(again->sweep().id(), first->sweep().id());
+  EXPECT_EQ(again->sweep().total_jobs(), 4);
+  spec.mutable_training()->set_steps(11);
+  auto changed = scheduler_->SubmitSweep(spec);
+  EXPECT_EQ(changed.status().code(), absl::StatusCode::kAlreadyExists);
+  auto list = scheduler_->ListSweeps();
+  ASSERT_TRUE(list.ok());
+  EXPECT_EQ(list->sweeps_size(), 1);
+}
+
+TEST_F(SchedulerTest, InvalidSpecCreatesNothing) {
+  auto spec = SmallSpec("bad", {"pre_ln"}, {1e-3});
+  spec.add_architectures("hcc");
+  auto r = scheduler_->SubmitSweep(spec);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(scheduler_->ListSweeps()->sweeps_size(), 0);
+  EXPECT_EQ(scheduler_->ListJobs(v1::ListJobsRequest())->jobs_size(), 0);
+}
+
+TEST_F(SchedulerTest, StateMachineLeasedRunningSucceeded) {
+  ASSERT_TRUE(scheduler_->SubmitSweep(SmallSpec("s", {"pre_ln"}, {1e-3})).ok());
+  Register("w1");
+  auto lease = Acquire("w1");
+  ASSERT_TRUE(lease.has_job());
+  EXPECT_EQ(lease.attempt_number(), 1);
+  EXPECT_FALSE(lease.resume());
+  EXPECT_EQ(lease.checkpoint_dir(), "s/" + std::to_string(lease.job_id()));
+  auto config = nlohmann::json::parse(lease.config_json());
+  EXPECT_EQ(config["arch"], "pre_ln");
+  EXPECT_EQ(State(lease.job_id()), v1::LEASED);
+  ASSERT_TRUE(Report(lease, 1, 5).ok());
+  EXPECT_EQ(State(lease.job_id()), v1::RUNNING);
+  auto done = Finish(lease, v1::FINISH_SUCCEEDED, 2.5);
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->state(), v1::SUCCEEDED);
+  // A re-sent FinishJob gets the same answer; a different one is refused.
+  EXPECT_TRUE(Finish(lease, v1::FINISH_SUCCEEDED, 2.5).ok());
+  EXPECT_EQ(Finish(lease, v1::FINISH_FAILED).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Report(lease, 6, 6).status().code(), absl::StatusCode::kFailedPrecondition);
+  auto job = scheduler_->GetJob(lease.job_id());
+  ASSERT_TRUE(job.ok());
+  EXPECT_DOUBLE_EQ(job->final_val_loss(), 2.5);
+  ASSERT_EQ(job->attempts_size(), 1);
+  EXPECT_EQ(job->attempts(0).outcome(), "succeeded");
+  EXPECT_EQ(job->attempts(0).worker_id(), "w1");
+  EXPECT_TRUE(job->is_best());  // only LR of its group
+  auto sweep = scheduler_->GetSweep("s");
+  EXPECT_EQ(sweep->state(), v1::SWEEP_COMPLETED);
+  EXPECT_FALSE(Acquire("w1").has_job());
+}
+
+TEST_F(SchedulerTest, UnknownWorkerIsNotFound) {
+  v1::AcquireJobRequest req;
+  req.set_worker_id("ghost");
+  EXPECT_EQ(scheduler_->AcquireJob(req).status().code(), absl::StatusCode::kNotFound);
+  v1::HeartbeatRequest hb;
+  hb.set_worker_id("ghost");
+  EXPECT_EQ(scheduler_->Heartbeat(hb).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(SchedulerTest, LeaseExpiresWithoutHeartbeatAndLateReportsAreRefused) {
+  ASSERT_TRUE(scheduler_->SubmitSweep(SmallSpec("s", {"pre_ln"}, {1e-3})).ok());
+  Register("w1");
+  Register("w2");
+  auto lease = Acquire("w1");
+  ASSERT_TRUE(lease.has_job());
+  // Heartbeats keep it alive past the TTL.
+  for (int i = 0; i < 5; ++i) {
+    clock_.AdvanceMs(6000);
+    v1::HeartbeatRequest hb;
+    hb.set_worker_id("w1");
+    auto* r = hb.add_running();
+    r->set_job_id(lease.job_id());
+    r->set_attempt_id(lease.attempt_id());
+    auto reply = scheduler_->Heartbeat(hb);
+    ASSERT_TRUE(reply.ok());
+    EXPECT_EQ(reply->cancellations_size(), 0);
+    EXPECT_EQ(*scheduler_->ExpireLeases(), 0);
+  }
+  // Silence: the lease expires, the job is pending again (after backoff).
+  clock_.AdvanceMs(10001);
+  EXPECT_EQ(*scheduler_->ExpireLeases(), 1);
+  EXPECT_EQ(State(lease.job_id()), v1::PENDING);
+  auto job = scheduler_->GetJob(lease.job_id());
+  EXPECT_EQ(job->attempts_used(), 1);
+  EXPECT_EQ(job->attempts(0).outcome(), "expired");
+  EXPECT_FALSE(Acquire("w2").has_job());  // backoff 1000 ms
+  clock_.AdvanceMs(1000);
+  auto second = Acquire("w2");
+  ASSERT_TRUE(second.has_job());
+  EXPECT_EQ(second.job_id(), lease.job_id());
+  EXPECT_NE(second.attempt_id(), lease.attempt_id());
+  EXPECT_TRUE(second.resume());
+  EXPECT_EQ(second.attempt_number(), 2);
+  // The stale worker's reports are refused by attempt id; its heartbeat is
+  // told to stop.
+  EXPECT_EQ(Report(lease, 1, 3).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Finish(lease, v1::FINISH_SUCCEEDED, 1.0).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  v1::HeartbeatRequest hb;
+  hb.set_worker_id("w1");
+  auto* r = hb.add_running();
+  r->set_job_id(lease.job_id());
+  r->set_attempt_id(lease.attempt_id());
+  auto reply = scheduler_->Heartbeat(hb);
+  ASSERT_EQ(reply->cancellations_size(), 1);
+  EXPECT_EQ(reply->cancellations(0).attempt_id(), lease.attempt_id());
+  ASSERT_TRUE(Finish(second, v1::FINISH_SUCCEEDED, 2.0).ok());
+  EXPECT_EQ(State(lease.job_id()), v1::SUCCEEDED);
+}
+
+TEST_F(SchedulerTest, FailuresRetryWithExponentialBackoffUntilExhausted) {
+  ASSERT_TRUE(scheduler_->SubmitSweep(SmallSpec("s", {"pre_ln"}, {1e-3})).ok());
+  Register("w1");
+  auto a1 = Acquire("w1");
+  ASSERT_TRUE(Finish(a1, v1::FINISH_FAILED).ok());
+  auto job = scheduler_->GetJob(a1.job_id());
+  EXPECT_EQ(job->state(), v1::PENDING);
+  EXPECT_EQ(job->not_before_ms(), clock_.NowWallMs() + 1000);
+  clock_.AdvanceMs(999);
+  EXPECT_FALSE(Acquire("w1").has_job());
+  clock_.AdvanceMs(1);
+  auto a2 = Acquire("w1");
+  ASSERT_TRUE(a2.has_job());
+  ASSERT_TRUE(Finish(a2, v1::FINISH_FAILED).ok());
+  job = scheduler_->GetJob(a1.job_id());
+  EXPECT_EQ(job->not_before_ms(), clock_.NowWallMs() + 2000);  // doubled
+  clock_.AdvanceMs(2000);
+  auto a3 = Acquire("w1");
+  ASSERT_TRUE(a3.has_job());
+  auto last = Finish(a3, v1::FINISH_FAILED);
+  ASSERT_TRUE(last.ok());
+  EXPECT_EQ(last->state(), v1::FAILED);
+  job = scheduler_->GetJob(a1.job_id());
+  EXPECT_EQ(job->attempts_used(), 3);
+  EXPECT_NE(job->reason().find("attempts exhausted"), std::string::npos);
+  clock_.AdvanceMs(100000);
+  EXPECT_FALSE(Acquire("w1").has_job());
+  // RetryJob brings it back with a fresh attempt budget.
+  v1::RetryJobRequest retry;
+  retry.set_job_id(a1.job_id());
+  auto retried = scheduler_->RetryJob(retry);
+  ASSERT_TRUE(retried.ok()) << retried.status();
+  EXPECT_EQ(retried->job_ids_size(), 1);
+  auto a4 = Acquire("w1");
+  ASSERT_TRUE(a4.has_job());
+  EXPECT_EQ(a4.attempt_number(), 4);
+  // Retrying a job that is not failed/cancelled is refused.
+  EXPECT_EQ(scheduler_->RetryJob(retry).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(SchedulerTest, DivergenceIsFinalAndInterruptionDoesNotCount) {
+  ASSERT_TRUE(scheduler_->SubmitSweep(SmallSpec("s", {"pre_ln"}, {1e-3, 5e-3})).ok());
+  Register("w1");
+  auto a = Acquire("w1");
+  auto b = Acquire("w1");
+  ASSERT_TRUE(Finish(a, v1::FINISH_DIVERGED, 0, false).ok());
+  EXPECT_EQ(State(a.job_id()), v1::DIVERGED);
+  auto interrupted = Finish(b, v1::FINISH_INTERRUPTED, 0, false);
+  ASSERT_TRUE(interrupted.ok());
+  EXPECT_EQ(interrupted->state(), v1::PENDING);
+  auto job = scheduler_->GetJob(b.job_id());
+  EXPECT_EQ(job->attempts_used(), 0);
+  auto again = Acquire("w1");  // no backoff for an interruption
+  ASSERT_TRUE(again.has_job());
+  EXPECT_EQ(again.job_id(), b.job_id());
+  EXPECT_TRUE(again.resume());
+  EXPECT_FALSE(Acquire("w1").has_job());  // the diverged one never returns
+}
+
+TEST_F(SchedulerTest, BestLrSkipsDivergedAndQueuesDiagnostics) {
+  auto spec = SmallSpec("s", {"deepnorm"}, {1e-3, 2e-3, 5e-3});
+  spec.mutable_diagnostics()->add_kinds("angular");
+  spec.mutable_diagnostics()->add_kinds("deff");
+  ASSERT_TRUE(scheduler_->SubmitSweep(spec).ok());
+  Register("w1", 8);
+  std::map<double, v1::AcquireJobResponse> by_lr;
+  for (int i = 0; i < 3; ++i) {
+    auto lease = Acquire("w1");
+    auto job = scheduler_->GetJob(lease.job_id());
+    by_lr[job->lr()] = lease;
+  }
+  // 5e-3 diverged with the lowest reported loss: not eligible.
+  ASSERT_TRUE(Finish(by_lr[5e-3], v1::FINISH_DIVERGED, 0.1).ok());
+  ASSERT_TRUE(Finish(by_lr[1e-3], v1::FINISH_SUCCEEDED, 3.0).ok());
+  auto partial = scheduler_->QueryResults("s");
+  ASSERT_TRUE(partial.ok());
+  ASSERT_EQ(partial->rows_size(), 1);
+  EXPECT_FALSE(partial->rows(0).complete());
+  EXPECT_FALSE(partial->rows(0).has_best());
+  EXPECT_FALSE(Acquire("w1").has_job());  // no diagnostics before the group ends
+  ASSERT_TRUE(Finish(by_lr[2e-3], v1::FINISH_SUCCEEDED, 2.7).ok());
+  auto results = scheduler_->QueryResults("s");
+  ASSERT_TRUE(results.ok());
+  const v1::ResultRow& row = results->rows(0);
+  EXPECT_TRUE(row.complete());
+  EXPECT_TRUE(row.has_best());
+  EXPECT_DOUBLE_EQ(row.best_lr(), 2e-3);
+  EXPECT_DOUBLE_EQ(row.best_val_loss(), 2.7);
+  EXPECT_EQ(row.best_job_id(), by_lr[2e-3].job_id());
+  EXPECT_EQ(row.layers(), 2);
+  EXPECT_EQ(row.d_model(), 64);
+  EXPECT_DOUBLE_EQ(row.aspect_ratio(), 32.0);
+  EXPECT_GT(row.params(), 0);
+  ASSERT_EQ(row.lrs_size(), 3);
+  EXPECT_TRUE(row.lrs(2).diverged());
+  EXPECT_FALSE(row.lrs(2).has_loss());
+  EXPECT_DOUBLE_EQ(row.lrs(0).val_loss(), 3.0);
+  EXPECT_EQ(results->runs_size(), 3);
+  // The diagnostic job is queued against the best run's checkpoint dir.
+  auto diag = Acquire("w1");
+  ASSERT_TRUE(diag.has_job());
+  EXPECT_EQ(diag.kind(), v1::DIAGNOSE);
+  auto config = nlohmann::json::parse(diag.config_json());
+  EXPECT_EQ(config["checkpoint"], "s/" + std::to_string(by_lr[2e-3].job_id()));
+  EXPECT_EQ(config["kinds"], nlohmann::json({"angular", "deff"}));
+  EXPECT_EQ(config["arch"], "deepnorm");
+  v1::FinishJobRequest finish;
+  finish.set_job_id(diag.job_id());
+  finish.set_attempt_id(diag.attempt_id());
+  finish.set_status(v1::FINISH_SUCCEEDED);
+  auto* d = finish.add_diagnostics();
+  d->set_kind("deff");
+  d->set_data_json(R"({"d_eff":1.5,"d_eff_over_l":0.75})");
+  ASSERT_TRUE(scheduler_->FinishJob(finish).ok());
+  results = scheduler_->QueryResults("s");
+  auto diag_json = nlohmann::json::parse(results->rows(0).diagnostics_json());
+  EXPECT_DOUBLE_EQ(diag_json["deff"]["d_eff_over_l"].get<double>(), 0.75);
+  EXPECT_EQ(scheduler_->GetSweep("s")->state(), v1::SWEEP_COMPLETED);
+}
+
+TEST(BestLrTest, MeansOverSeedsAndMarksDivergedLrs) {
+  auto job = [](int64_t id, double lr, const std::string& state, std::optional<double> loss) {
+    storage::JobRecord j;
+    j.id = id;
+    j.lr = lr;
+    j.state = state;
+    j.val_loss = loss;
+    return j;
+  };
+  GroupSelection s = SelectBest({job(1, 1e-3, "succeeded", 3.0), job(2, 1e-3, "succeeded", 2.0),
+                                 job(3, 2e-3, "succeeded", 2.4), job(4, 2e-3, "diverged", std::nullopt),
+                                 job(5, 5e-3, "succeeded", 2.6), job(6, 5e-3, "succeeded", 2.6)});
+  EXPECT_TRUE(s.complete);
+  ASSERT_EQ(s.lrs.size(), 3u);
+  EXPECT_DOUBLE_EQ(*s.lrs[0].mean_val_loss, 2.5);
+  EXPECT_EQ(s.lrs[1].diverged, 1);
+  // 2e-3 has the lowest mean among succeeded seeds but one seed diverged.
+  EXPECT_DOUBLE_EQ(*s.best_lr, 1e-3);
+  EXPECT_DOUBLE_EQ(*s.best_val_loss, 2.5);
+  EXPECT_EQ(s.best_job_id, 2);  // best seed at the best LR
+  GroupSelection open = SelectBest({job(1, 1e-3, "running", std::nullopt)});
+  EXPECT_FALSE(open.complete);
+  GroupSelection all_diverged = SelectBest({job(1, 1e-3, "diverged", std::nullopt)});
+  EXPECT_TRUE(all_diverged.complete);
+  EXPECT_FALSE(all_diverged.best_lr.has_value());
+}
+
+struct BackoffCase {
+  int64_t attempts;
+  int64_t expected;
+};
+class BackoffTest : public ::testing::TestWithParam<BackoffCase> {};
+TEST_P(BackoffTest, Exponential) {
+  EXPECT_EQ(BackoffMs(GetParam().attempts, 1000, 2.0, 10000), GetParam().expected);
+}
+INSTANTIATE_TEST_SUITE_P(Table, BackoffTest,
+                         ::testing::Values(BackoffCase{0, 0}, BackoffCase{1, 1000},
+                                           BackoffCase{2, 2000}, BackoffCase{3, 4000},
+                                           BackoffCase{4, 8000}, BackoffCase{5, 10000},
+                                           BackoffCase{60, 10000}));
+
+TEST_F(SchedulerTest, RestartResumesLeasesAndWorkersReattach) {
+  ASSERT_TRUE(scheduler_->SubmitSweep(SmallSpec("s", {"pre_ln"}, {1e-3, 2e-3})).ok());
+  Register("w1");
+  Register("w2");
+  auto kept = Acquire("w1");
+  auto lost = Acquire("w2");
+  ASSERT_TRUE(Report(kept, 1, 3).ok());
+  Reopen();  // same file, leases rebuilt with a fresh TTL
+  EXPECT_EQ(State(kept.job_id()), v1::RUNNING);
+  EXPECT_EQ(State(lost.job_id()), v1::LEASED);
+  // w1 re-attaches; w2 never comes back.
+  v1::RegisterWorkerRequest again;
+  again.set_name("w1");
+  again.mutable_resources()->set_slots(4);
+  auto* running = again.add_running();
+  running->set_job_id(kept.job_id());
+  running->set_attempt_id(kept.attempt_id());
+  auto reply = scheduler_->RegisterWorker(again);
+  ASSERT_TRUE(reply.ok());
+  EXPECT_EQ(reply->cancellations_size(), 0);
+  clock_.AdvanceMs(6000);
+  v1::HeartbeatRequest hb;
+  hb.set_worker_id("w1");
+  *hb.add_running() = *running;
+  ASSERT_TRUE(scheduler_->Heartbeat(hb).ok());
+  clock_.AdvanceMs(6000);
+  EXPECT_EQ(*scheduler_->ExpireLeases(), 1);
+  EXPECT_EQ(State(lost.job_id()), v1::PENDING);
+  EXPECT_EQ(State(kept.job_id()), v1::RUNNING);
+  // Points re-sent after the restart are not duplicated.
+  auto resent = Report(kept, 1, 5);
+  ASSERT_TRUE(resent.ok());
+  EXPECT_EQ(resent->accepted(), 2);
+  EXPECT_EQ(resent->duplicates(), 3);
+  ASSERT_TRUE(Finish(kept, v1::FINISH_SUCCEEDED, 2.0).ok());
+  EXPECT_EQ(State(kept.job_id()), v1::SUCCEEDED);
+}
+
+TEST_F(SchedulerTest, CancelSweepStopsRunningJobs) {
+  ASSERT_TRUE(scheduler_->SubmitSweep(SmallSpec("s", {"pre_ln"}, {1e-3, 2e-3, 5e-3})).ok());
+  Register("w1");
+  auto lease = Acquire("w1");
+  auto cancelled = scheduler_->CancelSweep("s");
+  ASSERT_TRUE(cancelled.ok());
+  EXPECT_EQ(cancelled->cancelled_jobs(), 3);
+  EXPECT_EQ(State(lease.job_id()), v1::CANCELLED);
+  v1::HeartbeatRequest hb;
+  hb.set_worker_id("w1");
+  auto* r = hb.add_running();
+  r->set_job_id(lease.job_id());
+  r->set_attempt_id(lease.attempt_id());
+  auto reply = scheduler_->Heartbeat(hb);
+  ASSERT_EQ(reply->cancellations_size(), 1);
+  EXPECT_EQ(reply->cancellations(0).reason(), "job cancelled");
+  EXPECT_FALSE(Acquire("w1").has_job());
+  EXPECT_EQ(scheduler_->GetSweep("s")->state(), v1::SWEEP_CANCELLED);
+  EXPECT_EQ(scheduler_->CancelSweep("nope").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(SchedulerTest, ListJobsFiltersAndPaginates) {
+  ASSERT_TRUE(scheduler_->SubmitSweep(SmallSpec("a", {"pre_ln", "hc"}, {1e-3, 2e-3, 5e-3})).ok());
+  ASSERT_TRUE(scheduler_->SubmitSweep(SmallSpec("b", {"pre_ln"}, {1e-3})).ok());
+  v1::ListJobsRequest req;
+  req.set_sweep("a");
+  req.set_page_size(4);
+  auto page1 = scheduler_->ListJobs(req);
+  ASSERT_TRUE(page1.ok());
+  EXPECT_EQ(page1->jobs_size(), 4);
+  ASSERT_FALSE(page1->next_page_token().empty());
+  req.set_page_token(page1->next_page_token());
+  auto page2 = scheduler_->ListJobs(req);
+  EXPECT_EQ(page2->jobs_size(), 2);
+  EXPECT_TRUE(page2->next_page_token().empty());
+  v1::ListJobsRequest by_arch;
+  by_arch.set_arch("pre_ln");
+  EXPECT_EQ(scheduler_->ListJobs(by_arch)->jobs_size(), 4);
+  v1::ListJobsRequest by_state;
+  by_state.set_state(v1::PENDING);
+  EXPECT_EQ(scheduler_->ListJobs(by_state)->jobs_size(), 7);
+  by_state.set_state(v1::RUNNING);
+  EXPECT_EQ(scheduler_->ListJobs(by_state)->jobs_size(), 0);
+  v1::ListJobsRequest bad;
+  bad.set_arch("hcc");
+  EXPECT_EQ(scheduler_->ListJobs(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  bad.Clear();
+  bad.set_page_token("xyz");
+  EXPECT_EQ(scheduler_->ListJobs(bad).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(SchedulerTest, AcquireMatchesResourcesAndSlots) {
+  auto spec = SmallSpec("gpu", {"pre_ln"}, {1e-3});
+  spec.mutable_resources()->set_devices(1);
+  (*spec.mutable_resources()->mutable_labels())["zone"] = "a";
+  ASSERT_TRUE(scheduler_->SubmitSweep(spec).ok());
+  ASSERT_TRUE(scheduler_->SubmitSweep(SmallSpec("cpu", {"pre_ln"}, {1e-3, 2e-3})).ok());
+  Register("cpu-only", 1);
+  auto first = Acquire("cpu-only");
+  ASSERT_TRUE(first.has_job());
+  EXPECT_EQ(first.sweep_name(), "cpu");
+  EXPECT_FALSE(Acquire("cpu-only").has_job());  // its one slot is busy
+  v1::RegisterWorkerRequest gpu;
+  gpu.set_name("gpu-b");
+  gpu.mutable_resources()->set_devices(1);
+  gpu.mutable_resources()->set_slots(4);
+  (*gpu.mutable_resources()->mutable_labels())["zone"] = "b";
+  ASSERT_TRUE(scheduler_->RegisterWorker(gpu).ok());
+  auto wrong_zone = Acquire("gpu-b");
+  ASSERT_TRUE(wrong_zone.has_job());
+  EXPECT_EQ(wrong_zone.sweep_name(), "cpu");
+  EXPECT_FALSE(Acquire("gpu-b").has_job());
+  (*gpu.mutable_resources()->mutable_labels())["zone"] = "a";
+  gpu.set_name("gpu-a");
+  ASSERT_TRUE(scheduler_->RegisterWorker(gpu).ok());
+  auto match = Acquire("gpu-a");
+  ASSERT_TRUE(match.has_job());
+  EXPECT_EQ(match.sweep_name(), "gpu");
+}
+
+TEST_F(SchedulerTest, WatchReadsPointsFromAStep) {
+  ASSERT_TRUE(scheduler_->SubmitSweep(SmallSpec("s", {"pre_ln"}, {1e-3})).ok());
+  Register("w1");
+  auto lease = Acquire("w1");
+  uint64_t before = scheduler_->ChangeVersion();
+  ASSERT_TRUE(Report(lease, 1, 10).ok());
+  EXPECT_GT(scheduler_->ChangeVersion(), before);
+  auto batch = scheduler_->ReadWatch(lease.job_id(), 0, 7, 100);
+  ASSERT_TRUE(batch.ok());
+  ASSERT_EQ(batch->points.size(), 4u);
+  EXPECT_EQ(batch->points[0].step, 7);
+  EXPECT_EQ(batch->state, v1::RUNNING);
+  auto rest = scheduler_->ReadWatch(lease.job_id(), batch->points.back().row_id, 0, 100);
+  EXPECT_TRUE(rest->points.empty());
+  EXPECT_EQ(scheduler_->ReadWatch(12345, 0, 0, 10).status().code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace depthbench::scheduler

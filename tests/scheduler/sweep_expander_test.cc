@@ -1,0 +1,185 @@
+#include "scheduler/sweep_expander.h"
+
+#include <set>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "tests/scheduler/test_util.h"
+#include "trainer_core/arch.h"
+
+namespace depthbench::scheduler {
+namespace {
+
+using depthbench::v1::SweepSpec;
+
+TEST(SweepExpanderTest, SuiteGridCountsAndDefaultLrGrids) {
+  SweepSpec spec;
+  spec.set_name("grid");
+  spec.add_architectures("pre_ln");
+  spec.add_architectures("lns");
+  spec.add_architectures("hc");
+  spec.mutable_shapes()->set_suite("tiny");
+  spec.add_seeds(0);
+  spec.add_seeds(1);
+  auto expanded = ExpandSweep(spec);
+  ASSERT_TRUE(expanded.ok()) << expanded.status();
+  // 3 archs x 3 tiny shapes x 4 default LRs x 2 seeds.
+  EXPECT_EQ(expanded->jobs.size(), 3u * 3u * 4u * 2u);
+  EXPECT_EQ(expanded->groups.size(), 9u);
+  std::set<double> lns_lrs, pre_lrs;
+  for (const PlannedJob& job : expanded->jobs) {
+    if (job.arch == "lns") lns_lrs.insert(job.lr);
+    if (job.arch == "pre_ln") pre_lrs.insert(job.lr);
+  }
+  auto lns_default = DefaultLrGrid(Arch::kLns);
+  auto pre_default = DefaultLrGrid(Arch::kPreLn);
+  EXPECT_EQ(lns_lrs, std::set<double>(lns_default.begin(), lns_default.end()));
+  EXPECT_EQ(pre_lrs, std::set<double>(pre_default.begin(), pre_default.end()));
+  EXPECT_EQ(lns_lrs.count(2e-2), 1u);
+  // Shapes are the solver's.
+  auto suite = NamedSuite("tiny");
+  auto rows = SolveSuite(*suite);
+  ASSERT_TRUE(rows.ok());
+  for (size_t i = 0; i < rows->size(); ++i) {
+    EXPECT_EQ(expanded->groups[i].shape.layers, (*rows)[i].shape.layers);
+    EXPECT_EQ(expanded->groups[i].shape.d_model, (*rows)[i].shape.d_model);
+  }
+  // hc carries its extra parameters.
+  const PlannedGroup& hc = expanded->groups[6];
+  EXPECT_EQ(hc.arch, "hc");
+  EXPECT_GT(hc.params, TotalParams(hc.shape));
+  EXPECT_EQ(expanded->groups[0].params, TotalParams(expanded->groups[0].shape));
+}
+
+TEST(SweepExpanderTest, SolverShapesAndConfigKeys) {
+  SweepSpec spec;
+  spec.set_name("solver");
+  spec.add_architectures("keel");
+  auto* solver = spec.mutable_shapes()->mutable_solver();
+  solver->set_ref_layers(4);
+  solver->set_ref_d_model(128);
+  solver->add_layers(2);
+  solver->add_layers(4);
+  solver->add_layers(8);
+  solver->set_heads(4);
+  (*spec.mutable_lr_grids())["keel"].add_lrs(1e-3);
+  spec.mutable_training()->set_data("brown");
+  spec.mutable_training()->set_steps(50);
+  spec.mutable_training()->set_eval_interval(10);
+  auto expanded = ExpandSweep(spec);
+  ASSERT_TRUE(expanded.ok()) << expanded.status();
+  ASSERT_EQ(expanded->jobs.size(), 3u);
+  EXPECT_EQ(expanded->jobs[1].shape.d_model, 128);  // reference depth
+  EXPECT_GT(expanded->jobs[0].shape.d_model, 128);
+  EXPECT_LT(expanded->jobs[2].shape.d_model, 128);
+  auto config = nlohmann::json::parse(expanded->jobs[0].config_json);
+  EXPECT_EQ(config["arch"], "keel");
+  EXPECT_EQ(config["layers"], 2);
+  EXPECT_EQ(config["heads"], 4);
+  EXPECT_EQ(config["vocab"], 256);
+  EXPECT_DOUBLE_EQ(config["lr"].get<double>(), 1e-3);
+  EXPECT_EQ(config["steps"], 50);
+  EXPECT_EQ(config["eval_interval"], 10);
+  EXPECT_EQ(config["data"], "brown");
+  EXPECT_FALSE(config.contains("batch"));  // unset: trainer default
+  EXPECT_EQ(config["seed"], 0);
+}
+
+TEST(SweepExpanderTest, DiagnoseConfigAddsCheckpointAndKinds) {
+  std::string config = DiagnoseConfigJson(R"({"arch":"hc","layers":2})", "s/7",
+                                          {"angular", "deff"});
+  auto j = nlohmann::json::parse(config);
+  EXPECT_EQ(j["checkpoint"], "s/7");
+  EXPECT_EQ(j["kinds"], nlohmann::json({"angular", "deff"}));
+  EXPECT_EQ(j["arch"], "hc");
+  EXPECT_EQ(j["layers"], 2);
+}
+
+struct BadSpecCase {
+  std::string label;
+  std::function<void(SweepSpec*)> mutate;
+  std::string error;  // exact message prefix
+};
+
+class SpecValidationTest : public ::testing::TestWithParam<BadSpecCase> {};
+
+TEST_P(SpecValidationTest, NamesTheField) {
+  SweepSpec spec = depthbench::testing::SmallSpec("ok", {"pre_ln", "hc"}, {1e-3});
+  ASSERT_TRUE(ExpandSweep(spec).ok());
+  GetParam().mutate(&spec);
+  auto result = ExpandSweep(spec);
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(result.status().message()).substr(0, GetParam().error.size()),
+            GetParam().error)
+      << result.status().message();
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, SpecValidationTest,
+    ::testing::Values(
+        BadSpecCase{"unknown_arch",
+                    [](SweepSpec* s) { s->add_architectures("hcc"); },
+                    "spec.architectures[2]: unknown architecture \"hcc\""},
+        BadSpecCase{"duplicate_arch",
+                    [](SweepSpec* s) { s->add_architectures("hc"); },
+                    "spec.architectures[2]: duplicate architecture \"hc\""},
+        BadSpecCase{"no_archs", [](SweepSpec* s) { s->clear_architectures(); s->clear_lr_grids(); },
+                    "spec.architectures: at least one"},
+        BadSpecCase{"bad_name", [](SweepSpec* s) { s->set_name("a/b"); }, "spec.name: must be"},
+        BadSpecCase{"two_shape_sources",
+                    [](SweepSpec* s) { s->mutable_shapes()->set_suite("tiny"); },
+                    "spec.shapes: exactly one of"},
+        BadSpecCase{"unknown_suite",
+                    [](SweepSpec* s) {
+                      s->mutable_shapes()->Clear();
+                      s->mutable_shapes()->set_suite("huge");
+                    },
+                    "spec.shapes.suite: unknown suite \"huge\""},
+        BadSpecCase{"explicit_bad_width",
+                    [](SweepSpec* s) {
+                      s->mutable_shapes()->mutable_explicit_shapes(0)->set_d_model(100);
+                    },
+                    "spec.shapes.explicit_shapes[0].heads: 16 must divide d_model 100"},
+        BadSpecCase{"solver_no_layers",
+                    [](SweepSpec* s) {
+                      s->mutable_shapes()->Clear();
+                      s->mutable_shapes()->mutable_solver()->set_ref_layers(4);
+                      s->mutable_shapes()->mutable_solver()->set_ref_d_model(128);
+                    },
+                    "spec.shapes.solver.layers: at least one depth"},
+        BadSpecCase{"lr_grid_unknown_arch",
+                    [](SweepSpec* s) { (*s->mutable_lr_grids())["moda"].add_lrs(1e-3); },
+                    "spec.lr_grids[\"moda\"]: architecture is not in spec.architectures"},
+        BadSpecCase{"negative_lr",
+                    [](SweepSpec* s) { (*s->mutable_lr_grids())["hc"].add_lrs(-1); },
+                    "spec.lr_grids[\"hc\"].lrs[1]: must be a positive finite number"},
+        BadSpecCase{"duplicate_seed",
+                    [](SweepSpec* s) { s->add_seeds(3); s->add_seeds(3); },
+                    "spec.seeds[1]: duplicate seed 3"},
+        BadSpecCase{"zero_seq_len",
+                    [](SweepSpec* s) { s->mutable_training()->set_seq_len(0); },
+                    "spec.training.seq_len: must be positive, got 0"},
+        BadSpecCase{"bad_hc_form",
+                    [](SweepSpec* s) { s->mutable_training()->set_hc_form("mine"); },
+                    "spec.training.hc_form: must be \"paper\" or \"code\""},
+        BadSpecCase{"warmup",
+                    [](SweepSpec* s) { s->mutable_training()->set_warmup_frac(1.5); },
+                    "spec.training.warmup_frac: must be in [0, 1)"},
+        BadSpecCase{"max_attempts",
+                    [](SweepSpec* s) { s->mutable_retry()->set_max_attempts(-1); },
+                    "spec.retry.max_attempts: must be in 1..100"},
+        BadSpecCase{"multiplier",
+                    [](SweepSpec* s) { s->mutable_retry()->set_backoff_multiplier(0.5); },
+                    "spec.retry.backoff_multiplier: must be >= 1"},
+        BadSpecCase{"diag_kind",
+                    [](SweepSpec* s) { s->mutable_diagnostics()->add_kinds("Bad Kind"); },
+                    "spec.diagnostics.kinds[0]: must be a lowercase identifier"},
+        BadSpecCase{"devices",
+                    [](SweepSpec* s) { s->mutable_resources()->set_devices(-2); },
+                    "spec.resources.devices: must be >= 0"}),
+    [](const auto& info) { return info.param.label; });
+
+}  // namespace
+}  // namespace depthbench::scheduler

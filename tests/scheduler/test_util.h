@@ -1,0 +1,37 @@
+// Helpers shared by the scheduler tests.
+#ifndef DEPTHBENCH_TESTS_SCHEDULER_TEST_UTIL_H_
+#define DEPTHBENCH_TESTS_SCHEDULER_TEST_UTIL_H_
+
+#include <string>
+#include <vector>
+
+#include "depthbench/v1/spec.pb.h"
+
+namespace depthbench::testing {
+
+// One explicit 2x64 shape, the given archs and LR grid (per arch), one seed.
+inline depthbench::v1::SweepSpec SmallSpec(const std::string& name,
+                                           std::vector<std::string> archs,
+                                           std::vector<double> lrs) {
+  depthbench::v1::SweepSpec spec;
+  spec.set_name(name);
+  for (const auto& a : archs) {
+    spec.add_architectures(a);
+    auto& grid = (*spec.mutable_lr_grids())[a];
+    for (double lr : lrs) grid.add_lrs(lr);
+  }
+  auto* shape = spec.mutable_shapes()->add_explicit_shapes();
+  shape->set_layers(2);
+  shape->set_d_model(64);
+  spec.mutable_training()->set_steps(10);
+  spec.mutable_training()->set_seq_len(32);
+  spec.mutable_retry()->set_max_attempts(3);
+  spec.mutable_retry()->set_initial_backoff_ms(1000);
+  spec.mutable_retry()->set_backoff_multiplier(2.0);
+  spec.mutable_retry()->set_max_backoff_ms(60000);
+  return spec;
+}
+
+}  // namespace depthbench::testing
+
+#endif  // DEPTHBENCH_TESTS_SCHEDULER_TEST_UTIL_H_
