@@ -15,6 +15,7 @@
 #include "trainer_core/checkpoint.h"
 #include "trainer_core/data.h"
 #include "trainer_core/model/model.h"
+#include "trainer_core/optim.h"
 #include "trainer_core/schedule.h"
 
 namespace depthbench {
@@ -22,6 +23,7 @@ namespace depthbench {
 std::atomic<bool> Trainer::stop_requested_{false};
 
 void Trainer::RequestStop() { stop_requested_.store(true); }
+void Trainer::ClearStop() { stop_requested_.store(false); }
 bool Trainer::StopRequested() { return stop_requested_.load(); }
 
 double ExplodeThreshold(const TrainConfig& config) {
@@ -33,12 +35,6 @@ Trainer::Trainer(TrainConfig config, TrainerOptions options, EventSink sink)
     : config_(std::move(config)), options_(std::move(options)), sink_(std::move(sink)) {}
 
 namespace {
-
-void SetLearningRate(torch::optim::AdamW& opt, double lr) {
-  for (auto& group : opt.param_groups()) {
-    static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
-  }
-}
 
 double Evaluate(LanguageModel& model, const std::vector<Batch>& batches) {
   torch::NoGradGuard no_grad;
@@ -76,15 +72,9 @@ absl::StatusOr<RunResult> Trainer::Run() {
   model->train();
   const int64_t total_steps = ResolveTotalSteps(config_, model->ParameterCount());
 
-  ParamGroups groups = model->ParameterGroups();
-  auto adamw = [&](double wd) {
-    return std::make_unique<torch::optim::AdamWOptions>(
-        torch::optim::AdamWOptions(config_.lr).betas({0.9, 0.95}).eps(1e-8).weight_decay(wd));
-  };
-  std::vector<torch::optim::OptimizerParamGroup> param_groups;
-  param_groups.emplace_back(groups.decay, adamw(config_.weight_decay));
-  if (!groups.no_decay.empty()) param_groups.emplace_back(groups.no_decay, adamw(0.0));
-  torch::optim::AdamW optimizer(param_groups, *adamw(config_.weight_decay));
+  std::unique_ptr<torch::optim::AdamW> optimizer_owner =
+      MakeAdamW(model->ParameterGroups(), config_.lr, config_.weight_decay);
+  torch::optim::AdamW& optimizer = *optimizer_owner;
 
   SamplerOptions sampler_options;
   sampler_options.seq_len = config_.seq_len;
@@ -155,8 +145,7 @@ absl::StatusOr<RunResult> Trainer::Run() {
     optimizer.zero_grad();
     torch::Tensor loss = model->Loss(it.inputs, it.targets);
     loss.backward();
-    const double grad_norm =
-        torch::nn::utils::clip_grad_norm_(model->parameters(), config_.grad_clip);
+    const double grad_norm = ClipGradNorm(model->parameters(), config_.grad_clip);
     const double loss_value = loss.item<double>();
     if (!std::isfinite(loss_value) || !std::isfinite(grad_norm) || loss_value > explode) {
       result.status = RunStatus::kDiverged;

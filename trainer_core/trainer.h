@@ -57,6 +57,8 @@ class Trainer {
   // Asks the loop to stop after the current step. Async-signal-safe.
   static void RequestStop();
   static bool StopRequested();
+  // Clears a stop request (tests run several trainers in one process).
+  static void ClearStop();
 
  private:
   TrainConfig config_;

@@ -1,0 +1,245 @@
+// Recipe, config and training-loop tests: LR schedule values, clipping,
+// config validation naming the field, checkpoint-resume equality, and loss
+// falling on the Brown corpus.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <random>
+
+#include "trainer_core/checkpoint.h"
+#include "trainer_core/model/model.h"
+#include "trainer_core/optim.h"
+#include "trainer_core/schedule.h"
+#include "trainer_core/train_config.h"
+#include "trainer_core/trainer.h"
+
+namespace depthbench {
+namespace {
+
+std::string TempDir(const std::string& name) {
+  std::random_device rd;
+  auto dir = std::filesystem::temp_directory_path() /
+             ("depthbench_" + name + "_" + std::to_string(rd()));
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
+TEST(ScheduleTest, WarmupEndMidpointAndEnd) {
+  const int64_t total = 1000;
+  const double peak = 2e-3;
+  EXPECT_EQ(WarmupSteps(total, 0.1), 100);
+  EXPECT_DOUBLE_EQ(LearningRateAt(0, total, peak, 0.1, 0.1), peak / 100);
+  EXPECT_DOUBLE_EQ(LearningRateAt(49, total, peak, 0.1, 0.1), peak * 50 / 100);
+  EXPECT_DOUBLE_EQ(LearningRateAt(99, total, peak, 0.1, 0.1), peak);  // warmup end
+  // Cosine midpoint: halfway between peak and the 10% floor.
+  const int64_t mid = 100 + (total - 1 - 100) / 2;
+  EXPECT_NEAR(LearningRateAt(mid, total, peak, 0.1, 0.1), 0.55 * peak, 2e-3 * peak);
+  EXPECT_DOUBLE_EQ(LearningRateAt(total - 1, total, peak, 0.1, 0.1), 0.1 * peak);  // end
+  // Monotone decay after warmup.
+  for (int64_t t = 100; t < total - 1; ++t) {
+    EXPECT_GE(LearningRateAt(t, total, peak, 0.1, 0.1), LearningRateAt(t + 1, total, peak, 0.1, 0.1));
+  }
+}
+
+TEST(OptimTest, ClippingScalesToMaxNormAndReportsPreClipNorm) {
+  torch::Tensor a = torch::zeros({2}, torch::requires_grad());
+  torch::Tensor b = torch::zeros({1}, torch::requires_grad());
+  a.mutable_grad() = torch::tensor({3.0f, 0.0f});
+  b.mutable_grad() = torch::tensor({4.0f});
+  const double norm = ClipGradNorm({a, b}, 1.0);
+  EXPECT_NEAR(norm, 5.0, 1e-6);
+  const double after = std::sqrt(a.grad().pow(2).sum().item<double>() + b.grad().pow(2).sum().item<double>());
+  EXPECT_NEAR(after, 1.0, 1e-5);
+  EXPECT_NEAR(a.grad()[0].item<double>(), 0.6, 1e-5);
+  // Below the limit nothing changes.
+  a.mutable_grad() = torch::tensor({0.3f, 0.0f});
+  b.mutable_grad() = torch::tensor({0.4f});
+  EXPECT_NEAR(ClipGradNorm({a, b}, 1.0), 0.5, 1e-6);
+  EXPECT_NEAR(b.grad()[0].item<double>(), 0.4, 1e-6);
+}
+
+TEST(OptimTest, AdamWGroupsCarryTheRecipe) {
+  torch::Tensor w = torch::randn({4, 4}, torch::requires_grad());
+  torch::Tensor g = torch::ones({4}, torch::requires_grad());
+  auto opt = MakeAdamW(ParamGroups{{w}, {g}}, 1e-3, 0.1);
+  ASSERT_EQ(opt->param_groups().size(), 2u);
+  auto& o0 = static_cast<torch::optim::AdamWOptions&>(opt->param_groups()[0].options());
+  auto& o1 = static_cast<torch::optim::AdamWOptions&>(opt->param_groups()[1].options());
+  EXPECT_DOUBLE_EQ(o0.weight_decay(), 0.1);
+  EXPECT_DOUBLE_EQ(o1.weight_decay(), 0.0);
+  EXPECT_DOUBLE_EQ(std::get<0>(o0.betas()), 0.9);
+  EXPECT_DOUBLE_EQ(std::get<1>(o0.betas()), 0.95);
+  EXPECT_DOUBLE_EQ(o0.eps(), 1e-8);
+  SetLearningRate(*opt, 5e-4);
+  EXPECT_DOUBLE_EQ(o1.lr(), 5e-4);
+}
+
+nlohmann::json With(nlohmann::json j, const std::string& key, const nlohmann::json& value) {
+  j[key] = value;
+  return j;
+}
+
+TEST(TrainConfigTest, ErrorsNameTheField) {
+  struct Case {
+    nlohmann::json config;
+    std::string want;
+  };
+  const nlohmann::json base = {{"arch", "pre_ln"}, {"layers", 2}, {"d_model", 64}, {"heads", 4}, {"lr", 1e-3}};
+  std::vector<Case> cases = {
+      {{{"layers", 2}, {"d_model", 64}, {"lr", 1e-3}}, "config.arch: required"},
+      {With(base, "arch", "hcc"), "config.arch: unknown architecture \"hcc\""},
+      {With(base, "lr", -1.0), "config.lr: must be positive"},
+      {With(base, "lr", "fast"), "config.lr: expected a number"},
+      {With(base, "heads", 5), "config.heads:"},
+      {With(base, "warmup_frac", 1.5), "config.warmup_frac: must be in [0, 1]"},
+      {With(base, "bogus", 1), "config.bogus: unknown key"},
+      {With(base, "data", "/x.bin"), "config.vocab: required"},
+      {With(base, "hc_form", "other"), "config.hc_form:"},
+  };
+  for (const Case& c : cases) {
+    auto parsed = TrainConfigFromJson(c.config);
+    ASSERT_FALSE(parsed.ok()) << c.config.dump();
+    EXPECT_NE(std::string(parsed.status().message()).find(c.want), std::string::npos)
+        << parsed.status().message() << " vs " << c.want;
+  }
+  auto ok = TrainConfigFromJson(base);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->shape.vocab, 256);
+  EXPECT_EQ(ok->shape.d_ff, 176);  // ceil16(8 * 64 / 3)
+  // Round trip through ToJson is stable.
+  auto again = TrainConfigFromJson(ok->ToJson());
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->ToJson(), ok->ToJson());
+}
+
+TEST(TrainConfigTest, TotalStepsFromTokensPerParam) {
+  TrainConfig c;
+  c.batch = 4;
+  c.seq_len = 10;
+  c.tokens_per_param = 20;
+  EXPECT_EQ(ResolveTotalSteps(c, 1000), 500);  // 20000 tokens / 40 per step
+  c.tokens = 400;
+  EXPECT_EQ(ResolveTotalSteps(c, 1000), 10);
+  c.steps = 7;
+  EXPECT_EQ(ResolveTotalSteps(c, 1000), 7);
+}
+
+TrainConfig TinyConfig(int64_t steps) {
+  nlohmann::json j = {{"arch", "pre_ln"}, {"layers", 2}, {"d_model", 32}, {"heads", 4},
+                      {"seq_len", 32}, {"batch", 4}, {"steps", steps}, {"lr", 3e-3},
+                      {"threads", 1}, {"seed", 7}, {"eval_batches", 2}};
+  auto c = TrainConfigFromJson(j);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return *c;
+}
+
+std::vector<double> StepLosses(const std::vector<nlohmann::json>& events) {
+  std::vector<double> losses;
+  for (const auto& e : events) {
+    if (e["event"] == "step") losses.push_back(e["loss"].get<double>());
+  }
+  return losses;
+}
+
+TEST(TrainerTest, ResumeReproducesUninterruptedLossesExactly) {
+  Trainer::ClearStop();
+  const TrainConfig config = TinyConfig(10);
+  // Uninterrupted run.
+  std::vector<nlohmann::json> full_events;
+  Trainer full(config, TrainerOptions{TempDir("full"), false, ""},
+               [&](const nlohmann::json& e) { full_events.push_back(e); });
+  auto full_result = full.Run();
+  ASSERT_TRUE(full_result.ok()) << full_result.status();
+  const std::vector<double> full_losses = StepLosses(full_events);
+  ASSERT_EQ(full_losses.size(), 10u);
+
+  // Interrupted after step 4 (as SIGTERM would), then resumed.
+  const std::string dir = TempDir("resume");
+  std::vector<nlohmann::json> first_events;
+  Trainer first(config, TrainerOptions{dir, false, ""}, [&](const nlohmann::json& e) {
+    first_events.push_back(e);
+    if (e["event"] == "step" && e["step"] == 4) Trainer::RequestStop();
+  });
+  auto first_result = first.Run();
+  Trainer::ClearStop();
+  ASSERT_TRUE(first_result.ok()) << first_result.status();
+  EXPECT_EQ(first_result->status, RunStatus::kInterrupted);
+  EXPECT_EQ(first_result->steps_done, 4);
+  ASSERT_TRUE(std::filesystem::exists(CheckpointPath(dir)));
+
+  std::vector<nlohmann::json> second_events;
+  Trainer second(config, TrainerOptions{dir, true, ""},
+                 [&](const nlohmann::json& e) { second_events.push_back(e); });
+  auto second_result = second.Run();
+  ASSERT_TRUE(second_result.ok()) << second_result.status();
+  EXPECT_EQ(second_events.front()["resumed_from_step"], 4);
+  std::vector<double> resumed = StepLosses(first_events);
+  for (double l : StepLosses(second_events)) resumed.push_back(l);
+  ASSERT_EQ(resumed.size(), full_losses.size());
+  for (size_t i = 0; i < resumed.size(); ++i) {
+    EXPECT_EQ(resumed[i], full_losses[i]) << "step " << i + 1;  // bit-exact
+  }
+  EXPECT_EQ(second_result->val_loss, full_result->val_loss);
+}
+
+TEST(TrainerTest, ResumeRefusesACheckpointOfAnotherShape) {
+  Trainer::ClearStop();
+  const std::string dir = TempDir("mismatch");
+  Trainer first(TinyConfig(2), TrainerOptions{dir, false, ""}, [](const nlohmann::json&) {});
+  ASSERT_TRUE(first.Run().ok());
+  TrainConfig other = TinyConfig(2);
+  other.shape.layers = 3;
+  Trainer second(other, TrainerOptions{dir, true, ""}, [](const nlohmann::json&) {});
+  auto result = second.Run();
+  ASSERT_FALSE(result.ok());
+  EXPECT_NE(std::string(result.status().message()).find("layers"), std::string::npos);
+}
+
+TEST(TrainerTest, LossFallsClearlyOnBrown) {
+  Trainer::ClearStop();
+  TrainConfig config = TinyConfig(60);
+  config.shape.d_model = 64;
+  config.shape.d_ff = 176;
+  config.batch = 8;
+  config.seq_len = 64;
+  std::vector<nlohmann::json> events;
+  Trainer t(config, TrainerOptions{TempDir("falls"), false, ""},
+            [&](const nlohmann::json& e) { events.push_back(e); });
+  auto result = t.Run();
+  ASSERT_TRUE(result.ok()) << result.status();
+  const std::vector<double> losses = StepLosses(events);
+  ASSERT_EQ(losses.size(), 60u);
+  // Byte-level uniform prediction is ln 256 = 5.55 nats.
+  EXPECT_GT(losses.front(), 5.0);
+  EXPECT_LT(result->val_loss, losses.front() - 1.5);
+  EXPECT_EQ(result->status, RunStatus::kSucceeded);
+}
+
+TEST(TrainerTest, AbsurdLearningRateDiverges) {
+  Trainer::ClearStop();
+  TrainConfig config = TinyConfig(40);
+  config.lr = 50.0;
+  config.warmup_frac = 0.0;
+  std::vector<nlohmann::json> events;
+  Trainer t(config, TrainerOptions{TempDir("diverge"), false, ""},
+            [&](const nlohmann::json& e) { events.push_back(e); });
+  auto result = t.Run();
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->status, RunStatus::kDiverged);
+  EXPECT_EQ(events.back()["event"], "done");
+  EXPECT_EQ(events.back()["status"], "diverged");
+}
+
+TEST(TrainerTest, MissingDataFileIsAPreciseError) {
+  Trainer::ClearStop();
+  TrainConfig config = TinyConfig(2);
+  config.data = "/nonexistent/tokens.bin";
+  Trainer t(config, TrainerOptions{TempDir("nodata"), false, ""}, [](const nlohmann::json&) {});
+  auto result = t.Run();
+  ASSERT_FALSE(result.ok());
+  EXPECT_NE(std::string(result.status().message()).find("/nonexistent/tokens.bin"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace depthbench
