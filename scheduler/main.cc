@@ -10,6 +10,8 @@
 #include <thread>
 
 #include <CLI/CLI.hpp>
+
+#include "absl/synchronization/mutex.h"
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
@@ -64,6 +66,9 @@ int main(int argc, char** argv) {
     int rc = app.exit(e);
     return rc == 0 ? 0 : 2;
   }
+  // Debian builds Abseil with mutex deadlock detection on; it costs CPU on
+  // every lock and the scheduler has one lock order.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   if (tls_cert.empty() != tls_key.empty()) {
     std::fprintf(stderr, "error: --tls-cert and --tls-key must be given together\n");
     return 2;

@@ -153,17 +153,16 @@ SchedulerCounters Scheduler::Counters() const {
   return c;
 }
 
-absl::StatusOr<v1::SweepSpec> Scheduler::SpecFor(int64_t sweep_id) {
+absl::StatusOr<const v1::SweepSpec*> Scheduler::SpecFor(int64_t sweep_id) {
   auto it = spec_cache_.find(sweep_id);
-  if (it != spec_cache_.end()) return it->second;
+  if (it != spec_cache_.end()) return &it->second;
   ASSIGN_OR_RETURN(std::optional<storage::SweepRecord> sweep, sweeps_.Get(sweep_id));
   if (!sweep) return absl::NotFoundError(absl::StrCat("sweep ", sweep_id, " not found"));
   v1::SweepSpec spec;
   if (!spec.ParseFromString(sweep->spec)) {
     return absl::DataLossError(absl::StrCat("sweep ", sweep_id, ": stored spec is unreadable"));
   }
-  spec_cache_[sweep_id] = spec;
-  return spec;
+  return &(spec_cache_[sweep_id] = std::move(spec));
 }
 
 absl::StatusOr<storage::SweepRecord> Scheduler::SweepByName(const std::string& name) {
@@ -177,7 +176,8 @@ absl::StatusOr<v1::Sweep> Scheduler::SweepProto(const storage::SweepRecord& s) {
   v1::Sweep out;
   out.set_id(s.id);
   out.set_name(s.name);
-  ASSIGN_OR_RETURN(*out.mutable_spec(), SpecFor(s.id));
+  ASSIGN_OR_RETURN(const v1::SweepSpec* spec, SpecFor(s.id));
+  *out.mutable_spec() = *spec;
   out.set_created_ms(s.created_ms);
   ASSIGN_OR_RETURN(auto counts, jobs_.CountByState(s.id));
   int64_t total = 0, done = 0;
@@ -204,9 +204,8 @@ absl::StatusOr<v1::SubmitSweepResponse> Scheduler::SubmitSweep(const v1::SweepSp
   ASSIGN_OR_RETURN(std::optional<storage::SweepRecord> existing, sweeps_.FindByName(spec.name()));
   v1::SubmitSweepResponse response;
   if (existing) {
-    v1::SweepSpec stored;
-    ASSIGN_OR_RETURN(stored, SpecFor(existing->id));
-    if (!google::protobuf::util::MessageDifferencer::Equals(stored, spec)) {
+    ASSIGN_OR_RETURN(const v1::SweepSpec* stored, SpecFor(existing->id));
+    if (!google::protobuf::util::MessageDifferencer::Equals(*stored, spec)) {
       return absl::AlreadyExistsError(absl::StrCat(
           "sweep \"", spec.name(), "\" already exists with a different spec"));
     }
@@ -577,14 +576,14 @@ absl::StatusOr<v1::AcquireJobResponse> Scheduler::AcquireJob(const v1::AcquireJo
   if (leases_.CountForWorker(worker.id) >= worker.slots) return out;
   int64_t now_wall = clock_->NowWallMs();
   ASSIGN_OR_RETURN(std::vector<JobRecord> candidates,
-                   jobs_.FindRunnable(now_wall, worker.devices, worker.memory_mb, 32));
+                   jobs_.FindRunnable(now_wall, worker.devices, worker.memory_mb, 16));
   for (JobRecord& job : candidates) {
     if (!LabelsMatch(job.req_labels, worker.labels_json)) continue;
-    ASSIGN_OR_RETURN(std::vector<AttemptRecord> previous, jobs_.ListAttempts(job.id));
+    ASSIGN_OR_RETURN(int64_t previous, jobs_.CountAttempts(job.id));
     ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_.get()));
     AttemptRecord attempt;
     attempt.job_id = job.id;
-    attempt.number = static_cast<int64_t>(previous.size()) + 1;
+    attempt.number = previous + 1;
     attempt.worker_id = worker.id;
     attempt.start_ms = now_wall;
     ASSIGN_OR_RETURN(attempt.id, jobs_.InsertAttempt(attempt));
@@ -597,16 +596,16 @@ absl::StatusOr<v1::AcquireJobResponse> Scheduler::AcquireJob(const v1::AcquireJo
     RETURN_IF_ERROR(txn.Commit());
     leases_.Grant(job.id, attempt.id, worker.id, clock_->NowMonotonicMs());
     counters_.leases_granted++;
-    ASSIGN_OR_RETURN(std::optional<storage::SweepRecord> sweep, sweeps_.Get(job.sweep_id));
+    ASSIGN_OR_RETURN(const v1::SweepSpec* spec, SpecFor(job.sweep_id));
     out.set_has_job(true);
     out.set_job_id(job.id);
     out.set_attempt_id(attempt.id);
     out.set_kind(job.kind == "diagnose" ? v1::DIAGNOSE : v1::TRAIN);
     out.set_config_json(job.config_json);
     out.set_checkpoint_dir(job.checkpoint_dir);
-    out.set_resume(!previous.empty());
+    out.set_resume(previous > 0);
     out.set_attempt_number(static_cast<int32_t>(attempt.number));
-    out.set_sweep_name(sweep ? sweep->name : "");
+    out.set_sweep_name(spec->name());
     Bump();
     return out;
   }
@@ -675,8 +674,8 @@ absl::Status Scheduler::RequeueOrFail(JobRecord& job, const std::string& reason)
     if (job.kind == "train") RETURN_IF_ERROR(UpdateGroup(job));
     return absl::OkStatus();
   }
-  ASSIGN_OR_RETURN(v1::SweepSpec spec, SpecFor(job.sweep_id));
-  RetrySettings retry = RetryFromSpec(spec.retry());
+  ASSIGN_OR_RETURN(const v1::SweepSpec* spec, SpecFor(job.sweep_id));
+  RetrySettings retry = RetryFromSpec(spec->retry());
   job.state = "pending";
   job.not_before_ms = now + BackoffMs(job.attempts_used, retry.initial_backoff_ms,
                                       retry.backoff_multiplier, retry.max_backoff_ms);
@@ -818,26 +817,25 @@ absl::Status Scheduler::UpdateGroup(const JobRecord& changed) {
     }
   }
   if (best_job == 0) return absl::OkStatus();
-  ASSIGN_OR_RETURN(v1::SweepSpec spec, SpecFor(changed.sweep_id));
+  ASSIGN_OR_RETURN(const v1::SweepSpec* spec, SpecFor(changed.sweep_id));
+  if (spec->diagnostics().kinds_size() == 0) return absl::OkStatus();
   ASSIGN_OR_RETURN(std::optional<storage::SweepRecord> sweep, sweeps_.Get(changed.sweep_id));
-  if (spec.diagnostics().kinds_size() == 0 || !sweep || sweep->cancelled) {
-    return absl::OkStatus();
-  }
+  if (!sweep || sweep->cancelled) return absl::OkStatus();
   ASSIGN_OR_RETURN(std::vector<JobRecord> children, jobs_.ListChildren(best_job));
   if (!children.empty()) return absl::OkStatus();
   const JobRecord* best = nullptr;
   for (const JobRecord& job : group) {
     if (job.id == best_job) best = &job;
   }
-  std::vector<std::string> kinds(spec.diagnostics().kinds().begin(),
-                                 spec.diagnostics().kinds().end());
+  std::vector<std::string> kinds(spec->diagnostics().kinds().begin(),
+                                 spec->diagnostics().kinds().end());
   JobRecord diag = *best;
   diag.id = 0;
   diag.kind = "diagnose";
   diag.state = "pending";
   diag.config_json = DiagnoseConfigJson(best->config_json, best->checkpoint_dir, kinds);
   diag.attempts_used = 0;
-  diag.max_attempts = RetryFromSpec(spec.retry()).max_attempts;
+  diag.max_attempts = RetryFromSpec(spec->retry()).max_attempts;
   diag.current_attempt_id = 0;
   diag.worker_id.clear();
   diag.not_before_ms = 0;

@@ -134,7 +134,8 @@ class Scheduler {
 
   absl::Status LoadLeases() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<int64_t> ExpireLeasesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<depthbench::v1::SweepSpec> SpecFor(int64_t sweep_id)
+  // The sweep's spec, cached; the pointer stays valid while mu_ is held.
+  absl::StatusOr<const depthbench::v1::SweepSpec*> SpecFor(int64_t sweep_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<storage::SweepRecord> SweepByName(const std::string& name)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

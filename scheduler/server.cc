@@ -30,6 +30,11 @@ absl::Status SchedulerServer::Start() {
   builder.AddListeningPort(options_.listen, creds, &port_);
   builder.RegisterService(&sweep_service_);
   builder.RegisterService(&worker_service_);
+  // Keep idle handler threads around: with many concurrent workers the
+  // default (at most 2 idle pollers) creates and destroys a thread per burst.
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 2);
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS,
+                              options_.max_idle_threads);
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options_.listen));

@@ -27,6 +27,7 @@ struct ServerOptions {
   std::string tls_cert_pem;               // both set: TLS
   std::string tls_key_pem;
   int64_t expiry_interval_ms = 200;       // how often leases are checked
+  int max_idle_threads = 64;              // gRPC sync-server pollers kept idle
 };
 
 class SchedulerServer {

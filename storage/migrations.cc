@@ -103,6 +103,12 @@ ALTER TABLE workers ADD COLUMN labels_json TEXT NOT NULL DEFAULT '{}';
 ALTER TABLE results ADD COLUMN diagnostics_json TEXT NOT NULL DEFAULT '{}';
 CREATE INDEX metric_points_by_job_step ON metric_points(job_id, step);
 )sql",
+      // 3: group and parent lookups run on every finished job; without
+      // these they scan the whole sweep (O(jobs) per FinishJob).
+      R"sql(
+CREATE INDEX jobs_by_group ON jobs(sweep_id, arch, layers, d_model);
+CREATE INDEX jobs_by_parent ON jobs(parent_job_id);
+)sql",
   };
   return *migrations;
 }

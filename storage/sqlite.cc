@@ -142,7 +142,8 @@ absl::StatusOr<std::unique_ptr<Database>> Database::Open(const std::string& path
   sqlite3_busy_timeout(raw, 5000);
   RETURN_IF_ERROR(db->Exec(
       "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; "
-      "PRAGMA foreign_keys=ON; PRAGMA temp_store=MEMORY;"));
+      "PRAGMA foreign_keys=ON; PRAGMA temp_store=MEMORY; "
+      "PRAGMA locking_mode=EXCLUSIVE;"));
   return db;
 }
 

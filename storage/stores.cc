@@ -310,6 +310,13 @@ absl::StatusOr<std::vector<AttemptRecord>> JobStore::ListAttempts(int64_t job_id
   return out;
 }
 
+absl::StatusOr<int64_t> JobStore::CountAttempts(int64_t job_id) {
+  ASSIGN_OR_RETURN(Query q, db_->Prepare("SELECT COUNT(*) FROM attempts WHERE job_id = ?"));
+  q.Bind(1, job_id);
+  ASSIGN_OR_RETURN(bool row, q.Step());
+  return row ? q.ColumnInt(0) : 0;
+}
+
 // --- WorkerStore ------------------------------------------------------------
 
 absl::Status WorkerStore::Upsert(const WorkerRecord& w) {

@@ -75,6 +75,7 @@ class JobStore {
   absl::Status EndAttempt(int64_t attempt_id, int64_t end_ms,
                           const std::string& outcome, const std::string& reason);
   absl::StatusOr<std::vector<AttemptRecord>> ListAttempts(int64_t job_id);
+  absl::StatusOr<int64_t> CountAttempts(int64_t job_id);
 
  private:
   absl::StatusOr<std::vector<JobRecord>> ReadJobs(Query& query);
