@@ -1,0 +1,129 @@
+#!/usr/bin/python3
+"""PyTorch eager peer of depthbench-train for the issue-2 benchmark.
+
+The same Pre-LN model (RoPE, RMSNorm eps 1e-6, SwiGLU, untied embedding and
+head, no biases, std-0.02 init), AdamW (0.9, 0.95, eps 1e-8, wd 0.1), global
+norm clipping 1.0, on random byte tokens. Prints one JSON line with the
+median tokens/s over the timed steps. Run with Debian's /usr/bin/python3
+(python3-torch).
+"""
+import argparse
+import json
+import math
+import statistics
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d, eps=1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+        self.eps = eps
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def rope_tables(head_dim, T):
+    half = head_dim // 2
+    inv = torch.pow(10000.0, -torch.arange(0, half, dtype=torch.float64) * 2.0 / head_dim)
+    ang = torch.outer(torch.arange(T, dtype=torch.float64), inv)
+    full = torch.cat([ang, ang], -1)
+    return full.cos().float(), full.sin().float()
+
+
+def rope(x, cos, sin):
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
+class Block(nn.Module):
+    def __init__(self, d, heads, d_ff):
+        super().__init__()
+        self.heads = heads
+        self.attn_norm = RMSNorm(d)
+        self.q = nn.Linear(d, d, bias=False)
+        self.k = nn.Linear(d, d, bias=False)
+        self.v = nn.Linear(d, d, bias=False)
+        self.o = nn.Linear(d, d, bias=False)
+        self.ffn_norm = RMSNorm(d)
+        self.gate = nn.Linear(d, d_ff, bias=False)
+        self.up = nn.Linear(d, d_ff, bias=False)
+        self.down = nn.Linear(d_ff, d, bias=False)
+
+    def forward(self, h, cos, sin, mask):
+        B, T, d = h.shape
+        hd = d // self.heads
+        x = self.attn_norm(h)
+        split = lambda t: t.view(B, T, self.heads, hd).transpose(1, 2)
+        q, k, v = rope(split(self.q(x)), cos, sin), rope(split(self.k(x)), cos, sin), split(self.v(x))
+        s = q @ k.transpose(-2, -1) / math.sqrt(hd) + mask
+        a = (torch.softmax(s, -1) @ v).transpose(1, 2).reshape(B, T, d)
+        h = h + self.o(a)
+        x = self.ffn_norm(h)
+        return h + self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class Model(nn.Module):
+    def __init__(self, L, d, heads, vocab, T):
+        super().__init__()
+        d_ff = math.ceil(8 * d / 3 / 16) * 16
+        self.embed = nn.Embedding(vocab, d)
+        self.blocks = nn.ModuleList([Block(d, heads, d_ff) for _ in range(L)])
+        self.norm = RMSNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+        for p in self.parameters():
+            if p.dim() >= 2:
+                nn.init.normal_(p, 0.0, 0.02)
+        cos, sin = rope_tables(d // heads, T)
+        self.register_buffer("cos", cos)
+        self.register_buffer("sin", sin)
+        self.register_buffer("mask", torch.full((T, T), float("-inf")).triu(1))
+
+    def forward(self, x):
+        h = self.embed(x)
+        for b in self.blocks:
+            h = b(h, self.cos, self.sin, self.mask)
+        return self.head(self.norm(h))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--d-model", type=int, default=128)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--skip", type=int, default=3, help="untimed warm-up steps")
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+    model = Model(a.layers, a.d_model, a.heads, 256, a.seq_len)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    g = torch.Generator().manual_seed(0)
+    rates = []
+    for step in range(a.steps):
+        tokens = torch.randint(0, 256, (a.batch, a.seq_len + 1), generator=g)
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        logits = model(tokens[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, 256), tokens[:, 1:].reshape(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        loss.item()
+        dt = time.perf_counter() - t0
+        if step >= a.skip:
+            rates.append(a.batch * a.seq_len / dt)
+    print(json.dumps({"impl": "pytorch", "median_tokens_per_s": statistics.median(rates)}))
+
+
+if __name__ == "__main__":
+    main()
