@@ -367,6 +367,9 @@ absl::Status MetricsRegistry::AddCollectedFamily(
   Insert(std::make_unique<CollectedFamily>(name, help, type,
                                            std::move(label_names),
                                            std::move(collect)));
+  // Exported at 0 from the start, so that increase()/rate() (and the
+  // DepthbenchMetricsCollectErrors alert) see the first error.
+  collect_errors_->WithLabelValues({name});
   return absl::OkStatus();
 }
 

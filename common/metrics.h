@@ -308,7 +308,8 @@ class MetricsRegistry {
   // disappear from the source disappear from /metrics). If the callback
   // fails, or returns a sample with the wrong number of label values or a
   // duplicate label set, the family is left out of that scrape and
-  // depthbench_metrics_collect_errors_total{family=NAME} is incremented.
+  // depthbench_metrics_collect_errors_total{family=NAME} is incremented
+  // (that series is exported at 0 from registration on).
   absl::Status AddCollectedFamily(MetricType type, const std::string& name,
                                   const std::string& help,
                                   std::vector<std::string> label_names,

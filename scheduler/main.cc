@@ -1,7 +1,11 @@
 // depthbench-scheduler: the scheduler daemon.
-//   depthbench-scheduler --db PATH --listen HOST:PORT [--metrics-listen H:P]
+//   depthbench-scheduler --db PATH --listen HOST:PORT
+//     [--metrics-listen H:P [--metrics-port-file F]]
 //     [--auth-token-file F] [--tls-cert F --tls-key F] [--port-file F]
 //     [--lease-ttl-ms N] [--heartbeat-interval-ms N]
+// With --metrics-listen, serves /metrics, /healthz and /readyz there
+// (common/metrics_http_server.h); --metrics-port-file gets the bound port
+// before --port-file gets the gRPC one.
 // Exit codes: 0 clean shutdown (SIGINT/SIGTERM), 2 bad usage, 1 other.
 #include <csignal>
 #include <cstdio>
@@ -16,8 +20,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
+#include "common/daemon_metrics.h"
+#include "common/metrics.h"
+#include "common/metrics_http_server.h"
 #include "scheduler/scheduler.h"
+#include "scheduler/scheduler_metrics.h"
 #include "scheduler/server.h"
+
+#ifndef DEPTHBENCH_VERSION
+#define DEPTHBENCH_VERSION "unknown"
+#endif
 
 namespace {
 
@@ -30,6 +42,16 @@ bool ReadFile(const std::string& path, std::string* out) {
   return true;
 }
 
+// Writes "PORT\n" to `path` atomically (write + rename).
+void WritePortFile(const std::string& path, int port) {
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << port << "\n";
+  }
+  std::rename(tmp.c_str(), path.c_str());
+}
+
 std::string Trim(std::string s) {
   while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.pop_back();
   return s;
@@ -40,13 +62,17 @@ std::string Trim(std::string s) {
 int main(int argc, char** argv) {
   CLI::App app{"depthbench-scheduler: runs DepthBench sweeps (SweepService + WorkerService over gRPC)"};
   std::string db_path, listen = "127.0.0.1:7070", metrics_listen, token_file, tls_cert,
-              tls_key, port_file;
+              tls_key, port_file, metrics_port_file;
   int64_t lease_ttl_ms = 30000, heartbeat_ms = 0;
   app.add_option("--db", db_path, "SQLite file (created and migrated if needed)")->required();
   app.add_option("--listen", listen, "gRPC address HOST:PORT (port 0 picks a free port)")
       ->capture_default_str();
   app.add_option("--metrics-listen", metrics_listen,
-                 "Prometheus /metrics address HOST:PORT (served once the metrics exporter lands)");
+                 "serve Prometheus /metrics, /healthz and /readyz on HOST:PORT (port 0 picks "
+                 "a free port)");
+  app.add_option("--metrics-port-file", metrics_port_file,
+                 "write the bound metrics port to this file once serving")
+      ->needs("--metrics-listen");
   app.add_option("--auth-token-file", token_file,
                  "file holding a shared token; clients must send 'authorization: Bearer TOKEN'")
       ->check(CLI::ExistingFile);
@@ -99,7 +125,28 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
+  // Metrics: the registry and the observer exist even without
+  // --metrics-listen (updates are cheap atomics); the HTTP endpoint only
+  // with it.
+  depthbench::MetricsRegistry registry;
+  depthbench::scheduler::SchedulerScrapeSource source;
+  depthbench::CollectCallback jobs_by_sweep_and_state = [&source] {
+    return source.JobsBySweepAndState();
+  };
+  absl::StatusOr<depthbench::SchedulerMetrics> metrics = depthbench::RegisterSchedulerMetrics(
+      &registry, DEPTHBENCH_VERSION, std::move(jobs_by_sweep_and_state));
+  if (!metrics.ok()) {
+    std::fprintf(stderr, "error: %s\n", metrics.status().ToString().c_str());
+    return 1;
+  }
+  depthbench::scheduler::SchedulerMetricsObserver observer(*metrics);
+  server_options.rpc_observer = [m = *metrics](const std::string& method,
+                                               const std::string& code, double seconds) {
+    m.RecordRpc(method, code, seconds);
+  };
+
   depthbench::scheduler::SchedulerOptions options;
+  options.observer = &observer;
   options.lease_ttl_ms = lease_ttl_ms;
   options.heartbeat_interval_ms = heartbeat_ms > 0 ? heartbeat_ms : std::max<int64_t>(1, lease_ttl_ms / 3);
   auto scheduler = depthbench::scheduler::Scheduler::Open(
@@ -108,6 +155,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: %s\n", scheduler.status().ToString().c_str());
     return 1;
   }
+  source.Attach(scheduler->get());
   server_options.expiry_interval_ms = std::min<int64_t>(200, std::max<int64_t>(10, lease_ttl_ms / 10));
   depthbench::scheduler::SchedulerServer server(scheduler->get(), server_options);
   absl::Status started = server.Start();
@@ -115,23 +163,31 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: %s\n", started.ToString().c_str());
     return 1;
   }
+  std::unique_ptr<depthbench::MetricsHttpServer> http;
   if (!metrics_listen.empty()) {
-    spdlog::warn("--metrics-listen {}: the metrics exporter is not wired yet (issue 7)",
-                 metrics_listen);
+    depthbench::MetricsHttpServerOptions http_options;
+    http_options.listen = metrics_listen;
+    auto http_started = depthbench::MetricsHttpServer::Start(
+        http_options, &registry, [&source] { return source.CheckReady(); });
+    if (!http_started.ok()) {
+      std::fprintf(stderr, "error: --metrics-listen: %s\n",
+                   http_started.status().ToString().c_str());
+      server.Shutdown();
+      return 1;
+    }
+    http = std::move(http_started).value();
+    std::fprintf(stderr, "metrics on http://%s/metrics\n",
+                 http->bound_address().ToString().c_str());
+    if (!metrics_port_file.empty()) WritePortFile(metrics_port_file, http->port());
   }
   std::fprintf(stderr, "listening on %s\n", server.address().c_str());
   std::fflush(stderr);
-  if (!port_file.empty()) {
-    std::string tmp = port_file + ".tmp";
-    {
-      std::ofstream out(tmp);
-      out << server.port() << "\n";
-    }
-    std::rename(tmp.c_str(), port_file.c_str());
-  }
+  if (!port_file.empty()) WritePortFile(port_file, server.port());
   int sig = 0;
   sigwait(&signals, &sig);
   spdlog::info("signal {}: shutting down", sig);
   server.Shutdown();
+  // Stop scraping before the scheduler and the registry go.
+  if (http != nullptr) http->Stop();
   return 0;
 }

@@ -1,6 +1,8 @@
 #include "scheduler/scheduler.h"
 
 #include <algorithm>
+#include <chrono>
+#include <optional>
 #include <utility>
 
 #include <google/protobuf/util/message_differencer.h>
@@ -89,12 +91,85 @@ std::string LabelsJson(const google::protobuf::Map<std::string, std::string>& la
   return j.dump();
 }
 
+SchedulerObserver* NoopObserver() {
+  static SchedulerObserver* const kNoop = new SchedulerObserver();
+  return kNoop;
+}
+
 }  // namespace
+
+// A storage::Transaction that reports BEGIN..COMMIT (or ..ROLLBACK) time to
+// the observer. Measures a duration for reporting only, so it reads
+// steady_clock rather than the injected Clock (milliseconds only).
+class Scheduler::TimedTransaction {
+ public:
+  TimedTransaction(storage::Transaction txn, SchedulerObserver* observer,
+                   const char* name, std::chrono::steady_clock::time_point start)
+      : txn_(std::move(txn)), observer_(observer), name_(name), start_(start) {}
+  TimedTransaction(TimedTransaction&& other) noexcept
+      : txn_(std::move(other.txn_)),
+        observer_(std::exchange(other.observer_, nullptr)),
+        name_(other.name_),
+        start_(other.start_) {
+    other.txn_.reset();
+  }
+  TimedTransaction& operator=(TimedTransaction&&) = delete;
+  TimedTransaction(const TimedTransaction&) = delete;
+  ~TimedTransaction() {
+    txn_.reset();  // rolls back unless committed
+    Report();
+  }
+
+  absl::Status Commit() {
+    absl::Status status = txn_->Commit();
+    txn_.reset();
+    Report();
+    return status;
+  }
+
+ private:
+  void Report() {
+    if (observer_ == nullptr) return;
+    std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start_;
+    observer_->OnTransaction(name_, elapsed.count());
+    observer_ = nullptr;
+  }
+
+  std::optional<storage::Transaction> txn_;
+  SchedulerObserver* observer_;  // null once reported or moved from
+  const char* name_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+absl::StatusOr<Scheduler::TimedTransaction> Scheduler::BeginTransaction(const char* txn) {
+  auto start = std::chrono::steady_clock::now();
+  ASSIGN_OR_RETURN(Transaction t, Transaction::Begin(db_.get()));
+  return TimedTransaction(std::move(t), observer_, txn, start);
+}
+
+void Scheduler::SawWorker(const std::string& worker_id) {
+  last_contact_ms_[worker_id] = clock_->NowMonotonicMs();
+}
+
+int64_t Scheduler::ConnectedWorkersLocked() const {
+  int64_t now = clock_->NowMonotonicMs();
+  int64_t count = 0;
+  for (const auto& [id, ms] : last_contact_ms_) {
+    if (now - ms < options_.lease_ttl_ms) ++count;
+  }
+  return count;
+}
+
+int64_t Scheduler::ConnectedWorkers() const {
+  absl::MutexLock lock(&mu_);
+  return ConnectedWorkersLocked();
+}
 
 Scheduler::Scheduler(std::unique_ptr<storage::Database> db, Clock* clock,
                      SchedulerOptions options)
     : clock_(clock),
       options_(options),
+      observer_(options.observer != nullptr ? options.observer : NoopObserver()),
       db_(std::move(db)),
       sweeps_(db_.get()),
       jobs_(db_.get()),
@@ -144,6 +219,25 @@ void Scheduler::WaitForChange(uint64_t seen, absl::Duration timeout) {
   while (change_version_.load() == seen) {
     if (change_cv_.WaitWithDeadline(&change_mu_, deadline)) break;
   }
+}
+
+absl::StatusOr<std::vector<storage::SweepStateCount>> Scheduler::CountJobsBySweepAndState() {
+  absl::MutexLock lock(&mu_);
+  return jobs_.CountBySweepAndState();
+}
+
+absl::Status Scheduler::CheckDatabase() {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<int64_t> version = storage::SchemaVersion(db_.get());
+  if (!version.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("database not readable: ", version.status().message()));
+  }
+  if (*version != storage::LatestSchemaVersion()) {
+    return absl::UnavailableError(absl::StrCat("database schema at version ", *version,
+                                               ", expected ", storage::LatestSchemaVersion()));
+  }
+  return absl::OkStatus();
 }
 
 SchedulerCounters Scheduler::Counters() const {
@@ -214,7 +308,7 @@ absl::StatusOr<v1::SubmitSweepResponse> Scheduler::SubmitSweep(const v1::SweepSp
     return response;
   }
   int64_t now = clock_->NowWallMs();
-  ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_.get()));
+  ASSIGN_OR_RETURN(TimedTransaction txn, BeginTransaction("submit_sweep"));
   storage::SweepRecord sweep;
   sweep.name = spec.name();
   spec.SerializeToString(&sweep.spec);
@@ -289,7 +383,7 @@ absl::StatusOr<v1::CancelSweepResponse> Scheduler::CancelSweep(const std::string
   ASSIGN_OR_RETURN(storage::SweepRecord sweep, SweepByName(name));
   ASSIGN_OR_RETURN(std::vector<JobRecord> jobs, jobs_.ListBySweep(sweep.id));
   int64_t now = clock_->NowWallMs();
-  ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_.get()));
+  ASSIGN_OR_RETURN(TimedTransaction txn, BeginTransaction("cancel_sweep"));
   int64_t cancelled = 0;
   std::vector<int64_t> released;
   for (JobRecord& job : jobs) {
@@ -304,6 +398,8 @@ absl::StatusOr<v1::CancelSweepResponse> Scheduler::CancelSweep(const std::string
     job.updated_ms = now;
     RETURN_IF_ERROR(jobs_.Update(job));
     ++cancelled;
+    counters_.jobs_cancelled++;
+    observer_->OnJobFinished("cancelled");
   }
   RETURN_IF_ERROR(sweeps_.SetCancelled(sweep.id, true));
   for (JobRecord& job : jobs) {
@@ -398,7 +494,7 @@ absl::StatusOr<v1::RetryJobResponse> Scheduler::RetryJob(const v1::RetryJobReque
     }
   }
   int64_t now = clock_->NowWallMs();
-  ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_.get()));
+  ASSIGN_OR_RETURN(TimedTransaction txn, BeginTransaction("retry_job"));
   v1::RetryJobResponse out;
   for (JobRecord& job : targets) {
     job.state = "pending";
@@ -411,6 +507,7 @@ absl::StatusOr<v1::RetryJobResponse> Scheduler::RetryJob(const v1::RetryJobReque
     RETURN_IF_ERROR(sweeps_.SetCancelled(job.sweep_id, false));
     if (job.kind == "train") RETURN_IF_ERROR(UpdateGroup(job));
     out.add_job_ids(job.id);
+    observer_->OnJobRetried("manual");
   }
   RETURN_IF_ERROR(txn.Commit());
   Bump();
@@ -548,6 +645,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> Scheduler::RegisterWorker(
   w.registered_ms = w.last_seen_ms = clock_->NowWallMs();
   RETURN_IF_ERROR(workers_.Upsert(w));
   worker_cache_[w.id] = w;
+  SawWorker(w.id);
   v1::RegisterWorkerResponse out;
   out.set_worker_id(w.id);
   out.set_lease_ttl_ms(options_.lease_ttl_ms);
@@ -559,6 +657,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> Scheduler::RegisterWorker(
 absl::StatusOr<v1::HeartbeatResponse> Scheduler::Heartbeat(const v1::HeartbeatRequest& request) {
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(storage::WorkerRecord worker, Worker(request.worker_id()));
+  SawWorker(worker.id);
   // Renew first: a heartbeat that arrives in time must not lose to expiry.
   v1::HeartbeatResponse out;
   for (auto& c : Reattach(worker.id, request.running())) *out.add_cancellations() = c;
@@ -570,6 +669,7 @@ absl::StatusOr<v1::HeartbeatResponse> Scheduler::Heartbeat(const v1::HeartbeatRe
 absl::StatusOr<v1::AcquireJobResponse> Scheduler::AcquireJob(const v1::AcquireJobRequest& request) {
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(storage::WorkerRecord worker, Worker(request.worker_id()));
+  SawWorker(worker.id);
   RETURN_IF_ERROR(ExpireLeasesLocked().status());
   v1::AcquireJobResponse out;
   out.set_lease_ttl_ms(options_.lease_ttl_ms);
@@ -580,7 +680,7 @@ absl::StatusOr<v1::AcquireJobResponse> Scheduler::AcquireJob(const v1::AcquireJo
   for (JobRecord& job : candidates) {
     if (!LabelsMatch(job.req_labels, worker.labels_json)) continue;
     ASSIGN_OR_RETURN(int64_t previous, jobs_.CountAttempts(job.id));
-    ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_.get()));
+    ASSIGN_OR_RETURN(TimedTransaction txn, BeginTransaction("acquire_job"));
     AttemptRecord attempt;
     attempt.job_id = job.id;
     attempt.number = previous + 1;
@@ -596,6 +696,7 @@ absl::StatusOr<v1::AcquireJobResponse> Scheduler::AcquireJob(const v1::AcquireJo
     RETURN_IF_ERROR(txn.Commit());
     leases_.Grant(job.id, attempt.id, worker.id, clock_->NowMonotonicMs());
     counters_.leases_granted++;
+    observer_->OnLeaseGranted();
     ASSIGN_OR_RETURN(const v1::SweepSpec* spec, SpecFor(job.sweep_id));
     out.set_has_job(true);
     out.set_job_id(job.id);
@@ -637,7 +738,7 @@ absl::StatusOr<v1::ReportMetricsResponse> Scheduler::ReportMetrics(
         " does not hold a lease (expired, superseded, cancelled or finished)"));
   }
   leases_.Renew(request.job_id(), request.attempt_id(), clock_->NowMonotonicMs());
-  ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_.get()));
+  ASSIGN_OR_RETURN(TimedTransaction txn, BeginTransaction("report_metrics"));
   ASSIGN_OR_RETURN(storage::InsertCounts counts, metrics_.Insert(points));
   bool became_running = false;
   if (!lease->running) {
@@ -653,6 +754,7 @@ absl::StatusOr<v1::ReportMetricsResponse> Scheduler::ReportMetrics(
   if (became_running) lease->running = true;
   counters_.points_accepted += counts.accepted;
   counters_.points_duplicate += counts.duplicates;
+  observer_->OnMetricPoints(counts.accepted, counts.duplicates);
   Bump();
   v1::ReportMetricsResponse out;
   out.set_accepted(counts.accepted);
@@ -660,7 +762,8 @@ absl::StatusOr<v1::ReportMetricsResponse> Scheduler::ReportMetrics(
   return out;
 }
 
-absl::Status Scheduler::RequeueOrFail(JobRecord& job, const std::string& reason) {
+absl::Status Scheduler::RequeueOrFail(JobRecord& job, const std::string& reason,
+                                      const std::string& retry_reason) {
   int64_t now = clock_->NowWallMs();
   job.reason = reason;
   job.worker_id.clear();
@@ -670,6 +773,7 @@ absl::Status Scheduler::RequeueOrFail(JobRecord& job, const std::string& reason)
     job.reason = absl::StrCat(reason, " (attempts exhausted: ", job.attempts_used,
                               " of ", job.max_attempts, ")");
     counters_.jobs_failed++;
+    observer_->OnJobFinished("failed");
     RETURN_IF_ERROR(jobs_.Update(job));
     if (job.kind == "train") RETURN_IF_ERROR(UpdateGroup(job));
     return absl::OkStatus();
@@ -680,6 +784,7 @@ absl::Status Scheduler::RequeueOrFail(JobRecord& job, const std::string& reason)
   job.not_before_ms = now + BackoffMs(job.attempts_used, retry.initial_backoff_ms,
                                       retry.backoff_multiplier, retry.max_backoff_ms);
   counters_.attempts_retried++;
+  observer_->OnJobRetried(retry_reason);
   return jobs_.Update(job);
 }
 
@@ -709,7 +814,7 @@ absl::StatusOr<v1::FinishJobResponse> Scheduler::FinishJob(const v1::FinishJobRe
   }
   ASSIGN_OR_RETURN(JobRecord job, jobs_.Get(request.job_id()));
   int64_t now = clock_->NowWallMs();
-  ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_.get()));
+  ASSIGN_OR_RETURN(TimedTransaction txn, BeginTransaction("finish_job"));
   if (request.points_size() > 0) {
     std::vector<storage::MetricRecord> points;
     for (const v1::MetricPoint& p : request.points()) {
@@ -719,6 +824,7 @@ absl::StatusOr<v1::FinishJobResponse> Scheduler::FinishJob(const v1::FinishJobRe
     ASSIGN_OR_RETURN(storage::InsertCounts counts, metrics_.Insert(points));
     counters_.points_accepted += counts.accepted;
     counters_.points_duplicate += counts.duplicates;
+    observer_->OnMetricPoints(counts.accepted, counts.duplicates);
   }
   job.updated_ms = now;
   job.worker_id.clear();
@@ -730,6 +836,7 @@ absl::StatusOr<v1::FinishJobResponse> Scheduler::FinishJob(const v1::FinishJobRe
       job.state = "succeeded";
       job.reason = request.reason();
       counters_.jobs_succeeded++;
+      observer_->OnJobFinished("succeeded");
       RETURN_IF_ERROR(jobs_.Update(job));
       if (job.kind == "train") {
         RETURN_IF_ERROR(UpdateGroup(job));
@@ -742,13 +849,14 @@ absl::StatusOr<v1::FinishJobResponse> Scheduler::FinishJob(const v1::FinishJobRe
       job.state = "diverged";
       job.reason = request.reason().empty() ? "diverged" : request.reason();
       counters_.jobs_diverged++;
+      observer_->OnJobFinished("diverged");
       RETURN_IF_ERROR(jobs_.Update(job));
       if (job.kind == "train") RETURN_IF_ERROR(UpdateGroup(job));
       break;
     case v1::FINISH_FAILED: {
       std::string reason = request.reason().empty() ? "failed" : request.reason();
       RETURN_IF_ERROR(jobs_.EndAttempt(request.attempt_id(), now, "failed", reason));
-      RETURN_IF_ERROR(RequeueOrFail(job, reason));
+      RETURN_IF_ERROR(RequeueOrFail(job, reason, "failed"));
       break;
     }
     case v1::FINISH_INTERRUPTED:
@@ -757,6 +865,7 @@ absl::StatusOr<v1::FinishJobResponse> Scheduler::FinishJob(const v1::FinishJobRe
       job.attempts_used = std::max<int64_t>(0, job.attempts_used - 1);
       job.not_before_ms = 0;
       counters_.attempts_interrupted++;
+      observer_->OnJobRetried("interrupted");
       RETURN_IF_ERROR(jobs_.Update(job));
       break;
     default:
@@ -854,14 +963,16 @@ absl::Status Scheduler::UpdateGroup(const JobRecord& changed) {
 
 absl::StatusOr<int64_t> Scheduler::ExpireLeases() {
   absl::MutexLock lock(&mu_);
-  return ExpireLeasesLocked();
+  absl::StatusOr<int64_t> expired = ExpireLeasesLocked();
+  observer_->OnWorkersConnected(ConnectedWorkersLocked());
+  return expired;
 }
 
 absl::StatusOr<int64_t> Scheduler::ExpireLeasesLocked() {
   std::vector<Lease> expired = leases_.TakeExpired(clock_->NowMonotonicMs());
   if (expired.empty()) return 0;
   int64_t now = clock_->NowWallMs();
-  ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_.get()));
+  ASSIGN_OR_RETURN(TimedTransaction txn, BeginTransaction("expire_leases"));
   int64_t count = 0;
   for (const Lease& lease : expired) {
     ASSIGN_OR_RETURN(JobRecord job, jobs_.Get(lease.job_id));
@@ -871,11 +982,12 @@ absl::StatusOr<int64_t> Scheduler::ExpireLeasesLocked() {
     }
     RETURN_IF_ERROR(jobs_.EndAttempt(lease.attempt_id, now, "expired",
                                      "lease expired: no heartbeat"));
-    RETURN_IF_ERROR(RequeueOrFail(job, "lease expired: no heartbeat"));
+    RETURN_IF_ERROR(RequeueOrFail(job, "lease expired: no heartbeat", "lease_expired"));
     ++count;
   }
   RETURN_IF_ERROR(txn.Commit());
   counters_.leases_expired += count;
+  if (count > 0) observer_->OnLeasesExpired(count);
   Bump();
   return count;
 }

@@ -41,13 +41,55 @@
 
 namespace depthbench::scheduler {
 
+// Told about the events that SchedulerCounters counts, as they happen, so a
+// metrics exporter (scheduler/scheduler_metrics.h) can follow them without
+// the core depending on the metrics library. Every method has an empty
+// default.
+//
+// Thread safety: the Scheduler calls these with its mutex held, from any of
+// its callers' threads. Implementations must be thread-safe, fast and
+// non-blocking (atomic increments), and must not call back into the
+// Scheduler. Events of a state change are reported just before its
+// transaction commits; a failed commit (rare: disk full, I/O error) can
+// therefore over-count by that change.
+class SchedulerObserver {
+ public:
+  virtual ~SchedulerObserver() = default;
+  // AcquireJob granted a lease.
+  virtual void OnLeaseGranted() {}
+  // `count` leases expired without heartbeats.
+  virtual void OnLeasesExpired(int64_t count) { (void)count; }
+  // An attempt was re-queued for another try. `reason` is one of
+  // "lease_expired", "failed", "interrupted", "manual" (RetryJob).
+  virtual void OnJobRetried(const std::string& reason) { (void)reason; }
+  // A job reached the terminal `state`: "succeeded", "diverged", "failed"
+  // (attempts exhausted) or "cancelled".
+  virtual void OnJobFinished(const std::string& state) { (void)state; }
+  // Metric points stored (new keys) and skipped as duplicates.
+  virtual void OnMetricPoints(int64_t accepted, int64_t duplicates) {
+    (void)accepted;
+    (void)duplicates;
+  }
+  // One SQLite transaction of kind `txn` (e.g. "acquire_job") took
+  // `seconds` from BEGIN to COMMIT (or to ROLLBACK when it failed).
+  virtual void OnTransaction(const char* txn, double seconds) {
+    (void)txn;
+    (void)seconds;
+  }
+  // Workers heard from (RegisterWorker, Heartbeat, AcquireJob) within the
+  // last lease TTL; reported by every ExpireLeases() call.
+  virtual void OnWorkersConnected(int64_t count) { (void)count; }
+};
+
 struct SchedulerOptions {
   int64_t lease_ttl_ms = 30000;
   int64_t heartbeat_interval_ms = 10000;
+  // Borrowed; null for none. Must outlive the Scheduler.
+  SchedulerObserver* observer = nullptr;
 };
 
-// Monotonic counters for the metrics exporter (issue 7 wires them to
-// /metrics); read with Scheduler::Counters().
+// Monotonic counters, read with Scheduler::Counters(). The metrics exporter
+// follows the same events through SchedulerObserver.
 struct SchedulerCounters {
   int64_t sweeps_submitted = 0;
   int64_t jobs_created = 0;
@@ -56,6 +98,7 @@ struct SchedulerCounters {
   int64_t jobs_succeeded = 0;
   int64_t jobs_diverged = 0;
   int64_t jobs_failed = 0;       // final failures
+  int64_t jobs_cancelled = 0;
   int64_t attempts_retried = 0;  // failed or expired attempts re-queued
   int64_t attempts_interrupted = 0;
   int64_t points_accepted = 0;
@@ -123,7 +166,20 @@ class Scheduler {
 
   // Expires leases whose TTL passed (driven by the Clock; the server calls
   // it periodically, tests after FakeClock::AdvanceMs). Returns how many.
+  // Also reports ConnectedWorkers() to the observer.
   absl::StatusOr<int64_t> ExpireLeases();
+
+  // Workers that called RegisterWorker, Heartbeat or AcquireJob within the
+  // last lease TTL (monotonic clock). Not persisted: after a restart a
+  // worker counts once it is heard from again.
+  int64_t ConnectedWorkers() const;
+
+  // Jobs by (sweep name, state): one GROUP BY under the mutex (for the
+  // metrics exporter's scrape-time gauge).
+  absl::StatusOr<std::vector<storage::SweepStateCount>> CountJobsBySweepAndState();
+  // OK when the database answers a query and its schema is at the version
+  // this binary migrates to; Unavailable otherwise (for /readyz).
+  absl::Status CheckDatabase();
 
   SchedulerCounters Counters() const;
   const SchedulerOptions& options() const { return options_; }
@@ -150,9 +206,19 @@ class Scheduler {
       const google::protobuf::RepeatedPtrField<depthbench::v1::RunningAttempt>& running)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Re-queues (with backoff) or fails a job whose attempt ended badly.
-  // Caller holds a transaction.
-  absl::Status RequeueOrFail(storage::JobRecord& job, const std::string& reason)
+  // `reason` is recorded on the job; `retry_reason` labels the retry for
+  // the observer ("failed", "lease_expired"). Caller holds a transaction.
+  absl::Status RequeueOrFail(storage::JobRecord& job, const std::string& reason,
+                             const std::string& retry_reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts a transaction whose BEGIN..COMMIT/ROLLBACK time is reported to
+  // the observer under `txn`.
+  class TimedTransaction;
+  absl::StatusOr<TimedTransaction> BeginTransaction(const char* txn)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Notes that `worker_id` was heard from now.
+  void SawWorker(const std::string& worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t ConnectedWorkersLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Recomputes the results row of the job's (arch, shape) group, marks the
   // best run and queues diagnostics once the group is complete. Caller holds
   // a transaction.
@@ -166,6 +232,7 @@ class Scheduler {
 
   Clock* const clock_;
   const SchedulerOptions options_;
+  SchedulerObserver* const observer_;  // options_.observer or a no-op
 
   mutable absl::Mutex mu_;
   std::unique_ptr<storage::Database> db_ ABSL_GUARDED_BY(mu_);
@@ -178,6 +245,8 @@ class Scheduler {
   std::map<int64_t, depthbench::v1::SweepSpec> spec_cache_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, storage::WorkerRecord> worker_cache_ ABSL_GUARDED_BY(mu_);
   SchedulerCounters counters_ ABSL_GUARDED_BY(mu_);
+  // Worker id -> monotonic ms it was last heard from.
+  std::map<std::string, int64_t> last_contact_ms_ ABSL_GUARDED_BY(mu_);
 
   std::atomic<uint64_t> change_version_{0};
   absl::Mutex change_mu_;

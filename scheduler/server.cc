@@ -30,6 +30,10 @@ absl::Status SchedulerServer::Start() {
   builder.AddListeningPort(options_.listen, creds, &port_);
   builder.RegisterService(&sweep_service_);
   builder.RegisterService(&worker_service_);
+  if (options_.rpc_observer) {
+    builder.experimental().SetInterceptorCreators(
+        MakeRpcMetricsInterceptors(options_.rpc_observer));
+  }
   // Keep idle handler threads around: with many concurrent workers the
   // default (at most 2 idle pollers) creates and destroys a thread per burst.
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 2);

@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/notification.h"
 #include "scheduler/grpc_services.h"
+#include "scheduler/rpc_metrics_interceptor.h"
 #include "scheduler/scheduler.h"
 
 namespace depthbench::scheduler {
@@ -28,6 +29,8 @@ struct ServerOptions {
   std::string tls_key_pem;
   int64_t expiry_interval_ms = 200;       // how often leases are checked
   int max_idle_threads = 64;              // gRPC sync-server pollers kept idle
+  // Told about every finished RPC (rpc_metrics_interceptor.h); null: none.
+  RpcObserver rpc_observer;
 };
 
 class SchedulerServer {

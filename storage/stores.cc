@@ -270,6 +270,19 @@ absl::StatusOr<std::map<std::string, int64_t>> JobStore::CountByState(
   return out;
 }
 
+absl::StatusOr<std::vector<SweepStateCount>> JobStore::CountBySweepAndState() {
+  ASSIGN_OR_RETURN(Query q, db_->Prepare(
+      "SELECT s.name, j.state, COUNT(*) FROM jobs j JOIN sweeps s ON s.id = j.sweep_id "
+      "GROUP BY s.name, j.state ORDER BY s.name, j.state"));
+  std::vector<SweepStateCount> out;
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, q.Step());
+    if (!row) break;
+    out.push_back({q.ColumnText(0), q.ColumnText(1), q.ColumnInt(2)});
+  }
+  return out;
+}
+
 absl::StatusOr<int64_t> JobStore::InsertAttempt(const AttemptRecord& a) {
   ASSIGN_OR_RETURN(Query q, db_->Prepare(
       "INSERT INTO attempts(job_id, number, worker_id, start_ms, end_ms, "

@@ -43,6 +43,12 @@ struct JobFilter {
   int64_t limit = 100;
 };
 
+struct SweepStateCount {
+  std::string sweep;
+  std::string state;
+  int64_t count = 0;
+};
+
 class JobStore {
  public:
   explicit JobStore(Database* db) : db_(db) {}
@@ -69,6 +75,9 @@ class JobStore {
   absl::StatusOr<std::vector<JobRecord>> ListChildren(int64_t parent_job_id);
   // Count of jobs by state for a sweep.
   absl::StatusOr<std::map<std::string, int64_t>> CountByState(int64_t sweep_id);
+  // Count of jobs by (sweep name, state) over every sweep, ordered by sweep
+  // name then state (one GROUP BY; for the metrics exporter).
+  absl::StatusOr<std::vector<SweepStateCount>> CountBySweepAndState();
 
   absl::StatusOr<int64_t> InsertAttempt(const AttemptRecord& attempt);
   absl::StatusOr<std::optional<AttemptRecord>> GetAttempt(int64_t attempt_id);
