@@ -28,6 +28,11 @@ struct FlopsBreakdown {
 //   mhc           2L [2Tmd(m^2+2m) + 2Tmd + 2Tm^2 d + 2Tmd]  (480 T d L at m=4)
 //   attnres_full  4 T d L (2L+3)
 //   attnres_block 4 T d [sum_{k=1}^{2L-1} (2 + floor(k/b)) + 9], b = 2L/8
+//                 (Appendix D as printed. The module mixes 2 + floor((k-1)/b)
+//                 sources at sub-layer k, one fewer at the 7 boundary
+//                 sub-layers, so it runs 7 * 4 T d fewer; see
+//                 model/README.md. With b = 1 the printed count would not
+//                 reduce to the Full term, the module's does.)
 //   moda          (not in Appendix D; same convention) FFN K/V projections
 //                 4 T d kv_dim (L-1) plus depth attention: block l's queries
 //                 see 2l depth slots, QK and PV 2 * 2 T d each: 4 T d L (L-1)

@@ -1,0 +1,154 @@
+// Benchmark of the ten residual designs (issue 3): forward+backward tokens/s
+// and peak memory at one small shape, each relative to Pre-LN in the same
+// run.
+//
+// Throughput: the designs are alternated round-robin (rounds x steps each) so
+// drift on a shared machine hits all of them alike; the figure is the median
+// over rounds. Peak memory: the binary re-runs itself once per design
+// (--memory_of=<arch>); the child reports its peak RSS (getrusage
+// ru_maxrss) minus its RSS after building the model and one batch, i.e. the
+// activations and gradients of one forward+backward.
+//
+//   designs_bench [--layers 8] [--d 128] [--heads 4] [--seq 128] [--batch 8]
+//                 [--threads 2] [--rounds 5] [--steps 3]
+#include <sys/resource.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "trainer_core/arch.h"
+#include "trainer_core/model/model.h"
+#include "trainer_core/shapes.h"
+
+namespace depthbench {
+namespace {
+
+struct Config {
+  int64_t layers = 8, d = 128, heads = 4, seq = 128, batch = 8, threads = 2;
+  int rounds = 5, steps = 3;
+};
+
+double RssKb() {
+  std::ifstream f("/proc/self/statm");
+  long pages = 0, resident = 0;
+  f >> pages >> resident;
+  return resident * (sysconf(_SC_PAGESIZE) / 1024.0);
+}
+
+double PeakKb() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss);
+}
+
+LanguageModel Build(Arch arch, const Config& c) {
+  ModelOptions o;
+  o.arch = arch;
+  o.design.shape = MakeShape(c.layers, c.d, 256, FfnRule::kSwiGlu83, c.heads, c.heads);
+  o.design.max_seq_len = c.seq;
+  torch::manual_seed(0);
+  auto m = BuildModel(o);
+  if (!m.ok()) {
+    std::fprintf(stderr, "%s\n", m.status().ToString().c_str());
+    std::exit(1);
+  }
+  return *m;
+}
+
+void Step(LanguageModel& m, const torch::Tensor& in, const torch::Tensor& tgt) {
+  m->zero_grad();
+  m->Loss(in, tgt).backward();
+}
+
+int MemoryChild(Arch arch, const Config& c) {
+  torch::set_num_threads(c.threads);
+  LanguageModel m = Build(arch, c);
+  torch::Tensor tok = torch::randint(0, 256, {c.batch, c.seq + 1}, torch::kLong);
+  torch::Tensor in = tok.narrow(1, 0, c.seq), tgt = tok.narrow(1, 1, c.seq);
+  const double base = RssKb();
+  Step(m, in, tgt);
+  Step(m, in, tgt);
+  std::printf("%.0f\n", PeakKb() - base);
+  return 0;
+}
+
+int Main(int argc, char** argv) {
+  Config c;
+  std::string memory_of;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&]() { return std::atoll(argv[++i]); };
+    if (a == "--layers") c.layers = next();
+    else if (a == "--d") c.d = next();
+    else if (a == "--heads") c.heads = next();
+    else if (a == "--seq") c.seq = next();
+    else if (a == "--batch") c.batch = next();
+    else if (a == "--threads") c.threads = next();
+    else if (a == "--rounds") c.rounds = static_cast<int>(next());
+    else if (a == "--steps") c.steps = static_cast<int>(next());
+    else if (a.rfind("--memory_of=", 0) == 0) memory_of = a.substr(12);
+  }
+  if (!memory_of.empty()) return MemoryChild(*ParseArch(memory_of), c);
+
+  torch::set_num_threads(c.threads);
+  const std::vector<Arch>& archs = AllArchs();
+  std::vector<LanguageModel> models;
+  for (Arch a : archs) models.push_back(Build(a, c));
+  torch::Tensor tok = torch::randint(0, 256, {c.batch, c.seq + 1}, torch::kLong);
+  torch::Tensor in = tok.narrow(1, 0, c.seq), tgt = tok.narrow(1, 1, c.seq);
+  for (auto& m : models) Step(m, in, tgt);  // warm-up
+  std::map<Arch, std::vector<double>> tps;
+  for (int r = 0; r < c.rounds; ++r) {
+    for (size_t i = 0; i < archs.size(); ++i) {
+      auto t0 = std::chrono::steady_clock::now();
+      for (int s = 0; s < c.steps; ++s) Step(models[i], in, tgt);
+      const double sec =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      tps[archs[i]].push_back(c.batch * c.seq * c.steps / sec);
+    }
+  }
+  std::map<Arch, double> mem;
+  for (Arch a : archs) {
+    const std::string cmd = std::string(argv[0]) + " --memory_of=" + std::string(ArchName(a)) +
+                            " --layers " + std::to_string(c.layers) + " --d " + std::to_string(c.d) +
+                            " --heads " + std::to_string(c.heads) + " --seq " + std::to_string(c.seq) +
+                            " --batch " + std::to_string(c.batch) + " --threads " +
+                            std::to_string(c.threads);
+    FILE* p = popen(cmd.c_str(), "r");
+    double kb = 0;
+    if (p == nullptr || std::fscanf(p, "%lf", &kb) != 1) kb = -1;
+    if (p != nullptr) pclose(p);
+    mem[a] = kb;
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  const double base_tps = median(tps[Arch::kPreLn]);
+  const double base_mem = mem[Arch::kPreLn];
+  std::printf("shape L=%ld d=%ld heads=%ld T=%ld B=%ld threads=%ld; median of %d rounds x %d steps\n",
+              static_cast<long>(c.layers), static_cast<long>(c.d), static_cast<long>(c.heads),
+              static_cast<long>(c.seq), static_cast<long>(c.batch), static_cast<long>(c.threads),
+              c.rounds, c.steps);
+  std::printf("| design | params | tokens/s (fwd+bwd) | vs Pre-LN | peak memory (MiB) | vs Pre-LN |\n");
+  std::printf("|---|---|---|---|---|---|\n");
+  for (size_t i = 0; i < archs.size(); ++i) {
+    const double t = median(tps[archs[i]]);
+    std::printf("| %s | %ld | %.0f | %.2f | %.1f | %.2f |\n", std::string(ArchName(archs[i])).c_str(),
+                static_cast<long>(models[i]->ParameterCount()), t, t / base_tps,
+                mem[archs[i]] / 1024.0, mem[archs[i]] / base_mem);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace depthbench
+
+int main(int argc, char** argv) { return depthbench::Main(argc, argv); }

@@ -1,0 +1,99 @@
+// Design 10, MoDA (Mixture-of-Depths Attention, Pre-LN variant): Pre-LN
+// blocks whose attention runs one softmax over the causal sequence K/V and,
+// per token, the K/V that earlier sub-layers produced for the same token
+// (scale 1/sqrt(head_dim), Attention::ForwardWithDepth).
+//
+// Depth cache (DepthState::depth_keys / depth_values, one [B, H, T, hd]
+// tensor per slot, appended in execution order): the attention of the block
+// in slot p writes its own (RoPE-rotated) K and V (slot 2p); its FFN writes
+// K/V from its own projections of its normalised input (slot 2p + 1), the
+// key rotated at its token's position like the attention keys. The final
+// block has no FFN K/V projections (no later layer reads them), and nothing
+// is written from the last slot. Block 0 sees an empty cache, i.e. plain
+// attention. A skipped block writes no slots.
+#include <string>
+
+#include "trainer_core/model/design.h"
+
+namespace depthbench {
+namespace {
+
+torch::nn::Linear NoBiasLinear(int64_t in, int64_t out) {
+  return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
+}
+
+class ModaBlockImpl : public TransformerBlockImpl {
+ public:
+  ModaBlockImpl(const ModelShape& shape, bool last) : TransformerBlockImpl(shape) {
+    if (!last) {
+      ffn_depth_k = register_module("ffn_depth_k", NoBiasLinear(shape.d_model, shape.kv_dim()));
+      ffn_depth_v = register_module("ffn_depth_v", NoBiasLinear(shape.d_model, shape.kv_dim()));
+    }
+  }
+  bool has_ffn_kv() const { return !ffn_depth_k.is_empty(); }
+  torch::nn::Linear ffn_depth_k{nullptr}, ffn_depth_v{nullptr};
+};
+TORCH_MODULE(ModaBlock);
+
+class ModaDesign final : public DesignImpl {
+ public:
+  explicit ModaDesign(const DesignOptions& options) : DesignImpl(options) {
+    const int64_t L = options.shape.layers;
+    for (int64_t l = 0; l < L; ++l) {
+      blocks_.push_back(register_module("block_" + std::to_string(l),
+                                        ModaBlock(options.shape, l == L - 1)));
+    }
+  }
+  Arch arch() const override { return Arch::kModa; }
+  DepthState Begin(const torch::Tensor& embedding) override { return DepthState({embedding}); }
+
+  void ApplyBlock(int64_t position, int64_t weights, DepthState& s) override {
+    ModaBlockImpl& b = *blocks_[weights];
+    const bool last = position == num_blocks() - 1;
+    DepthKv depth;
+    if (!s.depth_keys.empty()) {
+      depth.keys = torch::stack(s.depth_keys, 3);  // [B, H, T, S, hd]
+      depth.values = torch::stack(s.depth_values, 3);
+    }
+    std::pair<torch::Tensor, torch::Tensor> own;
+    torch::Tensor h = s.tensors[0];
+    h = h + b.attn->ForwardWithDepth(b.attn_norm->forward(h), rope(), depth,
+                                     last ? nullptr : &own);
+    if (!last) {
+      s.depth_keys.push_back(own.first);
+      s.depth_values.push_back(own.second);
+    }
+    torch::Tensor x = b.ffn_norm->forward(h);
+    h = h + b.ffn->forward(x);
+    if (!last && b.has_ffn_kv()) {
+      s.depth_keys.push_back(ExpandKv(rope().Apply(Heads(b.ffn_depth_k->forward(x)))));
+      s.depth_values.push_back(ExpandKv(Heads(b.ffn_depth_v->forward(x))));
+    }
+    s.tensors[0] = h;
+  }
+
+  torch::Tensor Finish(const DepthState& s) override { return final_norm->forward(s.tensors[0]); }
+  torch::Tensor Representation(const DepthState& s, int64_t) override { return s.tensors[0]; }
+  torch::Tensor LensHidden(const DepthState& s, int64_t) override { return s.tensors[0]; }
+
+ private:
+  // [B, T, kv_heads * hd] -> [B, kv_heads, T, hd].
+  torch::Tensor Heads(const torch::Tensor& x) const {
+    const ModelShape& sh = options_.shape;
+    return x.view({x.size(0), x.size(1), sh.kv_heads, sh.head_dim()}).transpose(1, 2);
+  }
+  torch::Tensor ExpandKv(const torch::Tensor& kv) const {
+    const int64_t groups = options_.shape.heads / options_.shape.kv_heads;
+    return groups == 1 ? kv : kv.repeat_interleave(groups, /*dim=*/1);
+  }
+
+  std::vector<ModaBlock> blocks_;
+};
+
+}  // namespace
+
+std::shared_ptr<DesignImpl> MakeModa(const DesignOptions& options) {
+  return std::make_shared<ModaDesign>(options);
+}
+
+}  // namespace depthbench
