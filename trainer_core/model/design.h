@@ -48,6 +48,18 @@ struct DepthState {
   std::vector<torch::Tensor> depth_values;
 };
 
+// One depth-mixing site's softmax weights from the last recorded forward
+// (AttnRes). Sites are numbered by sub-layer position k = 2l (attention) or
+// 2l + 1 (FFN); the head is site 2L.
+struct MixingRecord {
+  int64_t site = 0;
+  // [B, T, S] over the site's sources in order: embedding, frozen sources
+  // (Full: sub-layer outputs; Block: block sums), then the running sum when
+  // has_running_sum (Block AttnRes only).
+  torch::Tensor weights;
+  bool has_running_sum = false;
+};
+
 // Which parameters get weight decay is part of each design (spec section 9:
 // everything decays except HC/mHC static routing, biases and gains).
 struct ParamGroups {
@@ -101,12 +113,25 @@ class DesignImpl : public torch::nn::Module {
   // Parameters that must not decay; everything else decays.
   virtual std::vector<torch::Tensor> NoDecayParameters() { return {}; }
 
+  // Diagnostics recording: while on, the designs that have them keep the
+  // routing tensors of the last forward (detached), cleared by Begin().
+  void set_record_diagnostics(bool on) { record_diagnostics_ = on; }
+  bool record_diagnostics() const { return record_diagnostics_; }
+  // HC/mHC: the residual map of each connector run, in execution order
+  // (sub-layer 2p, 2p + 1 for each applied slot p), [B, T, n, n] with
+  // H'_s = sum_r M[r, s] H_r (H' = M^T H) plus the written branch output.
+  // Empty for other designs or when not recording.
+  virtual std::vector<torch::Tensor> ResidualMaps() const { return {}; }
+  // AttnRes: the mixing weights of each site run, in execution order.
+  virtual std::vector<MixingRecord> MixingWeights() const { return {}; }
+
   // The final norm (RMSNorm) feeding the head.
   RmsNorm final_norm{nullptr};
 
  protected:
   const Rope& rope() const { return *rope_; }
   DesignOptions options_;
+  bool record_diagnostics_ = false;
 
  private:
   std::unique_ptr<Rope> rope_;
