@@ -12,6 +12,10 @@
 // Events are JSON lines on stdout (trainer_core/README.md); human logs go to
 // stderr. Exit codes: 0 ok, 2 bad usage / invalid input, 3 diverged,
 // 4 interrupted (checkpoint written), 1 other failures.
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
+
 #include <csignal>
 #include <cstdio>
 #include <fstream>
@@ -188,6 +192,15 @@ int RunDiagnose(const std::string& config_file, const std::string& out_dir,
   auto config = diagnostics::DiagnoseConfigFromJson(*json);
   if (!config.ok()) return Fail(config.status());
   if (!data_dir.empty()) config->data_dir = data_dir;
+#ifdef __GLIBC__
+  // The prefix-reusing passes keep snapshots alive; with glibc's dynamic
+  // mmap/trim thresholds the short-lived activations around them are
+  // mmapped, trimmed and re-faulted over and over, which made them 1.9x
+  // slower than the naive passes on CPU instead of 1.4x faster
+  // (bench/RESULTS.md, "Diagnostics (issue 6)"). This process only diagnoses.
+  mallopt(M_MMAP_THRESHOLD, 256 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+#endif
   auto doc = diagnostics::RunDiagnoseJob(*config, out_dir, PrintJsonLine);
   if (!doc.ok()) return Fail(doc.status());
   nlohmann::json kinds = nlohmann::json::array();
