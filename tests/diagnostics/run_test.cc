@@ -1,0 +1,346 @@
+// The model side of the diagnostics (trainer_core/diagnostics/run.h) on a tiny
+// random Pre-LN model (L=4, d=32, 4 heads, vocab 256) with known answers: a
+// zeroed block, two identical blocks, prefix reuse vs a naive reference built
+// on LanguageModel::Forward(ForwardControl), and a checkpoint round trip
+// through the Trainer and `depthbench-train diagnose`.
+#include "trainer_core/diagnostics/run.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "trainer_core/batcher.h"
+#include "trainer_core/model/model.h"
+#include "trainer_core/train_config.h"
+#include "trainer_core/trainer.h"
+
+namespace depthbench::diagnostics {
+namespace {
+
+constexpr int64_t kLayers = 4;
+constexpr int64_t kSeq = 8;
+constexpr int64_t kT = 16;
+
+LanguageModel TinyModel(uint64_t seed = 1) {
+  torch::manual_seed(seed);
+  ModelOptions options;
+  options.arch = Arch::kPreLn;
+  options.design.shape = MakeShape(kLayers, 32, 256, FfnRule::kSwiGlu83, 4, 4);
+  options.design.max_seq_len = 64;
+  auto model = BuildModel(options);
+  EXPECT_TRUE(model.ok()) << model.status();
+  return *model;
+}
+
+torch::Tensor Tokens(int64_t n = kSeq, int64_t t = kT) {
+  torch::manual_seed(7);
+  return torch::randint(0, 256, {n, t + 1}, torch::kInt64);
+}
+
+torch::Tensor Param(LanguageModel& model, const std::string& name) {
+  for (auto& p : model->named_parameters()) {
+    if (p.key() == name) return p.value();
+  }
+  ADD_FAILURE() << "no parameter " << name;
+  return torch::Tensor();
+}
+
+void ZeroBlockOutputs(LanguageModel& model, int64_t block) {
+  torch::NoGradGuard no_grad;
+  const std::string b = "design.block_" + std::to_string(block);
+  Param(model, b + ".attn.o_proj.weight").zero_();
+  Param(model, b + ".ffn.down_proj.weight").zero_();
+}
+
+double MeanLoss(LanguageModel& model, const torch::Tensor& tokens, const ForwardControl& c) {
+  InputsTargets it = SplitInputsTargets(tokens);
+  return LanguageModelImpl::CrossEntropy(model->Forward(it.inputs, c), it.targets).item<double>();
+}
+
+// hbar_0..hbar_L with block s skipped: a full forward from the embedding.
+std::vector<torch::Tensor> NaiveSkippedStates(LanguageModel& model, const torch::Tensor& inputs,
+                                              int64_t s) {
+  DesignImpl& d = model->design();
+  DepthState st = d.Begin(model->embed->forward(inputs));
+  std::vector<torch::Tensor> out = {d.Representation(st, 0)};
+  for (int64_t p = 0; p < d.num_blocks(); ++p) {
+    if (p == s) {
+      d.SkipBlock(p, st);
+    } else {
+      d.ApplyBlock(p, p, st);
+    }
+    out.push_back(d.Representation(st, p + 1));
+  }
+  return out;
+}
+
+bool SameOrBothNan(double a, double b) { return (std::isnan(a) && std::isnan(b)) || a == b; }
+
+TEST(RunDiagnosticsTest, StatesAndShapes) {
+  LanguageModel model = TinyModel();
+  auto report = RunDiagnostics(*model, Tokens(), RunOptions{});
+  ASSERT_TRUE(report.ok()) << report.status();
+  ASSERT_EQ(report->states.size(), static_cast<size_t>(kLayers + 1));
+  for (const auto& h : report->states) EXPECT_EQ(h.sizes(), (std::vector<int64_t>{kSeq, kT, 32}));
+  EXPECT_EQ(report->angular.size(), static_cast<size_t>(kLayers + 1));
+  EXPECT_EQ(report->causal.size(), static_cast<size_t>(kLayers));
+  EXPECT_EQ(report->permutation.size(), static_cast<size_t>(kLayers));
+  EXPECT_EQ(report->logit_lens_kl.size(), static_cast<size_t>(kLayers + 1));
+  EXPECT_EQ(report->pruning_loss.size(), static_cast<size_t>(kLayers));
+  // The last probe is the model's own output distribution.
+  EXPECT_NEAR(report->logit_lens_kl.back(), 0.0, 1e-5);
+  EXPECT_GT(report->logit_lens_kl.front(), 1e-3);
+  std::vector<std::string> kinds;
+  for (const auto& r : report->results) kinds.push_back(r.kind);
+  EXPECT_EQ(kinds, AllKinds());
+  // Pre-LN has no residual maps or mixing weights.
+  for (const auto& r : report->results) {
+    if (r.kind == "transport" || r.kind == "block_alpha") {
+      EXPECT_FALSE(r.data["applicable"].get<bool>()) << r.kind;
+    }
+  }
+}
+
+TEST(RunDiagnosticsTest, ZeroedBlockHasZeroCausalRowAndUnchangedPruningLoss) {
+  LanguageModel model = TinyModel();
+  ZeroBlockOutputs(model, 1);
+  RunOptions options;
+  options.kinds = {"causal", "pruning"};
+  options.micro_batch = 3;  // uneven micro-batches on purpose
+  auto report = RunDiagnostics(*model, Tokens(), options);
+  ASSERT_TRUE(report.ok()) << report.status();
+  for (int64_t l = 2; l < kLayers; ++l) EXPECT_NEAR(report->causal[1][l], 0.0, 1e-6) << l;
+  EXPECT_DOUBLE_EQ(report->pruning_loss[1], report->base_loss);
+  // The other blocks do matter.
+  EXPECT_EQ(report->causal[0][1], 0.0);  // block 1 adds nothing in either run
+  EXPECT_GT(report->causal[0][2], 1e-3);
+  EXPECT_NE(report->pruning_loss[0], report->base_loss);
+}
+
+TEST(RunDiagnosticsTest, IdenticalBlocksHaveZeroPermutationScore) {
+  LanguageModel model = TinyModel();
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : model->named_parameters()) {
+      const std::string prefix = "design.block_2.";
+      if (p.key().rfind(prefix, 0) != 0) continue;
+      std::string src = "design.block_1." + p.key().substr(prefix.size());
+      p.value().copy_(Param(model, src));
+    }
+  }
+  RunOptions options;
+  options.kinds = {"permutation"};
+  auto report = RunDiagnostics(*model, Tokens(), options);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->permutation[1][2], 0.0);
+  EXPECT_GT(report->permutation[0][3], 1e-4);
+  EXPECT_TRUE(std::isnan(report->permutation[2][1]));
+}
+
+TEST(RunDiagnosticsTest, PrefixReuseMatchesNaiveWithFewerLayerForwards) {
+  LanguageModel model = TinyModel(3);
+  const torch::Tensor tokens = Tokens();
+  RunOptions reuse;
+  reuse.kinds = {"causal", "permutation", "pruning"};
+  reuse.micro_batch = kSeq;
+  RunOptions naive = reuse;
+  naive.reuse_prefix = false;
+  auto a = RunDiagnostics(*model, tokens, reuse);
+  auto b = RunDiagnostics(*model, tokens, naive);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  for (int64_t i = 0; i < kLayers; ++i) {
+    for (int64_t j = 0; j < kLayers; ++j) {
+      EXPECT_TRUE(SameOrBothNan(a->causal[i][j], b->causal[i][j])) << i << "," << j;
+      EXPECT_TRUE(SameOrBothNan(a->permutation[i][j], b->permutation[i][j])) << i << "," << j;
+    }
+    EXPECT_EQ(a->pruning_loss[i], b->pruning_loss[i]);
+  }
+  EXPECT_EQ(a->skip_layer_forwards, ReusedSkipLayerForwards(kLayers));
+  EXPECT_EQ(b->skip_layer_forwards, NaiveSkipLayerForwards(kLayers));
+  EXPECT_EQ(a->permutation_layer_forwards, ReusedPermutationLayerForwards(kLayers));
+  EXPECT_EQ(b->permutation_layer_forwards, NaivePermutationLayerForwards(kLayers));
+  EXPECT_LT(a->skip_layer_forwards, b->skip_layer_forwards);
+  EXPECT_LT(a->permutation_layer_forwards, b->permutation_layer_forwards);
+
+  // An independent reference: LanguageModel::Forward with ForwardControl for
+  // losses, a from-scratch step-wise forward for the skipped states.
+  torch::NoGradGuard no_grad;
+  InputsTargets it = SplitInputsTargets(tokens);
+  const double base = MeanLoss(model, tokens, ForwardControl{});
+  EXPECT_NEAR(a->base_loss, base, 1e-5);
+  for (int64_t s = 0; s < kLayers; ++s) {
+    EXPECT_NEAR(a->pruning_loss[s], MeanLoss(model, tokens, ForwardControl{{}, {s}}), 1e-5);
+    if (s + 1 < kLayers) {
+      auto row = CausalScoreRow(a->states, NaiveSkippedStates(model, it.inputs, s), s);
+      ASSERT_TRUE(row.ok());
+      for (int64_t l = s + 1; l < kLayers; ++l) EXPECT_NEAR(a->causal[s][l], (*row)[l], 1e-5);
+    }
+  }
+  for (int64_t l1 = 0; l1 < kLayers; ++l1) {
+    for (int64_t l2 = l1 + 1; l2 < kLayers; ++l2) {
+      std::vector<int64_t> order = {0, 1, 2, 3};
+      std::swap(order[l1], order[l2]);
+      const double swapped = MeanLoss(model, tokens, ForwardControl{order, {}});
+      EXPECT_NEAR(a->permutation[l1][l2], std::fabs(swapped - base) / base, 1e-5);
+    }
+  }
+}
+
+TEST(RunDiagnosticsTest, RejectsBadKindsAndTokens) {
+  LanguageModel model = TinyModel();
+  RunOptions options;
+  options.kinds = {"angular", "nope"};
+  EXPECT_EQ(RunDiagnostics(*model, Tokens(), options).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  options.kinds = {"deff"};
+  EXPECT_EQ(RunDiagnostics(*model, Tokens(1), options).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  options.kinds = {};
+  EXPECT_EQ(RunDiagnostics(*model, Tokens().to(torch::kFloat32), options).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(SummaryTest, TransportOfIdentityAndRankOneMaps) {
+  std::vector<torch::Tensor> maps(4, torch::eye(4).expand({2, 3, 4, 4}));
+  auto s = TransportSummary(maps);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_TRUE((*s)["applicable"].get<bool>());
+  ASSERT_EQ((*s)["effective_rank"].size(), 4u);
+  for (const auto& r : (*s)["effective_rank"]) EXPECT_NEAR(r.get<double>(), 4.0, 1e-9);
+  maps[2] = torch::ones({2, 3, 4, 4});  // rank one from here on
+  s = TransportSummary(maps);
+  ASSERT_TRUE(s.ok());
+  EXPECT_NEAR((*s)["effective_rank"][1].get<double>(), 4.0, 1e-9);
+  EXPECT_NEAR((*s)["effective_rank"][3].get<double>(), 1.0, 1e-6);
+  auto none = TransportSummary({});
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE((*none)["applicable"].get<bool>());
+}
+
+TEST(SummaryTest, BlockAlphaSharesOnTheRunningSum) {
+  MixingRecord a{1, torch::tensor({0.25, 0.75}).expand({2, 3, 2}), true};
+  MixingRecord b{2, torch::tensor({0.5, 0.25, 0.25}).expand({2, 3, 3}), true};
+  MixingRecord full{3, torch::tensor({0.5, 0.5}).expand({2, 3, 2}), false};
+  auto s = BlockAlphaSummary({a, full, b});
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ((*s)["sites"], nlohmann::json({1, 2}));
+  EXPECT_NEAR((*s)["share"][0].get<double>(), 0.75, 1e-9);
+  EXPECT_NEAR((*s)["share"][1].get<double>(), 0.25, 1e-9);
+  EXPECT_NEAR((*s)["mean_share"].get<double>(), 0.5, 1e-9);
+  auto none = BlockAlphaSummary({full});
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE((*none)["applicable"].get<bool>());
+}
+
+TEST(DiagnoseConfigTest, KeysAndErrors) {
+  auto c = DiagnoseConfigFromJson({{"checkpoint", "/x"}, {"kinds", {"angular", "cost"}},
+                                   {"num_sequences", 4}, {"lr", 0.001}, {"arch", "pre_ln"}});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->kinds, (std::vector<std::string>{"angular", "cost"}));
+  EXPECT_EQ(c->num_sequences, 4);
+  EXPECT_EQ(DiagnoseConfigFromJson({{"kinds", {"angular"}}}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  auto bad = DiagnoseConfigFromJson({{"checkpoint", "/x"}, {"kinds", {"angular", "foo"}}});
+  EXPECT_NE(bad.status().message().find("config.kinds[1]"), std::string::npos) << bad.status();
+  EXPECT_FALSE(DiagnoseConfigFromJson({{"checkpoint", "/x"}, {"num_sequences", 0}}).ok());
+}
+
+// Trains 5 steps into a temp dir, then runs `depthbench-train diagnose` on
+// the checkpoint: every kind is reported and finite where applicable.
+TEST(DiagnoseJobTest, CheckpointRoundTrip) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("diag_run_test_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  auto config = TrainConfigFromJson({{"arch", "pre_ln"}, {"layers", 4}, {"d_model", 32},
+                                     {"heads", 4}, {"lr", 0.003}, {"steps", 5},
+                                     {"seq_len", 32}, {"batch", 4}, {"threads", 2},
+                                     {"eval_batches", 1}});
+  ASSERT_TRUE(config.ok()) << config.status();
+  Trainer trainer(*config, TrainerOptions{(dir / "run").string(), false, ""},
+                  [](const nlohmann::json&) {});
+  auto run = trainer.Run();
+  ASSERT_TRUE(run.ok()) << run.status();
+  ASSERT_EQ(run->status, RunStatus::kSucceeded);
+
+  // The scheduler's diagnose config: the train config plus checkpoint/kinds.
+  nlohmann::json job = config->ToJson();
+  job["checkpoint"] = (dir / "run").string();
+  job["num_sequences"] = 6;
+  {
+    std::ofstream out(dir / "job.json");
+    out << job.dump();
+  }
+  const std::string cmd = std::string(DEPTHBENCH_TRAIN_BIN) + " diagnose --config " +
+                          (dir / "job.json").string() + " --out " + (dir / "diag").string() +
+                          " > " + (dir / "events.jsonl").string();
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+
+  std::ifstream events(dir / "events.jsonl");
+  std::string line;
+  std::set<std::string> kinds;
+  bool done = false;
+  while (std::getline(events, line)) {
+    nlohmann::json e = nlohmann::json::parse(line);
+    if (e["event"] == "done") {
+      done = true;
+      EXPECT_EQ(e["status"], "succeeded");
+      continue;
+    }
+    ASSERT_EQ(e["event"], "diagnostics") << line;
+    ASSERT_FALSE(done) << "diagnostics after done";
+    kinds.insert(e["kind"].get<std::string>());
+    const nlohmann::json& d = e["data"];
+    if (e["kind"] == "causal") {
+      ASSERT_TRUE(d["r_causal"].is_number());
+      EXPECT_EQ(d["matrix"].size(), 4u);
+      for (int s = 0; s < 3; ++s) {
+        for (int l = s + 1; l < 4; ++l) EXPECT_TRUE(d["matrix"][s][l].is_number()) << s << l;
+      }
+      EXPECT_TRUE(d["matrix"][3][3].is_null());  // NaN -> null
+    }
+    if (e["kind"] == "permutation") {
+      EXPECT_TRUE(d["r_perm"].is_number());
+    }
+    if (e["kind"] == "deff") {
+      EXPECT_TRUE(d["deff_over_l"].is_number());
+      EXPECT_GT(d["deff"].get<double>(), 0.0);
+    }
+    if (e["kind"] == "pruning") {
+      for (const auto& v : d["loss"]) EXPECT_TRUE(v.is_number() && std::isfinite(v.get<double>()));
+    }
+    if (e["kind"] == "logit_lens") {
+      EXPECT_EQ(d["kl"].size(), 5u);
+      for (const auto& v : d["kl"]) EXPECT_TRUE(v.is_number());
+    }
+    if (e["kind"] == "cost") {
+      EXPECT_GT(d["params"]["total"].get<int64_t>(), 0);
+    }
+  }
+  EXPECT_TRUE(done);
+  EXPECT_EQ(kinds, std::set<std::string>(AllKinds().begin(), AllKinds().end()));
+
+  std::ifstream doc_in(dir / "diag" / "diagnostics.json");
+  nlohmann::json doc = nlohmann::json::parse(doc_in);
+  EXPECT_EQ(doc["schema"], "depthbench.diagnostics.v1");
+  EXPECT_EQ(doc["kinds"].size(), AllKinds().size());
+  EXPECT_EQ(doc["step"], 5);
+
+  // Usage errors exit 2.
+  EXPECT_EQ(WEXITSTATUS(std::system((std::string(DEPTHBENCH_TRAIN_BIN) +
+                                     " diagnose --out /tmp 2>/dev/null").c_str())), 2);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace depthbench::diagnostics
