@@ -47,6 +47,7 @@ void AddSubmitCommand(CLI::App& app, CommandEnv& env);
 void AddSweepCommands(CLI::App& app, CommandEnv& env);   // sweeps, status, cancel
 void AddJobCommands(CLI::App& app, CommandEnv& env);     // jobs, job, retry, watch
 void AddResultsCommand(CLI::App& app, CommandEnv& env);  // results
+void AddDemoCommand(CLI::App& app, CommandEnv& env);     // demo (cmd_demo.cc)
 
 // Runs the CLI (argv as given to main); returns the exit code.
 int RunCli(int argc, char** argv, std::ostream& out, std::ostream& err);
