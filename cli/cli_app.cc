@@ -47,7 +47,7 @@ int RunCli(int argc, char** argv, std::ostream& out, std::ostream& err) {
   AddJobCommands(app, env);
   AddResultsCommand(app, env);
   AddReportCommand(app, env);
-  // `demo` is added by its own issue: AddDemoCommand(app, env);
+  AddDemoCommand(app, env);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

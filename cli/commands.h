@@ -48,6 +48,7 @@ void AddSweepCommands(CLI::App& app, CommandEnv& env);   // sweeps, status, canc
 void AddJobCommands(CLI::App& app, CommandEnv& env);     // jobs, job, retry, watch
 void AddResultsCommand(CLI::App& app, CommandEnv& env);  // results
 void AddReportCommand(CLI::App& app, CommandEnv& env);   // report
+void AddDemoCommand(CLI::App& app, CommandEnv& env);     // demo (cmd_demo.cc)
 
 // Runs the CLI (argv as given to main); returns the exit code.
 int RunCli(int argc, char** argv, std::ostream& out, std::ostream& err);

@@ -1,0 +1,484 @@
+// The real system on loopback: depthbench-scheduler, depthbench-worker
+// daemons and the depthbench-train children they run, on tiny models.
+//   (1) a small sweep completes with two workers; every (arch, shape) row
+//   (2) kill -9 of a worker mid-training: lease expires, another worker
+//       resumes from the checkpoint, every step reported exactly once
+//   (3) kill -9 of the scheduler mid-sweep + restart: the sweep completes
+//   (4) cancel while jobs run: children gone within the grace period
+//   (5) a crashing child ends `failed` with its stderr tail; retry re-runs it
+//   (6) a diverging run is final, not retried, and skipped by best-LR
+//   (7) SIGTERM to a worker: children checkpoint, jobs re-queued without
+//       using an attempt, resumed by another worker
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <set>
+
+#include <gtest/gtest.h>
+
+#include "tests/integration/scheduler_process.h"
+#include "tests/integration/worker_process.h"
+
+namespace depthbench::testing {
+namespace {
+
+namespace v1 = ::depthbench::v1;
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+
+constexpr int kLeaseTtlMs = 3000;  // heartbeats every second
+
+struct SpecOptions {
+  std::vector<std::string> archs = {"pre_ln"};
+  std::vector<double> lrs = {3e-3};
+  // Empty: the `tiny` suite (L = 2, 4, 6).
+  std::vector<int> layers;
+  int64_t steps = 10;
+  int64_t checkpoint_interval = 0;
+  std::string data = "brown";
+  int max_attempts = 3;
+};
+
+v1::SweepSpec Spec(const std::string& name, const SpecOptions& o) {
+  v1::SweepSpec spec;
+  spec.set_name(name);
+  for (const std::string& a : o.archs) {
+    spec.add_architectures(a);
+    for (double lr : o.lrs) (*spec.mutable_lr_grids())[a].add_lrs(lr);
+  }
+  if (o.layers.empty()) {
+    spec.mutable_shapes()->set_suite("tiny");
+  } else {
+    for (int l : o.layers) {
+      auto* s = spec.mutable_shapes()->add_explicit_shapes();
+      s->set_layers(l);
+      s->set_d_model(64);
+      s->set_heads(4);
+      s->set_vocab(256);
+    }
+  }
+  auto* t = spec.mutable_training();
+  t->set_data(o.data);
+  t->set_seq_len(32);
+  t->set_batch(4);
+  t->set_steps(o.steps);
+  t->set_eval_batches(2);
+  t->set_log_interval(1);
+  if (o.checkpoint_interval > 0) t->set_checkpoint_interval(o.checkpoint_interval);
+  spec.mutable_retry()->set_max_attempts(o.max_attempts);
+  spec.mutable_retry()->set_initial_backoff_ms(100);
+  spec.mutable_retry()->set_max_backoff_ms(500);
+  return spec;
+}
+
+struct PointKey {
+  int64_t attempt_id;
+  int64_t step;
+  std::string name;
+};
+
+class WorkerSystemTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = MakeTempDir(std::string("worker_") + info->name());
+    root_ = dir_ + "/checkpoints";
+    std::filesystem::create_directories(root_);
+    server_ = std::make_unique<SchedulerProcess>(
+        dir_ + "/s.db", dir_,
+        std::vector<std::string>{"--lease-ttl-ms", std::to_string(kLeaseTtlMs)});
+    ASSERT_TRUE(server_->Start()) << "scheduler did not start; see " << dir_;
+    Connect();
+  }
+
+  void TearDown() override {
+    for (auto& w : workers_) w->Stop(SIGKILL);  // children die with them (PDEATHSIG)
+    workers_.clear();
+    server_->Stop(SIGKILL);
+    if (!HasFailure()) std::filesystem::remove_all(dir_);
+  }
+
+  void Connect() {
+    stub_ = v1::SweepService::NewStub(
+        grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials()));
+  }
+
+  WorkerProcess* AddWorker(const std::string& name, std::vector<std::string> extra = {}) {
+    workers_.push_back(std::make_unique<WorkerProcess>(name, dir_));
+    workers_.back()->Start(server_->address(), root_, std::move(extra));
+    return workers_.back().get();
+  }
+
+  void Submit(const v1::SweepSpec& spec) {
+    v1::SubmitSweepRequest req;
+    *req.mutable_spec() = spec;
+    v1::SubmitSweepResponse resp;
+    grpc::Status s = stub_->SubmitSweep(Ctx().get(), req, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+
+  std::optional<v1::Sweep> GetSweep(const std::string& name) {
+    v1::GetSweepRequest req;
+    req.set_name(name);
+    v1::Sweep sweep;
+    if (!stub_->GetSweep(Ctx(2000).get(), req, &sweep).ok()) return std::nullopt;
+    return sweep;
+  }
+
+  // Waits for the sweep to leave RUNNING; false on timeout.
+  bool WaitSweepDone(const std::string& name, int timeout_s) {
+    auto deadline = Clock::now() + std::chrono::seconds(timeout_s);
+    while (Clock::now() < deadline) {
+      auto sweep = GetSweep(name);
+      if (sweep && sweep->state() != v1::SWEEP_RUNNING) return true;
+      std::this_thread::sleep_for(milliseconds(100));
+    }
+    return false;
+  }
+
+  std::vector<v1::Job> Jobs(const std::string& sweep) {
+    v1::ListJobsRequest req;
+    req.set_sweep(sweep);
+    req.set_page_size(1000);
+    v1::ListJobsResponse resp;
+    grpc::Status s = stub_->ListJobs(Ctx().get(), req, &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return {resp.jobs().begin(), resp.jobs().end()};
+  }
+
+  v1::Job GetJob(int64_t id) {
+    v1::GetJobRequest req;
+    req.set_job_id(id);
+    v1::Job job;
+    grpc::Status s = stub_->GetJob(Ctx().get(), req, &job);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return job;
+  }
+
+  // Every stored point of a finished job (WatchJob replays them, then ends).
+  std::vector<PointKey> Points(int64_t job_id) {
+    v1::WatchJobRequest req;
+    req.set_job_id(job_id);
+    auto ctx = Ctx(20000);
+    auto reader = stub_->WatchJob(ctx.get(), req);
+    v1::WatchJobEvent event;
+    std::vector<PointKey> out;
+    while (reader->Read(&event)) {
+      if (event.has_point()) {
+        out.push_back({event.attempt_id(), event.point().step(), event.point().name()});
+      }
+    }
+    EXPECT_TRUE(reader->Finish().ok());
+    return out;
+  }
+
+  // Every step 1..steps has exactly one `loss` point across all attempts.
+  void ExpectEveryStepOnce(int64_t job_id, int64_t steps) {
+    std::map<int64_t, int> count;
+    for (const PointKey& p : Points(job_id)) {
+      if (p.name == "loss") count[p.step]++;
+    }
+    EXPECT_EQ(static_cast<int64_t>(count.size()), steps) << "job " << job_id;
+    for (int64_t s = 1; s <= steps; ++s) {
+      EXPECT_EQ(count[s], 1) << "job " << job_id << " step " << s;
+    }
+  }
+
+  std::string Cli(const std::string& args) {
+    return std::string(DEPTHBENCH_CLI_BIN) + " --scheduler " + server_->address() + " " + args;
+  }
+
+  std::string dir_, root_;
+  std::unique_ptr<SchedulerProcess> server_;
+  std::unique_ptr<v1::SweepService::Stub> stub_;
+  std::vector<std::unique_ptr<WorkerProcess>> workers_;
+};
+
+// (1)
+TEST_F(WorkerSystemTest, SmallSweepCompletesWithTwoWorkers) {
+  SpecOptions o;
+  o.archs = {"pre_ln", "sandwich_ln"};
+  o.steps = 8;
+  Submit(Spec("small", o));
+  AddWorker("w1");
+  AddWorker("w2");
+  ASSERT_TRUE(WaitSweepDone("small", 200));
+  std::set<std::string> workers_used;
+  for (const v1::Job& job : Jobs("small")) {
+    EXPECT_EQ(job.state(), v1::SUCCEEDED) << job.id() << ": " << job.reason();
+    EXPECT_EQ(job.final_step(), 8);
+    EXPECT_TRUE(job.has_val_loss());
+    const v1::Job full = GetJob(job.id());
+    for (const v1::Attempt& a : full.attempts()) workers_used.insert(a.worker_id());
+    ExpectEveryStepOnce(job.id(), 8);
+  }
+  EXPECT_EQ(workers_used, (std::set<std::string>{"w1", "w2"}));
+  auto [rc, csv] = RunCommand(Cli("results small --csv"));
+  ASSERT_EQ(rc, 0) << csv;
+  std::set<std::string> rows;
+  std::istringstream lines(csv);
+  std::string line;
+  std::getline(lines, line);  // header
+  while (std::getline(lines, line)) {
+    std::vector<std::string> cells;
+    std::stringstream cs(line);
+    std::string cell;
+    while (std::getline(cs, cell, ',')) cells.push_back(cell);
+    ASSERT_GE(cells.size(), 7u) << line;
+    EXPECT_NE(cells[5], "-") << "no best LR in " << line;
+    EXPECT_EQ(cells.back(), "yes") << line;
+    rows.insert(cells[0] + "/L" + cells[1]);
+  }
+  EXPECT_EQ(rows, (std::set<std::string>{"pre_ln/L2", "pre_ln/L4", "pre_ln/L6",
+                                         "sandwich_ln/L2", "sandwich_ln/L4",
+                                         "sandwich_ln/L6"}));
+}
+
+// (2)
+TEST_F(WorkerSystemTest, KilledWorkerLeaseExpiresAndAnotherResumesFromCheckpoint) {
+  SpecOptions o;
+  o.layers = {2};
+  o.steps = 120;
+  o.checkpoint_interval = 20;
+  Submit(Spec("resume", o));
+  WorkerProcess* w1 = AddWorker("w1");
+  std::vector<v1::Job> jobs = Jobs("resume");
+  ASSERT_EQ(jobs.size(), 1u);
+  const int64_t job_id = jobs[0].id();
+  const std::string ckpt = root_ + "/" + jobs[0].checkpoint_dir() + "/checkpoint.pt";
+  // Mid-training: a checkpoint exists and the run is not over.
+  auto deadline = Clock::now() + std::chrono::seconds(120);
+  while (!std::filesystem::exists(ckpt) && Clock::now() < deadline) {
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  ASSERT_TRUE(std::filesystem::exists(ckpt)) << "no checkpoint; see " << w1->log();
+  std::vector<pid_t> trainers = ChildPids(w1->pid());
+  ASSERT_EQ(trainers.size(), 1u);
+  ASSERT_NE(GetJob(job_id).state(), v1::SUCCEEDED);
+  w1->Stop(SIGKILL);
+  // The orphaned trainer dies with its worker (PR_SET_PDEATHSIG) and cannot
+  // write into the shared directory while another attempt resumes there.
+  for (int i = 0; i < 200 && ProcessAlive(trainers[0]); ++i) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  EXPECT_FALSE(ProcessAlive(trainers[0]));
+  AddWorker("w2");
+  ASSERT_TRUE(WaitSweepDone("resume", 180));
+  v1::Job job = GetJob(job_id);
+  EXPECT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+  EXPECT_EQ(job.final_step(), 120);
+  ASSERT_EQ(job.attempts_size(), 2);
+  EXPECT_EQ(job.attempts(0).worker_id(), "w1");
+  EXPECT_EQ(job.attempts(0).outcome(), "expired");
+  EXPECT_EQ(job.attempts(1).worker_id(), "w2");
+  EXPECT_EQ(job.attempts(1).outcome(), "succeeded");
+  // Resumed, not restarted: w2's trainer started from a checkpoint of w1's
+  // attempt (a multiple of the interval), not from scratch.
+  std::string log = workers_.back()->ReadLog();
+  size_t at = log.find("resumed from step ");
+  ASSERT_NE(at, std::string::npos) << log;
+  int64_t resumed = std::stoll(log.substr(at + 18));
+  EXPECT_GT(resumed, 0);
+  EXPECT_LT(resumed, 120);
+  EXPECT_EQ(resumed % 20, 0);
+  ExpectEveryStepOnce(job_id, 120);
+}
+
+// (3)
+TEST_F(WorkerSystemTest, SchedulerKilledMidSweepAndRestartedSweepCompletes) {
+  SpecOptions o;
+  o.layers = {2, 3};
+  o.lrs = {3e-3, 1e-2};
+  o.steps = 40;
+  o.checkpoint_interval = 10;
+  Submit(Spec("restart", o));
+  AddWorker("w1");
+  AddWorker("w2");
+  // Wait until training is under way (a job running), then kill -9.
+  auto deadline = Clock::now() + std::chrono::seconds(120);
+  bool running = false;
+  while (!running && Clock::now() < deadline) {
+    auto sweep = GetSweep("restart");
+    running = sweep && sweep->job_counts().count("running") > 0 &&
+              sweep->job_counts().at("running") > 0;
+    if (!running) std::this_thread::sleep_for(milliseconds(50));
+  }
+  ASSERT_TRUE(running);
+  const int port = server_->port();
+  server_->Stop(SIGKILL);
+  std::this_thread::sleep_for(milliseconds(1500));  // workers see it gone
+  ASSERT_TRUE(server_->Start(port)) << "restart on port " << port;
+  Connect();
+  ASSERT_TRUE(WaitSweepDone("restart", 200));
+  std::vector<v1::Job> jobs = Jobs("restart");
+  ASSERT_EQ(jobs.size(), 4u);
+  for (const v1::Job& job : jobs) {
+    EXPECT_EQ(job.state(), v1::SUCCEEDED) << job.id() << ": " << job.reason();
+    EXPECT_EQ(job.final_step(), 40);
+    ExpectEveryStepOnce(job.id(), 40);
+  }
+  for (auto& w : workers_) EXPECT_TRUE(ProcessAlive(w->pid()));
+}
+
+// (4)
+TEST_F(WorkerSystemTest, CancelSweepStopsChildrenWithinGracePeriod) {
+  constexpr int kGraceMs = 2000;
+  SpecOptions o;
+  o.layers = {2};
+  o.lrs = {3e-3, 1e-2};
+  o.steps = 100000;  // runs until cancelled
+  Submit(Spec("cancel", o));
+  WorkerProcess* w1 = AddWorker("w1", {"--grace-ms", std::to_string(kGraceMs)});
+  WorkerProcess* w2 = AddWorker("w2", {"--grace-ms", std::to_string(kGraceMs)});
+  auto deadline = Clock::now() + std::chrono::seconds(120);
+  std::vector<pid_t> trainers;
+  while (Clock::now() < deadline) {
+    trainers = ChildPids(w1->pid());
+    std::vector<pid_t> t2 = ChildPids(w2->pid());
+    auto sweep = GetSweep("cancel");
+    bool both_running = sweep && sweep->job_counts().count("running") &&
+                        sweep->job_counts().at("running") == 2;
+    if (trainers.size() == 1 && t2.size() == 1 && both_running) {
+      trainers.push_back(t2[0]);
+      break;
+    }
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+  ASSERT_EQ(trainers.size(), 2u);
+  auto [rc, out] = RunCommand(Cli("cancel cancel"));
+  ASSERT_EQ(rc, 0) << out;
+  auto cancelled_at = Clock::now();
+  // The next heartbeat (<= TTL/3) carries the cancellation; then SIGTERM,
+  // SIGKILL after the grace period.
+  auto limit = cancelled_at + milliseconds(kLeaseTtlMs / 3 + kGraceMs + 1500);
+  while ((ProcessAlive(trainers[0]) || ProcessAlive(trainers[1])) && Clock::now() < limit) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  EXPECT_FALSE(ProcessAlive(trainers[0]));
+  EXPECT_FALSE(ProcessAlive(trainers[1]));
+  for (const v1::Job& job : Jobs("cancel")) EXPECT_EQ(job.state(), v1::CANCELLED);
+  auto sweep = GetSweep("cancel");
+  ASSERT_TRUE(sweep);
+  EXPECT_EQ(sweep->state(), v1::SWEEP_CANCELLED);
+  // The workers stay up and idle.
+  EXPECT_TRUE(ProcessAlive(w1->pid()));
+  EXPECT_TRUE(ProcessAlive(w2->pid()));
+  EXPECT_TRUE(ChildPids(w1->pid()).empty());
+  EXPECT_TRUE(ChildPids(w2->pid()).empty());
+}
+
+// (5)
+TEST_F(WorkerSystemTest, CrashingChildFailsWithStderrTailAndRetryRerunsIt) {
+  SpecOptions o;
+  o.layers = {2};
+  o.data = "/nonexistent.bin";
+  o.max_attempts = 1;
+  Submit(Spec("crash", o));
+  AddWorker("w1");
+  ASSERT_TRUE(WaitSweepDone("crash", 120));
+  std::vector<v1::Job> jobs = Jobs("crash");
+  ASSERT_EQ(jobs.size(), 1u);
+  v1::Job job = GetJob(jobs[0].id());
+  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_NE(job.reason().find("exit code 2"), std::string::npos) << job.reason();
+  EXPECT_NE(job.reason().find("stderr tail"), std::string::npos) << job.reason();
+  // The trainer's own message, relayed from its stderr.
+  EXPECT_NE(job.reason().find("/nonexistent.bin"), std::string::npos) << job.reason();
+  ASSERT_EQ(job.attempts_size(), 1);
+
+  auto [rc, out] = RunCommand(Cli("retry " + std::to_string(job.id())));
+  ASSERT_EQ(rc, 0) << out;
+  auto deadline = Clock::now() + std::chrono::seconds(120);
+  while (Clock::now() < deadline) {
+    job = GetJob(job.id());
+    if (job.attempts_size() == 2 && job.state() == v1::FAILED) break;
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+  EXPECT_EQ(job.attempts_size(), 2);
+  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_EQ(job.attempts(1).outcome(), "failed");
+}
+
+// (6)
+TEST_F(WorkerSystemTest, DivergingRunIsFinalNotRetriedAndSkippedByBestLr) {
+  SpecOptions o;
+  o.layers = {2};
+  o.lrs = {3e-3, 1e3};
+  o.steps = 12;
+  o.max_attempts = 3;
+  Submit(Spec("diverge", o));
+  AddWorker("w1");
+  AddWorker("w2");
+  ASSERT_TRUE(WaitSweepDone("diverge", 150));
+  int diverged = 0;
+  for (const v1::Job& listed : Jobs("diverge")) {
+    v1::Job job = GetJob(listed.id());
+    if (job.lr() > 1) {
+      EXPECT_EQ(job.state(), v1::DIVERGED) << job.reason();
+      EXPECT_EQ(job.attempts_size(), 1);  // a training result: not retried
+      EXPECT_FALSE(job.reason().empty());
+      EXPECT_FALSE(job.is_best());
+      ++diverged;
+    } else {
+      EXPECT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+      EXPECT_TRUE(job.is_best());
+    }
+  }
+  EXPECT_EQ(diverged, 1);
+  v1::QueryResultsRequest req;
+  req.set_sweep("diverge");
+  v1::QueryResultsResponse results;
+  ASSERT_TRUE(stub_->QueryResults(Ctx().get(), req, &results).ok());
+  ASSERT_EQ(results.rows_size(), 1);
+  const v1::ResultRow& row = results.rows(0);
+  ASSERT_TRUE(row.has_best());
+  EXPECT_DOUBLE_EQ(row.best_lr(), 3e-3);
+  bool saw_diverged_lr = false;
+  for (const v1::LrLoss& l : row.lrs()) {
+    if (l.lr() > 1) {
+      EXPECT_TRUE(l.diverged());
+      saw_diverged_lr = true;
+    }
+  }
+  EXPECT_TRUE(saw_diverged_lr);
+}
+
+// (7) SIGTERM to a worker: its child checkpoints and exits 4, the job is
+// reported INTERRUPTED (re-queued at once, the attempt not counted), the
+// worker exits 0, and another worker finishes the job from the checkpoint.
+TEST_F(WorkerSystemTest, SigtermInterruptsChildrenAndAnotherWorkerResumes) {
+  SpecOptions o;
+  o.layers = {2};
+  o.steps = 600;
+  o.max_attempts = 1;  // an interrupted attempt must not use it up
+  Submit(Spec("drain", o));
+  WorkerProcess* w1 = AddWorker("w1");
+  std::vector<v1::Job> jobs = Jobs("drain");
+  ASSERT_EQ(jobs.size(), 1u);
+  const int64_t job_id = jobs[0].id();
+  auto deadline = Clock::now() + std::chrono::seconds(120);
+  while (Clock::now() < deadline && GetJob(job_id).state() != v1::RUNNING) {
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+  ASSERT_EQ(GetJob(job_id).state(), v1::RUNNING);
+  std::this_thread::sleep_for(milliseconds(500));  // some steps done
+  int status = w1->Stop(SIGTERM, 30000);
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  v1::Job job = GetJob(job_id);
+  EXPECT_EQ(job.state(), v1::PENDING);
+  ASSERT_EQ(job.attempts_size(), 1);
+  EXPECT_EQ(job.attempts(0).outcome(), "interrupted");
+  EXPECT_EQ(job.attempts_used(), 0);
+  AddWorker("w2");
+  ASSERT_TRUE(WaitSweepDone("drain", 120));
+  job = GetJob(job_id);
+  EXPECT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+  EXPECT_EQ(job.final_step(), 600);
+  ExpectEveryStepOnce(job_id, 600);
+  std::string log = workers_.back()->ReadLog();
+  EXPECT_NE(log.find("resumed from step "), std::string::npos) << log;
+}
+
+}  // namespace
+}  // namespace depthbench::testing

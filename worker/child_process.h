@@ -1,0 +1,100 @@
+// One supervised child process (a `depthbench-train` run): spawned in its
+// own process group with stdout and stderr on pipes, signalled as a group,
+// reaped once.
+//
+// Why POSIX fork/exec and not Boost.Process: the worker needs three things
+// Boost.Process 1.74 does not give cleanly: the child in its own process
+// group (so SIGTERM/SIGKILL reach anything it starts), PR_SET_PDEATHSIG
+// (a `kill -9` of the worker must not leave an orphan trainer writing into
+// the shared checkpoint directory while another worker resumes the job),
+// and a reset signal mask (the daemon blocks SIGTERM in every thread for its
+// sigwait() loop, and a blocked mask survives exec, which would make the
+// trainer deaf to SIGTERM). Between fork() and execve() the child calls only
+// async-signal-safe functions, so forking from a multi-threaded (gRPC)
+// process is safe; everything it needs (argv, envp) is built before fork().
+//
+// PR_SET_PDEATHSIG fires when the *thread* that forked exits, so the thread
+// that calls Spawn() must outlive the child (JobRunner's thread does: it
+// reaps the child before returning).
+//
+//   ASSIGN_OR_RETURN(auto child, ChildProcess::Spawn(spec));
+//   ... read child->stdout_fd() / stderr_fd() until EOF ...
+//   child->SignalGroup(SIGTERM);
+//   ExitInfo info = child->Wait();
+//
+// Thread safety: SignalGroup() may be called from any thread, concurrently
+// with Wait(); it is a no-op once the child has been reaped. The fds belong
+// to the object and are read by one thread. Ownership: owns both pipe fds;
+// the destructor SIGKILLs and reaps a child that was not waited for.
+#ifndef DEPTHBENCH_WORKER_CHILD_PROCESS_H_
+#define DEPTHBENCH_WORKER_CHILD_PROCESS_H_
+
+#include <sys/types.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+
+namespace depthbench::worker {
+
+struct ChildSpec {
+  std::vector<std::string> argv;  // argv[0] is the executable path
+  // Variables set (or overridden) on top of the worker's environment.
+  std::map<std::string, std::string> env;
+  // Signal sent to the child if the spawning thread (in practice: the
+  // worker) dies. 0 = none.
+  int parent_death_signal = 9;  // SIGKILL
+};
+
+struct ExitInfo {
+  bool exited = false;  // true: `code` is valid; false: killed by `signal`
+  int code = -1;
+  int signal = 0;
+  // "exit code 3" / "killed by signal 9 (Killed)".
+  std::string Describe() const;
+};
+
+class ChildProcess {
+ public:
+  // InvalidArgument for an empty argv; Internal if pipe()/fork() fail. An
+  // executable that cannot be exec'd shows up as exit code 127 with the
+  // reason on its stderr.
+  static absl::StatusOr<std::unique_ptr<ChildProcess>> Spawn(const ChildSpec& spec);
+
+  ~ChildProcess();
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
+
+  pid_t pid() const { return pid_; }
+  int stdout_fd() const { return stdout_fd_; }
+  int stderr_fd() const { return stderr_fd_; }
+
+  // kill(-pgid, sig). Returns false if the child was already reaped.
+  bool SignalGroup(int sig);
+
+  // Blocks until the child exits; idempotent (returns the same info). After
+  // it returns, SIGKILLs the rest of the group so no grandchild survives.
+  ExitInfo Wait();
+
+ private:
+  ChildProcess(pid_t pid, int out_fd, int err_fd)
+      : pid_(pid), stdout_fd_(out_fd), stderr_fd_(err_fd) {}
+
+  const pid_t pid_;  // also the process group id
+  const int stdout_fd_;
+  const int stderr_fd_;
+
+  absl::Mutex mu_;
+  bool reaped_ ABSL_GUARDED_BY(mu_) = false;
+  ExitInfo exit_ ABSL_GUARDED_BY(mu_);
+  absl::Mutex wait_mu_;  // serialises waitpid() callers
+};
+
+}  // namespace depthbench::worker
+
+#endif  // DEPTHBENCH_WORKER_CHILD_PROCESS_H_

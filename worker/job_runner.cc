@@ -1,0 +1,544 @@
+#include "worker/job_runner.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "worker/trainer_events.h"
+
+namespace depthbench::worker {
+
+namespace v1 = ::depthbench::v1;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr char kMarkerFile[] = "published_step";
+
+// The step through which the scheduler stored every point of this job
+// (0: unknown / none).
+int64_t ReadMarker(const std::string& run_dir) {
+  std::ifstream in(fs::path(run_dir) / kMarkerFile);
+  int64_t step = 0;
+  if (!(in >> step)) return 0;
+  return step;
+}
+
+void WriteMarker(const std::string& run_dir, int64_t attempt_id, int64_t step) {
+  fs::path tmp = fs::path(run_dir) / absl::StrCat(kMarkerFile, ".tmp.", attempt_id);
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << step << "\n";
+    if (!out) return;
+  }
+  std::error_code ec;
+  fs::rename(tmp, fs::path(run_dir) / kMarkerFile, ec);
+}
+
+}  // namespace
+
+JobRunner::JobRunner(const SchedulerClient* client, Clock* clock, const WorkerMetrics* metrics,
+                     JobRunnerOptions options, v1::AcquireJobResponse lease,
+                     std::function<void(JobRunner*)> on_done)
+    : client_(client),
+      clock_(clock),
+      metrics_(metrics),
+      options_(std::move(options)),
+      lease_(std::move(lease)),
+      on_done_(std::move(on_done)) {
+  labels_.job_id = std::to_string(lease_.job_id());
+  labels_.sweep = lease_.sweep_name();
+  nlohmann::json config = nlohmann::json::parse(lease_.config_json(), nullptr, false);
+  if (config.is_object() && config.contains("arch") && config["arch"].is_string()) {
+    labels_.arch = config["arch"].get<std::string>();
+  }
+  run_dir_ = (fs::path(options_.checkpoint_root) / lease_.checkpoint_dir()).string();
+}
+
+JobRunner::~JobRunner() {
+  if (thread_.joinable()) thread_.join();
+}
+
+void JobRunner::Start() {
+  thread_ = std::thread([this] { Run(); });
+}
+
+bool JobRunner::done() const {
+  absl::MutexLock lock(&mu_);
+  return done_;
+}
+
+v1::FinishStatus JobRunner::reported() const {
+  absl::MutexLock lock(&mu_);
+  return reported_;
+}
+
+void JobRunner::Cancel(const std::string& reason) { StopChild(false, reason); }
+
+void JobRunner::Interrupt() { StopChild(true, "worker shutting down"); }
+
+void JobRunner::StopChild(bool interrupt, const std::string& reason) {
+  MetricRelay* relay = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    if (interrupt) {
+      if (interrupted_ || cancelled_) return;
+      interrupted_ = true;
+    } else {
+      if (cancelled_) return;
+      cancelled_ = true;
+      cancel_reason_ = reason;
+    }
+    if (kill_at_ms_ == 0) kill_at_ms_ = clock_->NowMonotonicMs() + options_.grace_ms;
+    if (child_ != nullptr) child_->SignalGroup(SIGTERM);
+    relay = relay_;
+    // Lift back-pressure so a child blocked on its stdout pipe can reach
+    // its checkpoint. (Unblock() only takes the relay's own lock.)
+    if (relay != nullptr) relay->Unblock();
+  }
+  spdlog::info("job {} attempt {}: stopping the trainer ({}); SIGKILL in {} ms", job_id(),
+               attempt_id(), reason, options_.grace_ms);
+}
+
+absl::StatusOr<std::vector<std::string>> JobRunner::Prepare() {
+  if (lease_.checkpoint_dir().empty() || fs::path(lease_.checkpoint_dir()).is_absolute() ||
+      lease_.checkpoint_dir().find("..") != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint_dir \"", lease_.checkpoint_dir(), "\" must be a relative path inside the root"));
+  }
+  std::error_code ec;
+  fs::create_directories(run_dir_, ec);
+  if (ec) {
+    return absl::InternalError(absl::StrCat("cannot create ", run_dir_, ": ", ec.message()));
+  }
+  nlohmann::json config = nlohmann::json::parse(lease_.config_json(), nullptr, false);
+  if (!config.is_object()) {
+    return absl::InvalidArgumentError("config_json: not a JSON object");
+  }
+  if (options_.threads > 0) config["threads"] = options_.threads;
+  const bool diagnose = lease_.kind() == v1::DIAGNOSE;
+  if (diagnose && config.contains("checkpoint") && config["checkpoint"].is_string()) {
+    // The scheduler names the train job's directory relative to the root.
+    fs::path ckpt = config["checkpoint"].get<std::string>();
+    if (ckpt.is_relative()) config["checkpoint"] = (fs::path(options_.checkpoint_root) / ckpt).string();
+  }
+  std::string config_path =
+      (fs::path(run_dir_) / absl::StrCat("attempt-", attempt_id(), ".config.json")).string();
+  {
+    std::ofstream out(config_path, std::ios::trunc);
+    out << config.dump(2) << "\n";
+    if (!out) return absl::InternalError(absl::StrCat("cannot write ", config_path));
+  }
+  std::string log_path =
+      (fs::path(run_dir_) / absl::StrCat("attempt-", attempt_id(), ".stderr.log")).string();
+  stderr_log_fd_ = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  std::string events_path =
+      (fs::path(run_dir_) / absl::StrCat("attempt-", attempt_id(), ".events.jsonl")).string();
+  events_fd_ = open(events_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  published_through_.store(ReadMarker(run_dir_));
+  if (diagnose) {
+    return std::vector<std::string>{options_.train_binary, "diagnose", "--config", config_path,
+                                    "--out", run_dir_};
+  }
+  return std::vector<std::string>{options_.train_binary, "train", "--config", config_path,
+                                  "--out", run_dir_, "--resume"};
+}
+
+void JobRunner::HandleStdoutLine(const std::string& line, MetricRelay* relay) {
+  if (line.empty()) return;
+  const int64_t wall_ms = clock_->NowWallMs();
+  if (events_fd_ >= 0) {  // "<wall_ms> <event>": replayed by a resumed attempt
+    std::string record = absl::StrCat(wall_ms, " ", line, "\n");
+    ssize_t w = write(events_fd_, record.data(), record.size());
+    (void)w;
+  }
+  absl::StatusOr<TrainerEvent> event = ParseTrainerEvent(line);
+  if (!event.ok()) {
+    spdlog::warn("job {}: ignoring a stdout line that is not an event: {}", job_id(),
+                 line.substr(0, 200));
+    return;
+  }
+  const TrainerEvent& e = *event;
+  std::vector<v1::MetricPoint> points = PointsFor(e, wall_ms);
+  for (v1::MetricPoint& p : points) staged_.push_back(std::move(p));
+  bool publish = false;
+  switch (e.kind) {
+    case EventKind::kStart:
+      relay->Announce();
+      if (e.resumed_from_step > 0) Replay(e.resumed_from_step, relay);
+      if (e.resumed_from_step > 0) {
+        spdlog::info("job {} attempt {}: resumed from step {}", job_id(), attempt_id(),
+                     e.resumed_from_step);
+      }
+      break;
+    case EventKind::kStep:
+      last_step_ = std::max(last_step_, e.step);
+      if (metrics_ != nullptr) metrics_->RecordStep(labels_, e.step, e.loss, e.tokens_per_s);
+      break;
+    case EventKind::kEval:
+      if (e.has_val_loss) {
+        has_val_loss_ = true;
+        val_loss_ = e.val_loss;
+        if (metrics_ != nullptr) metrics_->RecordEval(labels_, e.val_loss);
+      }
+      break;
+    case EventKind::kCheckpoint:
+      checkpoint_path_ = e.path;
+      publish = true;  // the trajectory up to here is durable
+      break;
+    case EventKind::kDone:
+      publish = true;  // final (succeeded or diverged): nothing is re-run
+      saw_done_ = true;
+      done_status_ = e.status;
+      done_reason_ = e.reason;
+      last_step_ = std::max(last_step_, e.step);
+      if (e.has_val_loss) {
+        has_val_loss_ = true;
+        val_loss_ = e.val_loss;
+      }
+      break;
+    case EventKind::kDiagnostics: {
+      v1::DiagnosticResult d;
+      d.set_kind(e.diag_kind);
+      d.set_data_json(e.diag_data);
+      diagnostics_.push_back(std::move(d));
+      break;
+    }
+    case EventKind::kInterrupted:
+    case EventKind::kOther:
+      break;
+  }
+  // Bounded staging: with a checkpoint interval so long that the staged
+  // points would fill the relay, publish anyway (a retry may then repeat
+  // some steps) rather than hold unbounded memory.
+  if (!publish && staged_.size() > options_.relay.capacity / 2) {
+    if (!staging_overflowed_) {
+      spdlog::warn("job {}: {} points since the last checkpoint; publishing before it",
+                   job_id(), staged_.size());
+      staging_overflowed_ = true;
+    }
+    publish = true;
+  }
+  if (publish && !staged_.empty()) {
+    relay->Push(std::move(staged_));
+    staged_.clear();
+  }
+}
+
+void JobRunner::Replay(int64_t resumed_from_step, MetricRelay* relay) {
+  const int64_t stored_through = ReadMarker(run_dir_);
+  if (stored_through >= resumed_from_step) return;
+  // Earlier attempts' event logs, oldest first; a later attempt's point
+  // for the same (step, name) wins (it is on the trajectory resumed here).
+  std::map<int64_t, fs::path> logs;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(run_dir_, ec)) {
+    const std::string name = entry.path().filename().string();
+    int64_t id = 0;
+    if (name.rfind("attempt-", 0) != 0 || name.size() < 22 ||
+        name.substr(name.size() - 13) != ".events.jsonl" ||
+        !absl::SimpleAtoi(name.substr(8, name.size() - 8 - 13), &id) || id == attempt_id()) {
+      continue;
+    }
+    logs[id] = entry.path();
+  }
+  std::map<std::pair<int64_t, std::string>, v1::MetricPoint> points;
+  for (const auto& [id, path] : logs) {
+    std::ifstream in(path);
+    std::string record;
+    while (std::getline(in, record)) {
+      size_t space = record.find(' ');
+      int64_t wall_ms = 0;
+      if (space == std::string::npos || !absl::SimpleAtoi(record.substr(0, space), &wall_ms)) {
+        continue;
+      }
+      absl::StatusOr<TrainerEvent> e = ParseTrainerEvent(record.substr(space + 1));
+      if (!e.ok() || e->step <= stored_through || e->step > resumed_from_step) continue;
+      for (v1::MetricPoint& p : PointsFor(*e, wall_ms)) {
+        points[{p.step(), p.name()}] = std::move(p);
+      }
+    }
+  }
+  std::vector<v1::MetricPoint> replay;
+  for (auto& [key, p] : points) replay.push_back(std::move(p));
+  spdlog::info("job {} attempt {}: replaying {} point(s) of steps {}..{} from earlier attempts' "
+               "logs (not stored by the scheduler before they ended)",
+               job_id(), attempt_id(), replay.size(), stored_through + 1, resumed_from_step);
+  relay->Push(std::move(replay));
+}
+
+void JobRunner::HandleStderrLine(const std::string& line) {
+  stderr_tail_.push_back(line);
+  while (stderr_tail_.size() > static_cast<size_t>(kStderrTailLines)) stderr_tail_.pop_front();
+}
+
+void JobRunner::Supervise(ChildProcess* child, MetricRelay* relay) {
+  std::string out_buf, err_buf;
+  bool out_open = true, err_open = true;
+  char buf[65536];
+  while (out_open || err_open) {
+    pollfd fds[2];
+    int n = 0;
+    int out_idx = -1, err_idx = -1;
+    if (out_open) {
+      out_idx = n;
+      fds[n++] = {child->stdout_fd(), POLLIN, 0};
+    }
+    if (err_open) {
+      err_idx = n;
+      fds[n++] = {child->stderr_fd(), POLLIN, 0};
+    }
+    int rc = poll(fds, n, 100);
+    if (rc < 0 && errno != EINTR) break;
+    {
+      absl::MutexLock lock(&mu_);
+      if (kill_at_ms_ > 0 && clock_->NowMonotonicMs() >= kill_at_ms_) {
+        if (child->SignalGroup(SIGKILL)) {
+          spdlog::warn("job {} attempt {}: grace period over: SIGKILL", job_id(), attempt_id());
+        }
+        kill_at_ms_ = -1;  // sent once
+      }
+    }
+    if (rc <= 0) continue;
+    auto drain = [&](int idx, int fd, std::string* acc, bool* open, bool is_stdout) {
+      if (idx < 0 || !(fds[idx].revents & (POLLIN | POLLHUP | POLLERR))) return;
+      ssize_t got = read(fd, buf, sizeof(buf));
+      if (got < 0 && (errno == EINTR || errno == EAGAIN)) return;
+      if (got <= 0) {
+        *open = false;
+        if (!acc->empty()) {
+          if (is_stdout) {
+            HandleStdoutLine(*acc, relay);
+          } else {
+            HandleStderrLine(*acc);
+          }
+          acc->clear();
+        }
+        return;
+      }
+      if (!is_stdout && stderr_log_fd_ >= 0) {
+        ssize_t w = write(stderr_log_fd_, buf, static_cast<size_t>(got));
+        (void)w;
+      }
+      acc->append(buf, static_cast<size_t>(got));
+      size_t start = 0, nl;
+      while ((nl = acc->find('\n', start)) != std::string::npos) {
+        std::string line = acc->substr(start, nl - start);
+        if (is_stdout) {
+          HandleStdoutLine(line, relay);
+        } else {
+          HandleStderrLine(line);
+        }
+        start = nl + 1;
+      }
+      acc->erase(0, start);
+      if (!is_stdout && acc->size() > 4096) {  // an endless line: keep its head
+        HandleStderrLine(acc->substr(0, 4096));
+        acc->clear();
+      }
+    };
+    drain(out_idx, child->stdout_fd(), &out_buf, &out_open, true);
+    drain(err_idx, child->stderr_fd(), &err_buf, &err_open, false);
+  }
+}
+
+void JobRunner::Run() {
+  spdlog::info("job {} attempt {} (#{}, {}): starting in {}", job_id(), attempt_id(),
+               lease_.attempt_number(), labels_.arch, run_dir_);
+  v1::FinishJobRequest finish;
+  finish.set_job_id(job_id());
+  finish.set_attempt_id(attempt_id());
+
+  absl::StatusOr<std::vector<std::string>> argv = Prepare();
+  std::unique_ptr<ChildProcess> child;
+  if (argv.ok()) {
+    ChildSpec spec;
+    spec.argv = *argv;
+    if (!options_.cuda_visible_devices.empty()) {
+      spec.env["CUDA_VISIBLE_DEVICES"] = options_.cuda_visible_devices;
+    }
+    if (options_.threads > 0) {
+      spec.env["OMP_NUM_THREADS"] = std::to_string(options_.threads);
+      spec.env["MKL_NUM_THREADS"] = std::to_string(options_.threads);
+    }
+    absl::StatusOr<std::unique_ptr<ChildProcess>> spawned = ChildProcess::Spawn(spec);
+    if (spawned.ok()) {
+      child = std::move(*spawned);
+    } else {
+      argv = spawned.status();
+    }
+  }
+  if (!argv.ok()) {
+    spdlog::error("job {} attempt {}: {}", job_id(), attempt_id(), argv.status().ToString());
+    finish.set_status(v1::FINISH_FAILED);
+    finish.set_reason(absl::StrCat("worker could not start the trainer: ",
+                                   std::string(argv.status().message())));
+    Report(std::move(finish));
+    return;
+  }
+
+  MetricRelayHooks hooks;
+  if (metrics_ != nullptr) {
+    hooks.on_backlog = [m = metrics_](int64_t delta) {
+      m->relay_backlog_points->Increment(static_cast<double>(delta));
+    };
+  }
+  hooks.on_acked = [this](int64_t step) { MarkPublished(step); };
+  hooks.on_stale = [this](const std::string& reason) {
+    StopChild(false, absl::StrCat("lease lost: ", reason));
+  };
+  MetricRelay relay(client_, job_id(), attempt_id(), options_.relay, std::move(hooks));
+  {
+    absl::MutexLock lock(&mu_);
+    child_ = child.get();
+    relay_ = &relay;
+    // A stop that arrived while the child was being spawned.
+    if (cancelled_ || interrupted_) {
+      child->SignalGroup(SIGTERM);
+      relay.Unblock();
+    }
+  }
+  Supervise(child.get(), &relay);
+  ExitInfo exit = child->Wait();
+  {
+    absl::MutexLock lock(&mu_);
+    child_ = nullptr;
+    relay_ = nullptr;
+  }
+  for (int* fd : {&stderr_log_fd_, &events_fd_}) {
+    if (*fd >= 0) close(*fd);
+    *fd = -1;
+  }
+  std::vector<v1::MetricPoint> rest = relay.Close();
+  if (!staged_.empty()) {
+    spdlog::info("job {} attempt {}: {} point(s) after the last checkpoint not published "
+                 "(a retry re-runs those steps)", job_id(), attempt_id(), staged_.size());
+  }
+  bool cancelled, interrupted;
+  std::string cancel_reason;
+  {
+    absl::MutexLock lock(&mu_);
+    cancelled = cancelled_;
+    interrupted = interrupted_;
+    cancel_reason = cancel_reason_;
+  }
+  spdlog::info("job {} attempt {}: trainer ended ({}) at step {}", job_id(), attempt_id(),
+               exit.Describe(), last_step_);
+  if (cancelled || relay.stale()) {
+    spdlog::info("job {} attempt {}: not reported ({})", job_id(), attempt_id(),
+                 cancel_reason.empty() ? "lease lost" : cancel_reason);
+    Finish(v1::FINISH_STATUS_UNSPECIFIED);
+    return;
+  }
+  for (v1::MetricPoint& p : rest) *finish.add_points() = std::move(p);
+  finish.set_final_step(last_step_);
+  if (has_val_loss_) {
+    finish.set_has_val_loss(true);
+    finish.set_final_val_loss(val_loss_);
+  }
+  if (!checkpoint_path_.empty()) {
+    std::error_code ec;
+    fs::path rel = fs::relative(checkpoint_path_, options_.checkpoint_root, ec);
+    finish.set_checkpoint_path(ec ? checkpoint_path_ : rel.string());
+  }
+  auto tail = [this] {
+    return absl::StrJoin(stderr_tail_.begin(), stderr_tail_.end(), "\n");
+  };
+  if (exit.exited && exit.code == 0 && saw_done_ && done_status_ == "succeeded") {
+    finish.set_status(v1::FINISH_SUCCEEDED);
+    for (v1::DiagnosticResult& d : diagnostics_) *finish.add_diagnostics() = std::move(d);
+  } else if (exit.exited && exit.code == 3) {
+    finish.set_status(v1::FINISH_DIVERGED);
+    finish.set_reason(done_reason_.empty() ? "diverged" : done_reason_);
+  } else if ((exit.exited && exit.code == 4) || interrupted) {
+    finish.set_status(v1::FINISH_INTERRUPTED);
+    finish.set_reason(absl::StrCat("worker shutting down; trainer ", exit.Describe(),
+                                   " at step ", last_step_));
+  } else {
+    finish.set_status(v1::FINISH_FAILED);
+    std::string what = exit.exited && exit.code == 0
+                           ? std::string("exit code 0 without a done event")
+                           : exit.Describe();
+    if (exit.exited && exit.code == 2) what += " (invalid input)";
+    finish.set_reason(absl::StrCat("depthbench-train ", what, " at step ", last_step_,
+                                   "; stderr tail:\n", tail()));
+  }
+  Report(std::move(finish));
+}
+
+void JobRunner::Report(v1::FinishJobRequest request) {
+  const v1::FinishStatus status = request.status();
+  int64_t last_point_step = 0;
+  for (const v1::MetricPoint& p : request.points()) last_point_step = std::max(last_point_step, p.step());
+  int64_t backoff_ms = 100;
+  int64_t give_up_at = 0;
+  while (true) {
+    absl::StatusOr<v1::FinishJobResponse> resp = client_->FinishJob(request);
+    if (resp.ok()) {
+      if (last_point_step > 0) MarkPublished(last_point_step);
+      spdlog::info("job {} attempt {}: reported {} -> job {}", job_id(), attempt_id(),
+                   v1::FinishStatus_Name(status), v1::JobState_Name(resp->state()));
+      break;
+    }
+    bool interrupted;
+    {
+      absl::MutexLock lock(&mu_);
+      interrupted = interrupted_;
+    }
+    if (!IsTransient(resp.status())) {
+      spdlog::warn("job {} attempt {}: FinishJob refused: {}", job_id(), attempt_id(),
+                   resp.status().ToString());
+      break;
+    }
+    if (interrupted) {
+      int64_t now = clock_->NowMonotonicMs();
+      if (give_up_at == 0) give_up_at = now + options_.shutdown_report_ms;
+      if (now >= give_up_at) {
+        spdlog::error("job {} attempt {}: giving up reporting {} while shutting down: {}",
+                      job_id(), attempt_id(), v1::FinishStatus_Name(status),
+                      resp.status().ToString());
+        break;
+      }
+    }
+    absl::SleepFor(absl::Milliseconds(backoff_ms));
+    backoff_ms = std::min<int64_t>(backoff_ms * 2, 2000);
+  }
+  Finish(status);
+}
+
+void JobRunner::MarkPublished(int64_t step) {
+  int64_t seen = published_through_.load();
+  while (step > seen) {
+    if (published_through_.compare_exchange_weak(seen, step)) {
+      WriteMarker(run_dir_, attempt_id(), step);
+      return;
+    }
+  }
+}
+
+void JobRunner::Finish(v1::FinishStatus reported) {
+  if (metrics_ != nullptr) metrics_->RemoveJob(labels_);
+  {
+    absl::MutexLock lock(&mu_);
+    reported_ = reported;
+    done_ = true;
+  }
+  if (on_done_) on_done_(this);
+}
+
+}  // namespace depthbench::worker

@@ -1,0 +1,173 @@
+// Runs one leased attempt as a `depthbench-train` child and reports its end.
+//
+//   <root>/<checkpoint_dir>/attempt-<id>.config.json  the job config, with
+//                                                      `threads` set per slot
+//   <root>/<checkpoint_dir>/attempt-<id>.stderr.log    the child's stderr
+//   depthbench-train train --config ... --out <root>/<checkpoint_dir> --resume
+//
+// `--resume` is always passed: the trainer continues from checkpoint.pt when
+// a previous attempt (on any worker sharing the root) left one, and starts
+// fresh otherwise. Stdout events are parsed (worker/trainer_events.h),
+// relayed (worker/metric_relay.h) and mirrored into the worker's Prometheus
+// gauges (live, every event); the last kStderrTailLines stderr lines are
+// kept for the report.
+//
+// Publication follows durability: step/eval points are staged until the
+// trainer reports a checkpoint (or its final `done`), then handed to the
+// relay. A retried attempt resumes from the last checkpoint and re-runs the
+// steps after it, so had those points been published already the job's
+// history would hold them twice (once per attempt, the scheduler keys
+// points by attempt); staged this way, every step appears exactly once
+// across attempts. The cost is that the scheduler sees points up to one
+// checkpoint interval late (the Prometheus gauges do not wait). Points of
+// an attempt that crashes or is killed after its last checkpoint are not
+// published (its stderr log keeps the trainer's own output). An empty
+// report at `start` marks the job running at once.
+//
+// What a checkpoint made durable must also reach the scheduler when the
+// attempt dies before its relay delivered it (worker kill -9, scheduler
+// outage followed by lease expiry): every stdout line is logged to
+// <run>/attempt-<id>.events.jsonl, and <run>/published_step records the
+// step through which the scheduler acknowledged every point (written after
+// each acknowledged batch; the run dir is shared by all workers). A resumed
+// attempt (trainer `start` with resumed_from_step C) replays the points of
+// steps (published_step, C] from the earlier attempts' logs under its own
+// attempt id. Only a crash between an acknowledgement and the marker write
+// (a few ms) can make a step appear twice.
+//
+// End -> FinishJob:
+//   exit 0 with a `done` event  SUCCEEDED (val loss, final step, checkpoint)
+//   exit 3                      DIVERGED (the trainer's reason)
+//   exit 4, or Interrupt()      INTERRUPTED (re-queued, attempt not counted)
+//   anything else               FAILED: "<exit code N | killed by signal S>"
+//                               plus the stderr tail
+//   Cancel() / stale lease      nothing: the scheduler already ended the
+//                               attempt and would refuse the report
+// FinishJob is retried through scheduler outages (the attempt stays in the
+// worker's heartbeats meanwhile, which keeps its lease alive).
+//
+// Stopping: Cancel() and Interrupt() send SIGTERM to the child's process
+// group (the trainer checkpoints and exits 4) and SIGKILL once `grace_ms`
+// passed.
+//
+// Thread safety: Start() once; Cancel(), Interrupt(), done() and the
+// accessors are thread-safe. The runner's thread sets done() and then calls
+// `on_done` as its last act; `on_done` must not destroy the runner (it may
+// signal the owner, whose destructor call joins the thread).
+// Ownership: borrows the client, the clock and the metrics bundle
+// (nullable), which must outlive the runner.
+#ifndef DEPTHBENCH_WORKER_JOB_RUNNER_H_
+#define DEPTHBENCH_WORKER_JOB_RUNNER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "common/clock.h"
+#include "common/daemon_metrics.h"
+#include "depthbench/v1/worker_service.pb.h"
+#include "worker/child_process.h"
+#include "worker/metric_relay.h"
+#include "worker/scheduler_client.h"
+
+namespace depthbench::worker {
+
+inline constexpr int kStderrTailLines = 20;
+
+struct JobRunnerOptions {
+  std::string train_binary;
+  std::string checkpoint_root;
+  int threads = 0;                   // > 0: the config's `threads` key
+  std::string cuda_visible_devices;  // non-empty: set for the child
+  int64_t grace_ms = 10000;          // SIGTERM -> SIGKILL
+  // FinishJob retries after Interrupt() give up after this long.
+  int64_t shutdown_report_ms = 15000;
+  MetricRelayOptions relay;
+};
+
+class JobRunner {
+ public:
+  JobRunner(const SchedulerClient* client, Clock* clock, const WorkerMetrics* metrics,
+            JobRunnerOptions options, depthbench::v1::AcquireJobResponse lease,
+            std::function<void(JobRunner*)> on_done);
+  ~JobRunner();  // joins the thread
+  JobRunner(const JobRunner&) = delete;
+  JobRunner& operator=(const JobRunner&) = delete;
+
+  void Start();
+  // The scheduler ended the attempt (cancelled, expired, superseded).
+  void Cancel(const std::string& reason);
+  // The worker is shutting down: stop, report INTERRUPTED.
+  void Interrupt();
+
+  int64_t job_id() const { return lease_.job_id(); }
+  int64_t attempt_id() const { return lease_.attempt_id(); }
+  bool done() const;
+  // The FinishStatus reported (UNSPECIFIED if none was, e.g. cancelled).
+  depthbench::v1::FinishStatus reported() const;
+
+ private:
+  void Run();
+  // Prepares the run dir and config; returns the argv.
+  absl::StatusOr<std::vector<std::string>> Prepare();
+  void Supervise(ChildProcess* child, MetricRelay* relay);
+  void HandleStdoutLine(const std::string& line, MetricRelay* relay);
+  void HandleStderrLine(const std::string& line);
+  // Re-publishes points of steps (published_step, resumed_from_step] from
+  // earlier attempts' event logs (see the header comment).
+  void Replay(int64_t resumed_from_step, MetricRelay* relay);
+  // Records that the scheduler stored every point through `step`.
+  void MarkPublished(int64_t step);
+  void StopChild(bool interrupt, const std::string& reason);
+  void Report(depthbench::v1::FinishJobRequest request);
+  // Marks the runner done and calls on_done_ (last thing the thread does).
+  void Finish(depthbench::v1::FinishStatus reported);
+
+  const SchedulerClient* const client_;
+  Clock* const clock_;
+  const WorkerMetrics* const metrics_;
+  const JobRunnerOptions options_;
+  const depthbench::v1::AcquireJobResponse lease_;
+  const std::function<void(JobRunner*)> on_done_;
+  JobLabels labels_;
+  std::string run_dir_;
+  std::thread thread_;
+
+  mutable absl::Mutex mu_;
+  ChildProcess* child_ ABSL_GUARDED_BY(mu_) = nullptr;  // while running
+  MetricRelay* relay_ ABSL_GUARDED_BY(mu_) = nullptr;   // while running
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool interrupted_ ABSL_GUARDED_BY(mu_) = false;
+  std::string cancel_reason_ ABSL_GUARDED_BY(mu_);
+  int64_t kill_at_ms_ ABSL_GUARDED_BY(mu_) = 0;  // monotonic; 0 = none
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  depthbench::v1::FinishStatus reported_ ABSL_GUARDED_BY(mu_) =
+      depthbench::v1::FINISH_STATUS_UNSPECIFIED;
+
+  // Parsed from the child's output; runner thread only.
+  int64_t last_step_ = 0;
+  bool has_val_loss_ = false;
+  double val_loss_ = 0;
+  bool saw_done_ = false;
+  std::string done_status_, done_reason_;
+  std::string checkpoint_path_;
+  std::vector<depthbench::v1::DiagnosticResult> diagnostics_;
+  // Points since the last checkpoint (see the header comment).
+  std::vector<depthbench::v1::MetricPoint> staged_;
+  bool staging_overflowed_ = false;
+  std::deque<std::string> stderr_tail_;
+  int stderr_log_fd_ = -1;
+  int events_fd_ = -1;
+  std::atomic<int64_t> published_through_{0};
+};
+
+}  // namespace depthbench::worker
+
+#endif  // DEPTHBENCH_WORKER_JOB_RUNNER_H_
