@@ -471,6 +471,14 @@ class PrometheusE2eTest : public ::testing::Test {
     v1::SubmitSweepRequest submit;
     *submit.mutable_spec() = SyntheticSpec("e2e-real", {1e-3});
     (*submit.mutable_spec()->mutable_resources()->mutable_labels())["pool"] = "real";
+    // The per-job series exist while the job runs (the worker drops them when
+    // it ends), so this job must outlast the test; TearDown stops it.
+    auto* training = submit.mutable_spec()->mutable_training();
+    training->set_steps(1000000);
+    training->set_eval_interval(10);
+    training->set_eval_batches(1);
+    training->set_seq_len(32);
+    training->set_batch(4);
     v1::SubmitSweepResponse resp;
     ASSERT_TRUE(sweeps->SubmitSweep(Ctx().get(), submit, &resp).ok());
   }
@@ -613,6 +621,16 @@ TEST_F(PrometheusE2eTest, EveryDashboardAndAlertExpressionEvaluatesWithData) {
     if (!caught_up) std::this_thread::sleep_for(milliseconds(100));
   }
   ASSERT_TRUE(caught_up) << "Prometheus did not scrape the scheduler; see " << dir_;
+#ifdef DEPTHBENCH_WORKER_BIN
+  // The real worker's job: wait until its step and validation series are in.
+  bool worker_seen = false;
+  for (int i = 0; i < 1200 && !worker_seen; ++i) {  // up to 120 s
+    worker_seen = prometheus_.Scalar("count(depthbench_worker_job_validation_loss)") >= 1 &&
+                  prometheus_.Scalar("count_over_time(depthbench_worker_job_step[10m])") >= 3;
+    if (!worker_seen) std::this_thread::sleep_for(milliseconds(100));
+  }
+  ASSERT_TRUE(worker_seen) << "the real worker's job never reported; see " << dir_;
+#endif
   std::this_thread::sleep_for(milliseconds(3000));  // >= 2 scrapes past the end for rate()
   for (const ScrapeTarget& t : targets_) {
     EXPECT_EQ(prometheus_.Scalar(absl::StrCat("up{job=\"", t.job, "\",instance=\"127.0.0.1:",
