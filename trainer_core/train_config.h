@@ -43,6 +43,23 @@ struct TrainConfig {
   bool trunc_normal_init = false;
   int64_t log_interval = 1;
 
+  // Where and how to compute (issue 8). device: "auto" (CUDA when visible),
+  // "cpu" or "cuda"; precision: "fp32", or "bf16" (autocast of matmuls on
+  // CUDA, fp32 master weights; refused on CPU).
+  std::string device = "auto";
+  std::string precision = "fp32";
+
+  // Data parallelism (issue 8): world_size ranks over a c10d process group;
+  // batch is the global batch (batch % world_size == 0). Unset keys fall back
+  // to RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT; the *_given flags
+  // record whether the config set them.
+  int64_t world_size = 1;
+  int64_t rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int64_t master_port = 29500;
+  bool world_size_given = false, rank_given = false, master_addr_given = false,
+       master_port_given = false;
+
   // The keys of the README table, normalised (defaults filled in).
   nlohmann::json ToJson() const;
 };

@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cmath>
 #include <filesystem>
 #include <limits>
@@ -11,11 +12,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "cuda_ops/ops.h"
 #include "trainer_core/batcher.h"
 #include "trainer_core/checkpoint.h"
 #include "trainer_core/data.h"
+#include "trainer_core/distributed.h"
 #include "trainer_core/model/model.h"
 #include "trainer_core/optim.h"
+#include "trainer_core/precision.h"
 #include "trainer_core/schedule.h"
 
 namespace depthbench {
@@ -36,17 +40,50 @@ Trainer::Trainer(TrainConfig config, TrainerOptions options, EventSink sink)
 
 namespace {
 
-double Evaluate(LanguageModel& model, const std::vector<Batch>& batches) {
+double Evaluate(LanguageModel& model, const std::vector<Batch>& batches,
+                const torch::Device& device, bool bf16) {
   torch::NoGradGuard no_grad;
+  Bf16AutocastGuard autocast(bf16);
   model->eval();
   double sum = 0;
   for (const Batch& b : batches) {
     InputsTargets it = SplitInputsTargets(BatchToTensor(b));
-    sum += model->Loss(it.inputs, it.targets).item<double>();
+    sum += model->Loss(it.inputs.to(device), it.targets.to(device)).item<double>();
   }
   model->train();
   return batches.empty() ? std::numeric_limits<double>::quiet_NaN()
                          : sum / static_cast<double>(batches.size());
+}
+
+absl::StatusOr<torch::Device> ResolveDevice(const TrainConfig& config, int64_t rank) {
+  const bool cuda = torch::cuda::is_available();
+  if (config.device == "cuda" && !cuda)
+    return absl::FailedPreconditionError(
+        "config.device: \"cuda\" but no CUDA device is visible (or LibTorch was built without CUDA)");
+  if (config.device == "cpu" || !cuda) {
+    if (config.precision == "bf16")
+      return absl::InvalidArgumentError(
+          "config.precision: \"bf16\" needs a CUDA device (bf16 autocast is GPU-only here; use fp32 on CPU)");
+    return torch::Device(torch::kCPU);
+  }
+  // One device per rank: LOCAL_RANK when the launcher sets it, else rank
+  // modulo the visible devices (a worker isolating ranks with
+  // CUDA_VISIBLE_DEVICES leaves one visible device: index 0).
+  const char* local = std::getenv("LOCAL_RANK");
+  const int64_t local_rank = local != nullptr ? std::atoll(local) : rank;
+  const int64_t count = static_cast<int64_t>(torch::cuda::device_count());
+  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank % count));
+}
+
+// Moves AdamW's per-parameter state (restored from a CPU checkpoint) to the
+// parameters' device.
+void MoveOptimizerState(torch::optim::AdamW& optimizer, const torch::Device& device) {
+  for (auto& kv : optimizer.state()) {
+    auto& st = static_cast<torch::optim::AdamWParamState&>(*kv.second);
+    st.exp_avg(st.exp_avg().to(device));
+    st.exp_avg_sq(st.exp_avg_sq().to(device));
+    if (st.max_exp_avg_sq().defined()) st.max_exp_avg_sq(st.max_exp_avg_sq().to(device));
+  }
 }
 
 }  // namespace
@@ -56,6 +93,28 @@ absl::StatusOr<RunResult> Trainer::Run() {
                               ? config_.threads
                               : std::max<int64_t>(1, std::thread::hardware_concurrency());
   at::set_num_threads(static_cast<int>(threads));
+
+  // Data parallelism (issue 8): config keys, else torchrun-style variables.
+  DistributedOptions dist_options;
+  dist_options.world_size = config_.world_size;
+  dist_options.rank = config_.rank;
+  dist_options.master_addr = config_.master_addr;
+  dist_options.master_port = config_.master_port;
+  dist_options = DistributedOptionsFromEnv(dist_options, config_.world_size_given,
+                                           config_.rank_given, config_.master_addr_given,
+                                           config_.master_port_given);
+  if (dist_options.world_size < 1 || config_.batch % dist_options.world_size != 0)
+    return absl::InvalidArgumentError(absl::StrCat("config.batch: ", config_.batch,
+                                                   " is not divisible by world_size ",
+                                                   dist_options.world_size));
+  ASSIGN_OR_RETURN(torch::Device device, ResolveDevice(config_, dist_options.rank));
+  const bool bf16 = config_.precision == "bf16";
+  ASSIGN_OR_RETURN(std::unique_ptr<DataParallel> dp, DataParallel::Create(dist_options, device));
+  const int64_t world = dp->world_size();
+  const int64_t per_rank_batch = config_.batch / world;
+  // Only rank 0 speaks: events and checkpoints.
+  const bool primary = dp->is_primary();
+  EventSink emit = primary ? sink_ : EventSink([](const nlohmann::json&) {});
 
   DataOptions data_options;
   data_options.data = config_.data;
@@ -97,6 +156,15 @@ absl::StatusOr<RunResult> Trainer::Run() {
     RETURN_IF_ERROR(sampler.Restore(pos));
     start_step = meta.step;
   }
+  // Parameters move with set_data, so the optimizer's references stay valid.
+  model->to(device);
+  MoveOptimizerState(optimizer, device);
+  {
+    // Identical replicas: rank 0's parameters (and buffers) everywhere.
+    std::vector<torch::Tensor> all = model->parameters();
+    for (const auto& b : model->buffers()) all.push_back(b);
+    RETURN_IF_ERROR(dp->BroadcastFromRank0(all));
+  }
 
   const int64_t total_params = model->ParameterCount();
   auto count = CountParameters(model_options);
@@ -108,20 +176,25 @@ absl::StatusOr<RunResult> Trainer::Run() {
                   {"extra", count.ok() ? count->extra : 0}}},
       {"total_steps", total_steps},
       {"threads", threads},
-      {"device", "cpu"},
-      {"fused_ops", false},
+      {"device", device.str()},
+      {"fused_ops", device.is_cuda() && FusedOpsAvailable()},
+      {"fused_ops_detail", FusedOpsDescription()},
+      {"precision", config_.precision},
+      {"world_size", world},
+      {"backend", dp->backend()},
       {"data", {{"source", dataset.source}, {"train_tokens", dataset.train.size()},
                 {"val_tokens", dataset.val.size()}, {"split_rule", dataset.split_rule}}},
       {"resumed_from_step", start_step}};
-  sink_(start);
+  emit(start);
 
   auto save = [&](int64_t step) -> absl::Status {
+    if (!primary) return absl::OkStatus();
     CheckpointMeta meta;
     meta.step = step;
     meta.sampler_json = sampler.position().ToJson();
     meta.config = config_.ToJson();
     RETURN_IF_ERROR(SaveTrainingCheckpoint(ckpt_path, meta, *model, optimizer));
-    sink_({{"event", "checkpoint"}, {"step", step}, {"path", ckpt_path}});
+    emit({{"event", "checkpoint"}, {"step", step}, {"path", ckpt_path}});
     return absl::OkStatus();
   };
 
@@ -130,23 +203,39 @@ absl::StatusOr<RunResult> Trainer::Run() {
   const double explode = ExplodeThreshold(config_);
   const double tokens_per_step = static_cast<double>(config_.batch * config_.seq_len);
   for (int64_t step = start_step; step < total_steps; ++step) {
-    if (StopRequested()) {
+    bool stop = StopRequested();
+    if (world > 1) {  // every rank stops at the same step, or collectives hang
+      ASSIGN_OR_RETURN(double any, dp->AllReduceMean(stop ? 1.0 : 0.0));
+      stop = any > 0;
+    }
+    if (stop) {
       RETURN_IF_ERROR(save(step));
       result.status = RunStatus::kInterrupted;
       result.steps_done = step;
-      sink_({{"event", "interrupted"}, {"step", step}});
+      emit({{"event", "interrupted"}, {"step", step}});
       return result;
     }
     const auto t0 = std::chrono::steady_clock::now();
     const double lr = LearningRateAt(step, total_steps, config_.lr, config_.warmup_frac,
                                      config_.min_lr_frac);
     SetLearningRate(optimizer, lr);
+    // Every rank draws the same global batch and keeps its own slice.
     InputsTargets it = SplitInputsTargets(BatchToTensor(sampler.Next()));
+    if (world > 1) {
+      it.inputs = it.inputs.narrow(0, dp->rank() * per_rank_batch, per_rank_batch);
+      it.targets = it.targets.narrow(0, dp->rank() * per_rank_batch, per_rank_batch);
+    }
     optimizer.zero_grad();
-    torch::Tensor loss = model->Loss(it.inputs, it.targets);
+    torch::Tensor loss;
+    {
+      Bf16AutocastGuard autocast(bf16);
+      loss = model->Loss(it.inputs.to(device), it.targets.to(device));
+    }
     loss.backward();
+    // Mean over ranks before clipping: the clip sees the global gradient.
+    RETURN_IF_ERROR(dp->AllReduceMeanGradients(model->parameters()));
     const double grad_norm = ClipGradNorm(model->parameters(), config_.grad_clip);
-    const double loss_value = loss.item<double>();
+    ASSIGN_OR_RETURN(const double loss_value, dp->AllReduceMean(loss.item<double>()));
     if (!std::isfinite(loss_value) || !std::isfinite(grad_norm) || loss_value > explode) {
       result.status = RunStatus::kDiverged;
       result.steps_done = step;
@@ -155,10 +244,10 @@ absl::StatusOr<RunResult> Trainer::Run() {
                       : !std::isfinite(grad_norm)
                           ? "gradient norm is not finite"
                           : absl::StrCat("loss ", loss_value, " above the explosion threshold ", explode);
-      sink_({{"event", "step"}, {"step", step + 1}, {"loss", std::isfinite(loss_value) ? nlohmann::json(loss_value) : nlohmann::json(nullptr)},
+      emit({{"event", "step"}, {"step", step + 1}, {"loss", std::isfinite(loss_value) ? nlohmann::json(loss_value) : nlohmann::json(nullptr)},
              {"lr", lr}, {"grad_norm", std::isfinite(grad_norm) ? nlohmann::json(grad_norm) : nlohmann::json(nullptr)},
              {"tokens_per_s", 0.0}});
-      sink_({{"event", "done"}, {"status", "diverged"}, {"step", step + 1},
+      emit({{"event", "done"}, {"status", "diverged"}, {"step", step + 1},
              {"val_loss", nullptr}, {"reason", result.reason}});
       return result;
     }
@@ -168,11 +257,13 @@ absl::StatusOr<RunResult> Trainer::Run() {
     result.final_train_loss = loss_value;
     const int64_t done = step + 1;
     if (done % config_.log_interval == 0 || done == total_steps) {
-      sink_({{"event", "step"}, {"step", done}, {"loss", loss_value}, {"lr", lr},
+      emit({{"event", "step"}, {"step", done}, {"loss", loss_value}, {"lr", lr},
              {"grad_norm", grad_norm}, {"tokens_per_s", tokens_per_step / std::max(seconds, 1e-9)}});
     }
     if (config_.eval_interval > 0 && done % config_.eval_interval == 0 && done != total_steps) {
-      sink_({{"event", "eval"}, {"step", done}, {"val_loss", Evaluate(model, val_batches)}});
+      // Every rank evaluates (same weights, same batches): no collective.
+      const double val = Evaluate(model, val_batches, device, bf16);
+      emit({{"event", "eval"}, {"step", done}, {"val_loss", val}});
     }
     if (config_.checkpoint_interval > 0 && done % config_.checkpoint_interval == 0 &&
         done != total_steps) {
@@ -181,17 +272,17 @@ absl::StatusOr<RunResult> Trainer::Run() {
   }
 
   result.steps_done = total_steps;
-  result.val_loss = Evaluate(model, val_batches);
-  sink_({{"event", "eval"}, {"step", total_steps}, {"val_loss", result.val_loss}});
+  result.val_loss = Evaluate(model, val_batches, device, bf16);
+  emit({{"event", "eval"}, {"step", total_steps}, {"val_loss", result.val_loss}});
   if (!std::isfinite(result.val_loss) || result.val_loss > explode) {
     result.status = RunStatus::kDiverged;
     result.reason = "validation loss is not finite or above the explosion threshold";
-    sink_({{"event", "done"}, {"status", "diverged"}, {"step", total_steps},
+    emit({{"event", "done"}, {"status", "diverged"}, {"step", total_steps},
            {"val_loss", nullptr}, {"reason", result.reason}});
     return result;
   }
   RETURN_IF_ERROR(save(total_steps));
-  sink_({{"event", "done"}, {"status", "succeeded"}, {"step", total_steps},
+  emit({{"event", "done"}, {"status", "succeeded"}, {"step", total_steps},
          {"val_loss", result.val_loss}, {"train_loss", result.final_train_loss}});
   return result;
 }

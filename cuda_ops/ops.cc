@@ -1,0 +1,138 @@
+#include "cuda_ops/ops.h"
+
+#include <atomic>
+
+#include "cuda_ops/reference.h"
+#ifdef DEPTHBENCH_HAVE_FUSED_OPS
+#include "cuda_ops/torch_bindings.h"
+#endif
+
+namespace depthbench {
+namespace {
+
+std::atomic<bool> g_enabled{true};
+
+#ifdef DEPTHBENCH_HAVE_FUSED_OPS
+// Sizes the kernels are instantiated for (kernels.h).
+bool StreamsSupported(int64_t n) { return n == 2 || n == 4 || n == 8; }
+constexpr int64_t kMaxAttnResDim = 8 * 1024;
+constexpr int64_t kMaxAttnResSources = DB_ATTNRES_MAX_SOURCES;
+constexpr int kMaxSinkhornIterations = 32;
+
+bool Fused(std::initializer_list<const torch::Tensor*> tensors) {
+  if (!g_enabled.load(std::memory_order_relaxed)) return false;
+  for (const torch::Tensor* t : tensors) {
+    if (t->defined() && !t->is_cuda()) return false;
+  }
+  return true;
+}
+bool IsFloat(const torch::Tensor& t) {
+  return !t.defined() || t.scalar_type() == torch::kFloat32;
+}
+#endif
+
+}  // namespace
+
+bool FusedOpsCompiled() {
+#ifdef DEPTHBENCH_HAVE_FUSED_OPS
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool FusedOpsAvailable() {
+#ifdef DEPTHBENCH_HAVE_FUSED_OPS
+  return g_enabled.load() && fused::CudaDeviceAvailable();
+#else
+  return false;
+#endif
+}
+
+std::string FusedOpsDescription() {
+#ifdef DEPTHBENCH_HAVE_FUSED_OPS
+  if (!g_enabled.load()) return "fused CUDA ops compiled, disabled";
+  if (!fused::CudaDeviceAvailable()) return "fused CUDA ops compiled, no CUDA device";
+  return "fused CUDA ops";
+#else
+  return "composite ops (fused CUDA ops not built: no nvcc or LibTorch built without CUDA)";
+#endif
+}
+
+void SetFusedOpsEnabled(bool enabled) { g_enabled.store(enabled); }
+
+torch::Tensor RmsNormOp(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+#ifdef DEPTHBENCH_HAVE_FUSED_OPS
+  if (Fused({&x, &weight}) && fused::KernelDtype(x) && IsFloat(weight)) {
+    return fused::RmsNorm(x, weight, eps);
+  }
+#endif
+  return reference::RmsNorm(x, weight, eps);
+}
+
+torch::Tensor SwiGluGateOp(const torch::Tensor& g, const torch::Tensor& u) {
+#ifdef DEPTHBENCH_HAVE_FUSED_OPS
+  if (Fused({&g, &u}) && fused::KernelDtype(g) && g.scalar_type() == u.scalar_type() &&
+      g.sizes() == u.sizes()) {
+    return fused::SwiGluGate(g, u);
+  }
+#endif
+  return reference::SwiGluGate(g, u);
+}
+
+torch::Tensor AttnResMixOp(const std::vector<torch::Tensor>& sources,
+                           const torch::Tensor& query, const torch::Tensor& key_gain,
+                           const torch::Tensor& out_gain, double eps) {
+  TORCH_CHECK(!sources.empty(), "AttnResMixOp: no sources");
+#ifdef DEPTHBENCH_HAVE_FUSED_OPS
+  const torch::Tensor& v0 = sources[0];
+  bool ok = Fused({&v0, &query, &key_gain, &out_gain}) && fused::KernelDtype(v0) &&
+            IsFloat(query) && IsFloat(key_gain) && IsFloat(out_gain) &&
+            static_cast<int64_t>(sources.size()) <= kMaxAttnResSources &&
+            v0.size(-1) <= kMaxAttnResDim;
+  for (const auto& s : sources) {
+    ok = ok && s.is_cuda() && s.sizes() == v0.sizes() && s.scalar_type() == v0.scalar_type();
+  }
+  if (ok) {
+    const auto opts = out_gain.options();
+    torch::Tensor q = query.defined() ? query : torch::zeros_like(out_gain);
+    torch::Tensor kg = key_gain.defined() ? key_gain : torch::ones({v0.size(-1)}, opts);
+    return fused::AttnResMix(sources, q, kg, out_gain, eps);
+  }
+#endif
+  return reference::AttnResMix(sources, query, key_gain, out_gain, eps);
+}
+
+torch::Tensor SinkhornOp(const torch::Tensor& logits, int iterations, double eps) {
+#ifdef DEPTHBENCH_HAVE_FUSED_OPS
+  if (Fused({&logits}) && logits.scalar_type() == torch::kFloat32 && logits.dim() >= 2 &&
+      logits.size(-1) == logits.size(-2) && StreamsSupported(logits.size(-1)) &&
+      iterations >= 0 && iterations <= kMaxSinkhornIterations && eps > 0) {
+    return fused::Sinkhorn(logits, iterations, eps);
+  }
+#endif
+  return reference::Sinkhorn(logits, iterations, eps);
+}
+
+torch::Tensor HcReadOp(const torch::Tensor& h, const torch::Tensor& read) {
+#ifdef DEPTHBENCH_HAVE_FUSED_OPS
+  if (Fused({&h, &read}) && fused::KernelDtype(h) && IsFloat(read) && h.dim() >= 2 &&
+      StreamsSupported(h.size(-2))) {
+    return fused::HcRead(h, read);
+  }
+#endif
+  return reference::HcRead(h, read);
+}
+
+torch::Tensor HcWriteOp(const torch::Tensor& h, const torch::Tensor& a, const torch::Tensor& b,
+                        const torch::Tensor& y) {
+#ifdef DEPTHBENCH_HAVE_FUSED_OPS
+  if (Fused({&h, &a, &b, &y}) && fused::KernelDtype(h) && y.scalar_type() == h.scalar_type() &&
+      IsFloat(a) && IsFloat(b) && h.dim() >= 2 && StreamsSupported(h.size(-2))) {
+    return fused::HcWrite(h, a, b, y);
+  }
+#endif
+  return reference::HcWrite(h, a, b, y);
+}
+
+}  // namespace depthbench

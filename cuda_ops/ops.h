@@ -1,0 +1,62 @@
+// The fused-op dispatcher the model calls: each op runs the fused CUDA kernel
+// (forward and hand-written backward, as a torch::autograd::Function) when
+//   - this build has the CUDA torch bindings (CMake found nvcc and a
+//     CUDA-enabled LibTorch: DEPTHBENCH_HAVE_FUSED_OPS),
+//   - the tensors are on a CUDA device, in fp32 or bf16, and
+//   - the sizes are within the kernels' limits (kernels.h),
+// and the composite CPU reference (reference.h) otherwise. Both paths are
+// differentiable and compute the same function; which one ran is not
+// observable except through speed and rounding.
+//
+// Thread safety: the ops are as thread-safe as LibTorch ops. The enable
+// switch is a process-wide atomic meant for tests and benchmarks.
+#ifndef DEPTHBENCH_CUDA_OPS_OPS_H_
+#define DEPTHBENCH_CUDA_OPS_OPS_H_
+
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+namespace depthbench {
+
+// True when this binary was built with the CUDA torch bindings.
+bool FusedOpsCompiled();
+// True when the bindings are compiled in, a CUDA device is visible and the
+// fused path is enabled: what the trainer reports as "fused_ops" in its
+// `start` event (when it trains on CUDA).
+bool FusedOpsAvailable();
+// One line for logs and the `start` event: the fused path's state and, when
+// it is unavailable, why ("LibTorch built without CUDA", "no CUDA device").
+std::string FusedOpsDescription();
+// Process-wide switch (default on): off forces the composite path even on
+// CUDA tensors (benchmarks compare the two this way).
+void SetFusedOpsEnabled(bool enabled);
+
+// y = x * rsqrt(mean(x^2) + eps) * weight; x [..., d], weight [d].
+torch::Tensor RmsNormOp(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+
+// silu(g) * u (the SwiGLU gate; the projections stay matmuls).
+torch::Tensor SwiGluGateOp(const torch::Tensor& g, const torch::Tensor& u);
+
+// AttnRes depth mixing folded with the consuming sub-layer's pre-norm:
+// rmsnorm(sum_i softmax_i(query . (key_gain * rmsnorm(v_i))) v_i) * out_gain.
+// sources: S >= 1 tensors [..., d] of one shape and dtype; query may be
+// undefined (uniform mixing; key_gain may then be undefined too).
+torch::Tensor AttnResMixOp(const std::vector<torch::Tensor>& sources,
+                           const torch::Tensor& query, const torch::Tensor& key_gain,
+                           const torch::Tensor& out_gain, double eps);
+
+// Log-domain Sinkhorn-Knopp of logits [..., n, n] (fp32 on the fused path):
+// exp(z) after `iterations` row-then-column normalisations.
+torch::Tensor SinkhornOp(const torch::Tensor& logits, int iterations = 20, double eps = 1e-6);
+
+// HC/mHC connector. h [..., n, d]; read, b [..., n]; a [..., n, n] or
+// undefined (identity, the HC code form); coefficients fp32.
+torch::Tensor HcReadOp(const torch::Tensor& h, const torch::Tensor& read);
+torch::Tensor HcWriteOp(const torch::Tensor& h, const torch::Tensor& a, const torch::Tensor& b,
+                        const torch::Tensor& y);
+
+}  // namespace depthbench
+
+#endif  // DEPTHBENCH_CUDA_OPS_OPS_H_
