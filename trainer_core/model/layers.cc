@@ -1,5 +1,7 @@
 #include "trainer_core/model/layers.h"
 
+#include "cuda_ops/ops.h"
+
 #include <cmath>
 #include <limits>
 
@@ -14,8 +16,9 @@ torch::Tensor RmsNormalize(const torch::Tensor& x, double eps) {
 }
 
 torch::Tensor RmsNormImpl::forward(const torch::Tensor& x) {
-  torch::Tensor y = RmsNormalize(x, eps_);
-  return weight.defined() ? y * weight : y;
+  // The dispatcher runs the fused CUDA kernel on CUDA tensors and the same
+  // composite ops as RmsNormalize(x) * weight elsewhere.
+  return weight.defined() ? RmsNormOp(x, weight, eps_) : RmsNormalize(x, eps_);
 }
 
 LayerNormNoBiasImpl::LayerNormNoBiasImpl(int64_t dim, double eps) : eps_(eps) {
@@ -41,8 +44,9 @@ torch::Tensor Rope::Apply(const torch::Tensor& x) const {
   const int64_t T = x.size(2);
   TORCH_CHECK(T <= max_len_, "sequence length ", T, " exceeds RoPE table ", max_len_);
   const int64_t half = x.size(-1) / 2;
-  torch::Tensor cos = cos_.narrow(0, 0, T).to(x.dtype());
-  torch::Tensor sin = sin_.narrow(0, 0, T).to(x.dtype());
+  // The tables are plain members (model->to(device) does not move them).
+  torch::Tensor cos = cos_.narrow(0, 0, T).to(x.device(), x.scalar_type());
+  torch::Tensor sin = sin_.narrow(0, 0, T).to(x.device(), x.scalar_type());
   torch::Tensor x1 = x.narrow(-1, 0, half);
   torch::Tensor x2 = x.narrow(-1, half, half);
   torch::Tensor rotated = torch::cat({-x2, x1}, -1);
@@ -118,7 +122,7 @@ SwiGluImpl::SwiGluImpl(int64_t d_model, int64_t d_ff) {
 }
 
 torch::Tensor SwiGluImpl::forward(const torch::Tensor& x) {
-  return down_proj->forward(torch::silu(gate_proj->forward(x)) * up_proj->forward(x));
+  return down_proj->forward(SwiGluGateOp(gate_proj->forward(x), up_proj->forward(x)));
 }
 
 }  // namespace depthbench
