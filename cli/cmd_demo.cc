@@ -344,6 +344,29 @@ int RunDemo(CommandEnv& env, const DemoArgs& args) {
     if (it != sweep.job_counts().end()) failed = static_cast<int>(it->second);
   }
   if (failed > 0) {
+    // One line per distinct (arch, first line of the reason).
+    v1::ListJobsRequest lreq;
+    lreq.set_sweep(spec->name());
+    lreq.set_state(v1::FAILED);
+    lreq.set_page_size(1000);
+    v1::ListJobsResponse failed_jobs;
+    auto ctx = (*client)->Context();
+    if ((*client)->sweeps()->ListJobs(ctx.get(), lreq, &failed_jobs).ok()) {
+      std::set<std::string> reasons;
+      for (const v1::Job& j : failed_jobs.jobs()) {
+        std::string reason = j.reason();
+        size_t tail = reason.find("; stderr tail:");
+        std::string line = reason.substr(0, std::min(reason.find('\n'), tail));
+        // The trainer's own error line is the most telling part of the tail.
+        size_t err = reason.find("error: ", tail == std::string::npos ? 0 : tail);
+        if (err != std::string::npos) {
+          line += ": " + reason.substr(err + 7, reason.find('\n', err) - err - 7);
+        }
+        reasons.insert(absl::StrCat(j.arch(), ": ", line));
+      }
+      out << "\nFailed runs:\n";
+      for (const std::string& r : reasons) out << "  " << r << "\n";
+    }
     out << "\n" << failed << " job(s) failed; `depthbench --scheduler " << address
         << " jobs --sweep " << spec->name()
         << " --state failed` lists them while the scheduler runs, "
