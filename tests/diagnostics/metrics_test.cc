@@ -244,7 +244,10 @@ TEST_F(MetricsTest, RSummariesOnHandMadeMatrix) {
   Matrix with_nan = m;
   with_nan[3][4] = kNaN;
   EXPECT_FALSE(RCausal(with_nan, num_layers).ok());
-  EXPECT_FALSE(RCausal(m, 1).ok());
+  // No late pair (L <= 2): undefined, reported as NaN rather than an error.
+  auto shallow = RCausal(m, 2);
+  ASSERT_TRUE(shallow.ok()) << shallow.status();
+  EXPECT_TRUE(std::isnan(*shallow));
   EXPECT_FALSE(RCausal(Matrix(3, std::vector<double>(3, 0.0)), 8).ok());
 }
 

@@ -307,8 +307,9 @@ absl::StatusOr<double> LateFractionAbove(const Matrix& m, int64_t num_layers,
     }
   }
   if (total == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("late-layer summary: no late pairs for L = ", num_layers));
+    // Fewer than two late layers (L <= 2): the summary is undefined, not an
+    // error; it is reported as NaN (null in JSON).
+    return std::numeric_limits<double>::quiet_NaN();
   }
   return static_cast<double>(above) / static_cast<double>(total);
 }

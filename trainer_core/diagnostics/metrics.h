@@ -109,8 +109,9 @@ int64_t LateStart(int64_t num_layers);
 
 // Fraction of pairs (a, b) with LateStart(L) <= a < b < L whose entry
 // m[a][b] exceeds `threshold` (strictly). `m` must be at least L x L.
-// +inf counts as exceeding. InvalidArgument if a required entry is NaN, the
-// matrix is too small, or the late set is empty (L < 2).
+// +inf counts as exceeding. InvalidArgument if a required entry is NaN or
+// the matrix is too small; NaN (undefined) when there is no late pair
+// (L <= 2), so shallow models still get their other diagnostics.
 absl::StatusOr<double> LateFractionAbove(const Matrix& m, int64_t num_layers,
                                          double threshold);
 // R_causal = LateFractionAbove(C, L, 0.45).
