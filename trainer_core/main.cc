@@ -12,10 +12,6 @@
 // Events are JSON lines on stdout (trainer_core/README.md); human logs go to
 // stderr. Exit codes: 0 ok, 2 bad usage / invalid input, 3 diverged,
 // 4 interrupted (checkpoint written), 1 other failures.
-#ifdef __GLIBC__
-#include <malloc.h>
-#endif
-
 #include <csignal>
 #include <cstdio>
 #include <fstream>
@@ -27,6 +23,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/malloc_tuning.h"
 #include "trainer_core/arch.h"
 #include "trainer_core/data.h"
 #include "trainer_core/diagnostics/deff_npy.h"
@@ -159,6 +156,9 @@ int RunTrain(const std::string& config_file, const std::map<std::string, std::st
   if (!parsed.ok()) return Fail(parsed.status());
   if (out_dir.empty()) return Fail(absl::InvalidArgumentError("--out: required"));
 
+  // Before the first tensor: keep a step's activations in the heap across
+  // steps (common/malloc_tuning.h; 2x on the forward/backward passes).
+  PinMallocThresholds();
   std::signal(SIGTERM, [](int) { Trainer::RequestStop(); });
   std::signal(SIGINT, [](int) { Trainer::RequestStop(); });
 
@@ -199,15 +199,11 @@ int RunDiagnose(const std::string& config_file, const std::string& out_dir,
   auto config = diagnostics::DiagnoseConfigFromJson(*json);
   if (!config.ok()) return Fail(config.status());
   if (!data_dir.empty()) config->data_dir = data_dir;
-#ifdef __GLIBC__
   // The prefix-reusing passes keep snapshots alive; with glibc's dynamic
-  // mmap/trim thresholds the short-lived activations around them are
-  // mmapped, trimmed and re-faulted over and over, which made them 1.9x
-  // slower than the naive passes on CPU instead of 1.4x faster
-  // (bench/RESULTS.md, "Diagnostics (issue 6)"). This process only diagnoses.
-  mallopt(M_MMAP_THRESHOLD, 256 << 20);
-  mallopt(M_TRIM_THRESHOLD, 1 << 30);
-#endif
+  // mmap/trim thresholds the short-lived activations around them were
+  // re-faulted over and over (1.9x slower than the naive passes instead of
+  // 1.4x faster, bench/RESULTS.md "Diagnostics (issue 6)").
+  PinMallocThresholds();
   auto doc = diagnostics::RunDiagnoseJob(*config, out_dir, PrintJsonLine);
   if (!doc.ok()) return Fail(doc.status());
   nlohmann::json kinds = nlohmann::json::array();

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/malloc_tuning.h"
 #include "common/status_macros.h"
 #include "cuda_ops/ops.h"
 #include "trainer_core/batcher.h"
@@ -180,6 +181,7 @@ absl::StatusOr<RunResult> Trainer::Run() {
       {"fused_ops", device.is_cuda() && FusedOpsAvailable()},
       {"fused_ops_detail", FusedOpsDescription()},
       {"precision", config_.precision},
+      {"malloc", MallocPolicy()},
       {"world_size", world},
       {"backend", dp->backend()},
       {"data", {{"source", dataset.source}, {"train_tokens", dataset.train.size()},

@@ -9,14 +9,14 @@
 //                     [--glibc-default-malloc]
 //
 // By default the bench pins glibc malloc's mmap and trim thresholds
-// (mallopt) for both forms: with its dynamic defaults, the ~100 KB-1 MB
+// (common/malloc_tuning.h, as depthbench-train does) for both forms: with its dynamic defaults, the ~100 KB-1 MB
 // activations of a small model on CPU are mmapped / trimmed and re-faulted
 // over and over, and the prefix-reusing form, which keeps its snapshots
 // alive, was measured slower than the naive one for that reason alone (sys
 // time, not arithmetic). --glibc-default-malloc measures that case.
 #include <torch/torch.h>
 
-#include <malloc.h>
+#include "common/malloc_tuning.h"
 
 #include <algorithm>
 #include <chrono>
@@ -64,10 +64,7 @@ int Main(int argc, char** argv) {
   app.add_option("--repeats", repeats);
   app.add_flag("--glibc-default-malloc", default_malloc, "keep glibc's dynamic mmap/trim thresholds");
   CLI11_PARSE(app, argc, argv);
-  if (!default_malloc) {
-    mallopt(M_MMAP_THRESHOLD, 256 << 20);
-    mallopt(M_TRIM_THRESHOLD, 1 << 30);
-  }
+  if (!default_malloc) PinMallocThresholds();
 
   torch::manual_seed(0);
   ModelOptions options;

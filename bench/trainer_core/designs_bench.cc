@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "common/malloc_tuning.h"
 #include "trainer_core/arch.h"
 #include "trainer_core/model/model.h"
 #include "trainer_core/shapes.h"
@@ -80,6 +81,7 @@ int MemoryChild(Arch arch, const Config& c) {
 }
 
 int Main(int argc, char** argv) {
+  PinMallocThresholds();  // as depthbench-train does (common/malloc_tuning.h)
   Config c;
   std::string memory_of;
   for (int i = 1; i < argc; ++i) {

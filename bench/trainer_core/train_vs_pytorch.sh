@@ -3,7 +3,9 @@
 # eager Python (bench/trainer_core/pytorch_peer.py, Debian python3-torch),
 # same shape, threads and steps, alternated ROUNDS times in one run. Prints
 # the median tokens/s of each and their ratio, and the peak RSS of each
-# process (GNU time).
+# process (GNU time). A third column runs depthbench-train with glibc's
+# dynamic malloc thresholds (DEPTHBENCH_MALLOC=default), to show what
+# pinning them (common/malloc_tuning.h) is worth.
 #
 #   bench/trainer_core/train_vs_pytorch.sh [BUILD_DIR] [ROUNDS]
 set -euo pipefail
@@ -24,8 +26,13 @@ rates = [e["tokens_per_s"] for e in map(json.loads, sys.stdin) if e.get("event")
 print(statistics.median(rates))' "$SKIP"
 }
 
-declare -a cpp py cpp_mem py_mem
+declare -a cpp py cpp_mem py_mem dflt
 for r in $(seq 1 "$rounds"); do
+  rm -rf "$tmp/run"
+  DEPTHBENCH_MALLOC=default "$train" train --arch pre_ln --layers $L --d-model $D --heads $H \
+    --seq-len $T --batch $B --steps $STEPS --lr 1e-3 --threads $THREADS --eval-batches 1 \
+    --out "$tmp/run" 2>/dev/null >"$tmp/dflt.jsonl"
+  dflt+=("$(cpp_rate <"$tmp/dflt.jsonl")")
   rm -rf "$tmp/run"
   /usr/bin/time -f "%M" -o "$tmp/cpp_mem" "$train" train --arch pre_ln --layers $L --d-model $D --heads $H \
     --seq-len $T --batch $B --steps $STEPS --lr 1e-3 --threads $THREADS --eval-batches 1 \
@@ -37,12 +44,13 @@ for r in $(seq 1 "$rounds"); do
     --skip $SKIP >"$tmp/py.json"
   py+=("$(/usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["median_tokens_per_s"])' <"$tmp/py.json")")
   py_mem+=("$(cat "$tmp/py_mem")")
-  echo "round $r: depthbench-train ${cpp[-1]} tok/s (peak RSS ${cpp_mem[-1]} KiB), pytorch ${py[-1]} tok/s (peak RSS ${py_mem[-1]} KiB)"
+  echo "round $r: depthbench-train ${cpp[-1]} tok/s (peak RSS ${cpp_mem[-1]} KiB), pytorch ${py[-1]} tok/s (peak RSS ${py_mem[-1]} KiB), depthbench-train with glibc-default malloc ${dflt[-1]} tok/s"
 done
-/usr/bin/python3 - "${cpp[*]}" "${py[*]}" "${cpp_mem[*]}" "${py_mem[*]}" <<'PY'
+/usr/bin/python3 - "${cpp[*]}" "${py[*]}" "${cpp_mem[*]}" "${py_mem[*]}" "${dflt[*]}" <<'PY'
 import statistics, sys
-cpp, py, cm, pm = (list(map(float, a.split())) for a in sys.argv[1:5])
+cpp, py, cm, pm, df = (list(map(float, a.split())) for a in sys.argv[1:6])
 c, p = statistics.median(cpp), statistics.median(py)
 print(f"median tokens/s: depthbench-train {c:.0f}, pytorch eager {p:.0f}, ratio {c/p:.2f}x (goal >= 1.2x)")
+print(f"depthbench-train with glibc-default malloc: {statistics.median(df):.0f} tokens/s, ratio {statistics.median(df)/p:.2f}x")
 print(f"median peak RSS: depthbench-train {statistics.median(cm)/1024:.0f} MiB, pytorch {statistics.median(pm)/1024:.0f} MiB")
 PY
