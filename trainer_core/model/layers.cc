@@ -34,28 +34,46 @@ Rope::Rope(int64_t head_dim, int64_t max_len, double base) : max_len_(max_len) {
   torch::Tensor inv_freq =
       torch::pow(base, -torch::arange(0, half, torch::kFloat64) * 2.0 / head_dim);
   torch::Tensor pos = torch::arange(0, max_len, torch::kFloat64);
-  torch::Tensor angles = torch::outer(pos, inv_freq);            // [T, half]
-  torch::Tensor full = torch::cat({angles, angles}, /*dim=*/-1);  // [T, hd]
-  cos_ = full.cos().to(torch::kFloat32);
-  sin_ = full.sin().to(torch::kFloat32);
+  torch::Tensor angles = torch::outer(pos, inv_freq);  // [T, half]
+  cos_ = torch::cat({angles, angles}, /*dim=*/-1).cos().to(torch::kFloat32);  // [T, hd]
+  // rotate_half(x) * sin = cat(-x2, x1) * sin = cat(x2, x1) * cat(-sin, sin):
+  // the sign lives in the table, which saves a negation per call.
+  torch::Tensor sin = angles.sin();
+  sin_signed_ = torch::cat({-sin, sin}, /*dim=*/-1).to(torch::kFloat32);
+}
+
+void Rope::Tables(int64_t T, const torch::Tensor& x, torch::Tensor* cos,
+                  torch::Tensor* sin) const {
+  // The tables are plain members (model->to(device) does not move them):
+  // keep one copy per device and dtype in use rather than copying per call.
+  if (!cache_cos_.defined() || cache_cos_.device() != x.device() ||
+      cache_cos_.scalar_type() != x.scalar_type()) {
+    cache_cos_ = cos_.to(x.device(), x.scalar_type());
+    cache_sin_ = sin_signed_.to(x.device(), x.scalar_type());
+  }
+  *cos = cache_cos_.narrow(0, 0, T);
+  *sin = cache_sin_.narrow(0, 0, T);
 }
 
 torch::Tensor Rope::Apply(const torch::Tensor& x) const {
   const int64_t T = x.size(2);
   TORCH_CHECK(T <= max_len_, "sequence length ", T, " exceeds RoPE table ", max_len_);
   const int64_t half = x.size(-1) / 2;
-  // The tables are plain members (model->to(device) does not move them).
-  torch::Tensor cos = cos_.narrow(0, 0, T).to(x.device(), x.scalar_type());
-  torch::Tensor sin = sin_.narrow(0, 0, T).to(x.device(), x.scalar_type());
-  torch::Tensor x1 = x.narrow(-1, 0, half);
-  torch::Tensor x2 = x.narrow(-1, half, half);
-  torch::Tensor rotated = torch::cat({-x2, x1}, -1);
-  return x * cos + rotated * sin;
+  torch::Tensor cos, sin;
+  Tables(T, x, &cos, &sin);
+  torch::Tensor swapped = torch::cat({x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+  return torch::addcmul(x * cos, swapped, sin);
 }
 
 torch::Tensor CausalMask(int64_t T, const torch::TensorOptions& options) {
-  return torch::full({T, T}, -std::numeric_limits<float>::infinity(), options)
-      .triu(1);
+  // Every attention call of a step asks for the same mask: keep the last one
+  // built (per thread; the tensor is only read by its users).
+  thread_local torch::Tensor cached;
+  if (!cached.defined() || cached.size(0) != T || cached.device() != options.device() ||
+      cached.scalar_type() != c10::typeMetaToScalarType(options.dtype())) {
+    cached = torch::full({T, T}, -std::numeric_limits<float>::infinity(), options).triu(1);
+  }
+  return cached;
 }
 
 namespace {
@@ -92,13 +110,24 @@ torch::Tensor AttentionImpl::ForwardWithDepth(
     const torch::Tensor& x, const Rope& rope, const DepthKv& depth,
     std::pair<torch::Tensor, torch::Tensor>* own_kv) {
   const int64_t B = x.size(0), T = x.size(1);
-  torch::Tensor q = rope.Apply(Heads(q_proj->forward(x), options_.heads));
-  torch::Tensor k = ExpandKv(rope.Apply(Heads(k_proj->forward(x), options_.kv_heads)));
-  torch::Tensor v = ExpandKv(Heads(v_proj->forward(x), options_.kv_heads));
+  const int64_t H = options_.heads, KV = options_.kv_heads, hd = head_dim_;
+  // One GEMM for Q, K and V (their weights stay separate parameters; the
+  // concatenation is a d x d-sized copy), and one RoPE pass over Q and K.
+  torch::Tensor qkv = torch::linear(
+      x, torch::cat({q_proj->weight, k_proj->weight, v_proj->weight}, /*dim=*/0));
+  torch::Tensor qk = rope.Apply(
+      qkv.narrow(-1, 0, (H + KV) * hd).view({B, T, H + KV, hd}).transpose(1, 2));
+  torch::Tensor q = qk.narrow(1, 0, H);                 // [B, H, T, hd]
+  torch::Tensor k = ExpandKv(qk.narrow(1, H, KV));      // [B, H, T, hd]
+  torch::Tensor v = ExpandKv(Heads(qkv.narrow(-1, (H + KV) * hd, KV * hd), KV));
   if (own_kv != nullptr) *own_kv = {k, v};
-  const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim_));
-  torch::Tensor scores = torch::matmul(q, k.transpose(-2, -1)) * scale;  // [B,H,T,T]
-  scores = scores + CausalMask(T, scores.options());
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  // scale * q k^T + mask in one batched GEMM (beta = 1 adds the mask).
+  torch::Tensor scores =
+      torch::baddbmm(CausalMask(T, x.options().dtype(qk.scalar_type())),
+                     q.reshape({B * H, T, hd}), k.transpose(-2, -1).reshape({B * H, hd, T}),
+                     /*beta=*/1.0, /*alpha=*/scale)
+          .view({B, H, T, T});
   torch::Tensor out;
   if (depth.empty()) {
     out = torch::matmul(torch::softmax(scores, -1), v);
@@ -122,7 +151,11 @@ SwiGluImpl::SwiGluImpl(int64_t d_model, int64_t d_ff) {
 }
 
 torch::Tensor SwiGluImpl::forward(const torch::Tensor& x) {
-  return down_proj->forward(SwiGluGateOp(gate_proj->forward(x), up_proj->forward(x)));
+  // One GEMM for the gate and up projections (separate parameters).
+  const int64_t d_ff = gate_proj->weight.size(0);
+  torch::Tensor gu =
+      torch::linear(x, torch::cat({gate_proj->weight, up_proj->weight}, /*dim=*/0));
+  return down_proj->forward(SwiGluGateOp(gu.narrow(-1, 0, d_ff), gu.narrow(-1, d_ff, d_ff)));
 }
 
 }  // namespace depthbench

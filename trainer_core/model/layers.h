@@ -59,9 +59,13 @@ class Rope {
   torch::Tensor Apply(const torch::Tensor& x) const;
 
  private:
-  torch::Tensor cos_;  // [max_len, head_dim]
-  torch::Tensor sin_;
+  // cos/sin tables for the first T positions on x's device and dtype.
+  void Tables(int64_t T, const torch::Tensor& x, torch::Tensor* cos, torch::Tensor* sin) const;
+
+  torch::Tensor cos_;         // [max_len, head_dim], float32 on the CPU
+  torch::Tensor sin_signed_;  // cat(-sin, sin) over the two halves
   int64_t max_len_;
+  mutable torch::Tensor cache_cos_, cache_sin_;  // on the device/dtype last used
 };
 
 // Per-token K/V of earlier sub-layers for MoDA's depth attention:
@@ -117,7 +121,8 @@ class SwiGluImpl : public torch::nn::Module {
 };
 TORCH_MODULE(SwiGlu);
 
-// Causal mask cache: additive [T, T] with -inf above the diagonal.
+// Additive causal mask [T, T], -inf above the diagonal; the last one built is
+// reused (per thread), so callers must not modify it in place.
 torch::Tensor CausalMask(int64_t T, const torch::TensorOptions& options);
 
 }  // namespace depthbench
