@@ -203,6 +203,43 @@ TEST(DesignInitTest, AttnResZeroQueriesGiveUniformMixing) {
   }
 }
 
+// Training runs AttnRes through the cuda_ops dispatcher (AttnResMixOp: mix
+// and the consuming pre-norm in one call); the diagnostics record path keeps
+// the composite that exposes the weights. Both must give the same logits and
+// the same gradients, with non-trivial (random) queries and key gains.
+TEST(DesignDispatchTest, AttnResDispatchedMixEqualsRecordedComposite) {
+  for (Arch arch : {Arch::kAttnResFull, Arch::kAttnResBlock}) {
+    LanguageModel m = Build(TinyOptions({arch}, 8));
+    {
+      torch::NoGradGuard no_grad;
+      for (auto& item : m->named_parameters()) {
+        if (item.key().find("query") != std::string::npos) item.value().normal_(0.0, 0.5);
+        if (item.key().find("key_norm") != std::string::npos) item.value().uniform_(0.5, 1.5);
+      }
+    }
+    torch::manual_seed(3);
+    torch::Tensor tokens = torch::randint(0, 256, {2, 16}, torch::kLong);
+    auto run = [&](bool record) {
+      m->design().set_record_diagnostics(record);
+      m->zero_grad();
+      torch::Tensor logits = m->forward(tokens);
+      logits.pow(2).mean().backward();
+      std::vector<torch::Tensor> grads;
+      for (auto& p : m->parameters()) grads.push_back(p.grad().clone());
+      return std::pair{logits.detach(), grads};
+    };
+    auto [fused_logits, fused_grads] = run(false);
+    auto [record_logits, record_grads] = run(true);
+    EXPECT_TRUE(torch::allclose(fused_logits, record_logits, 1e-5, 1e-6)) << ArchName(arch);
+    ASSERT_EQ(fused_grads.size(), record_grads.size());
+    for (size_t i = 0; i < fused_grads.size(); ++i) {
+      EXPECT_TRUE(torch::allclose(fused_grads[i], record_grads[i], 1e-4, 1e-7))
+          << ArchName(arch) << " parameter " << i << " max diff "
+          << (fused_grads[i] - record_grads[i]).abs().max().item<double>();
+    }
+  }
+}
+
 TEST(DesignInitTest, AttnResBlockSchedule) {
   const std::vector<std::pair<int64_t, int64_t>> want = {{16, 4}, {20, 5}, {24, 6}, {28, 7}, {32, 8}};
   for (auto [L, b] : want) {

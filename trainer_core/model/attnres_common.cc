@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "cuda_ops/ops.h"
+
 namespace depthbench {
 
 bool AttnResFreezesAt(int64_t k, int64_t block_size) {
@@ -86,12 +88,11 @@ class AttnResDesign final : public DesignImpl {
     AttnResBlockImpl& b = *blocks_[weights];
     // A block without an attention query (block 0's weights) placed at a
     // later slot mixes uniformly, as a zero query would.
-    SubLayer(2 * position, s, b.attn_query, OrNull(b.attn_key_norm), [&](const torch::Tensor& x) {
-      return b.attn->forward(b.attn_norm->forward(x), rope());
-    });
-    SubLayer(2 * position + 1, s, b.ffn_query, b.ffn_key_norm.get(), [&](const torch::Tensor& x) {
-      return b.ffn->forward(b.ffn_norm->forward(x));
-    });
+    // Each branch gets its input already through its pre-norm (SubLayer).
+    SubLayer(2 * position, s, b.attn_query, OrNull(b.attn_key_norm), *b.attn_norm,
+             [&](const torch::Tensor& xn) { return b.attn->forward(xn, rope()); });
+    SubLayer(2 * position + 1, s, b.ffn_query, b.ffn_key_norm.get(), *b.ffn_norm,
+             [&](const torch::Tensor& xn) { return b.ffn->forward(xn); });
   }
 
   // A skipped block adds nothing to the running sum; the freezes its slot's
@@ -101,7 +102,12 @@ class AttnResDesign final : public DesignImpl {
   }
 
   torch::Tensor Finish(const DepthState& s) override {
-    return final_norm->forward(HeadMix(s, /*record=*/record_diagnostics_));
+    if (!record_diagnostics_) {
+      // Mix + final norm in one dispatcher call (fused on CUDA).
+      return AttnResMixOp(Sources(s), head_query, head_key_norm->weight, final_norm->weight,
+                          final_norm->eps());
+    }
+    return final_norm->forward(HeadMix(s, /*record=*/true));
   }
 
   // The mixture the next layer consumes (before its pre-norm): block
@@ -156,17 +162,25 @@ class AttnResDesign final : public DesignImpl {
     }
   }
 
+  // Mixes the sources into sub-layer k's input, through `pre_norm`, runs the
+  // branch on it and adds its output to the running sum. Without a
+  // diagnostics record the mix and the pre-norm are one dispatcher call
+  // (cuda_ops AttnResMixOp: fused on CUDA, the same composite elsewhere);
+  // with one, the composite keeps the mixing weights.
   template <typename Branch>
   void SubLayer(int64_t k, DepthState& s, const torch::Tensor& query, RmsNormImpl* key_norm,
-                Branch&& branch) {
-    torch::Tensor w;
-    const bool record = record_diagnostics_;
-    torch::Tensor x = AttnResMix(Sources(s), query, key_norm, record ? &w : nullptr);
-    if (record) {
+                RmsNormImpl& pre_norm, Branch&& branch) {
+    torch::Tensor xn;
+    if (record_diagnostics_) {
+      torch::Tensor w;
+      xn = pre_norm.forward(AttnResMix(Sources(s), query, key_norm, &w));
       records_.push_back({k, w, s.tensors.back().defined() && block_size_ > 1});
+    } else {
+      xn = AttnResMixOp(Sources(s), query, key_norm ? key_norm->weight : torch::Tensor(),
+                        pre_norm.weight, pre_norm.eps());
     }
     MaybeFreeze(k, s);
-    torch::Tensor y = branch(x);
+    torch::Tensor y = branch(xn);
     torch::Tensor& run = s.tensors.back();
     run = run.defined() ? run + y : y;
   }

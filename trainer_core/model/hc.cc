@@ -23,7 +23,9 @@
 #include <cmath>
 #include <string>
 
+#include "cuda_ops/ops.h"
 #include "trainer_core/model/design.h"
+#include "trainer_core/precision.h"
 
 namespace depthbench {
 namespace {
@@ -59,19 +61,22 @@ class HcConnectorImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& h, bool code_form, Branch&& branch,
                         torch::Tensor* residual_map) {
     const int64_t n = static_b.size(0);
-    torch::Tensor hn = RmsNormalize(h.to(torch::kFloat32));  // per stream
-    torch::Tensor a = static_a + gain_a * torch::tanh(torch::matmul(hn, dynamic_a));
-    torch::Tensor b = static_b + gain_b * torch::tanh(torch::matmul(hn, dynamic_b)).squeeze(-1);
-    torch::Tensor read = a.select(-1, 0).to(h.dtype());       // [B,T,n]
-    torch::Tensor x = (read.unsqueeze(-1) * h).sum(-2);         // [B,T,d]
-    torch::Tensor y = branch(x);                                // [B,T,d]
-    torch::Tensor write = b.to(h.dtype()).unsqueeze(-1) * y.unsqueeze(-2);  // [B,T,n,d]
+    torch::Tensor a, b;
+    {
+      AutocastOffGuard fp32_routing;  // coefficients stay fp32 under bf16 autocast
+      torch::Tensor hn = RmsNormalize(h.to(torch::kFloat32));  // per stream
+      a = static_a + gain_a * torch::tanh(torch::matmul(hn, dynamic_a));
+      b = static_b + gain_b * torch::tanh(torch::matmul(hn, dynamic_b)).squeeze(-1);
+    }
+    // Read, residual mix and write go through the cuda_ops dispatcher: the
+    // fused kernels on CUDA, the same composites (cuda_ops/hc_connector_ref.cc)
+    // elsewhere.
+    torch::Tensor y = branch(HcReadOp(h, a.select(-1, 0)));    // [B,T,d]
     torch::Tensor ar = a.narrow(-1, 1, n);                      // [B,T,n,n]
     if (residual_map != nullptr) {
       *residual_map = code_form ? torch::eye(n).expand_as(ar).clone() : ar.detach();
     }
-    if (code_form) return h + write;
-    return torch::matmul(ar.transpose(-1, -2).to(h.dtype()), h) + write;
+    return HcWriteOp(h, code_form ? torch::Tensor() : ar, b, y);
   }
 
   std::vector<torch::Tensor> NoDecay() { return {static_a, static_b, gain_a, gain_b}; }

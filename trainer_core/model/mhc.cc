@@ -20,7 +20,10 @@
 #include <cmath>
 #include <string>
 
+#include "cuda_ops/ops.h"
+#include "cuda_ops/reference.h"
 #include "trainer_core/model/design.h"
+#include "trainer_core/precision.h"
 
 namespace depthbench {
 
@@ -30,15 +33,7 @@ inline constexpr double kSinkhornEps = 1e-6;
 // Log-domain Sinkhorn-Knopp on the last two dims of `logits` [..., n, n]:
 // returns exp(z) after kSinkhornIterations row-then-column normalisations.
 torch::Tensor SinkhornKnopp(const torch::Tensor& logits) {
-  const double log_eps = std::log(kSinkhornEps);
-  torch::Tensor z = logits;
-  for (int i = 0; i < kSinkhornIterations; ++i) {
-    z = z - torch::logaddexp(torch::logsumexp(z, -1, /*keepdim=*/true),
-                             torch::scalar_tensor(log_eps, z.options()));
-    z = z - torch::logaddexp(torch::logsumexp(z, -2, /*keepdim=*/true),
-                             torch::scalar_tensor(log_eps, z.options()));
-  }
-  return torch::exp(z);
+  return reference::Sinkhorn(logits, kSinkhornIterations, kSinkhornEps);
 }
 
 namespace {
@@ -67,21 +62,27 @@ class MhcConnectorImpl : public torch::nn::Module {
   template <typename Branch>
   torch::Tensor forward(const torch::Tensor& h, Branch&& branch, torch::Tensor* residual_map) {
     const int64_t n = n_;
-    torch::Tensor x = RmsNormalize(h.to(torch::kFloat32).flatten(-2), kNormEps);  // [B,T,nd]
-    torch::Tensor g = torch::cat({gains.narrow(0, 0, 1).expand({n}),
-                                  gains.narrow(0, 1, 1).expand({n}),
-                                  gains.narrow(0, 2, 1).expand({n * n})});
-    torch::Tensor z = torch::matmul(x, phi) * g + bias;                    // [B,T,m]
-    torch::Tensor read = torch::sigmoid(z.narrow(-1, 0, n)).to(h.dtype());
-    torch::Tensor write = (2.0 * torch::sigmoid(z.narrow(-1, n, n))).to(h.dtype());
-    std::vector<int64_t> sq(z.sizes().begin(), z.sizes().end() - 1);
-    sq.push_back(n);
-    sq.push_back(n);
-    torch::Tensor map = SinkhornKnopp(z.narrow(-1, 2 * n, n * n).reshape(sq));  // [B,T,n,n]
+    torch::Tensor read, write, map;
+    {
+      AutocastOffGuard fp32_routing;  // coefficients and Sinkhorn stay fp32
+      torch::Tensor x = RmsNormalize(h.to(torch::kFloat32).flatten(-2), kNormEps);  // [B,T,nd]
+      torch::Tensor g = torch::cat({gains.narrow(0, 0, 1).expand({n}),
+                                    gains.narrow(0, 1, 1).expand({n}),
+                                    gains.narrow(0, 2, 1).expand({n * n})});
+      torch::Tensor z = torch::matmul(x, phi) * g + bias;  // [B,T,m]
+      read = torch::sigmoid(z.narrow(-1, 0, n));
+      write = 2.0 * torch::sigmoid(z.narrow(-1, n, n));
+      std::vector<int64_t> sq(z.sizes().begin(), z.sizes().end() - 1);
+      sq.push_back(n);
+      sq.push_back(n);
+      // Fused log-domain Sinkhorn on CUDA, the same composite elsewhere.
+      map = SinkhornOp(z.narrow(-1, 2 * n, n * n).reshape(sq), kSinkhornIterations,
+                       kSinkhornEps);  // [B,T,n,n]
+    }
     if (residual_map != nullptr) *residual_map = map.detach();
-    torch::Tensor y = branch((read.unsqueeze(-1) * h).sum(-2));
-    return torch::matmul(map.transpose(-1, -2).to(h.dtype()), h) +
-           write.unsqueeze(-1) * y.unsqueeze(-2);
+    torch::Tensor y = branch(HcReadOp(h, read));
+    // out_t = sum_s map[s, t] h_s + write_t y, i.e. map^T h + write y.
+    return HcWriteOp(h, map, write, y);
   }
 
   std::vector<torch::Tensor> NoDecay() { return {bias, gains}; }
