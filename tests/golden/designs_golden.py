@@ -245,6 +245,9 @@ def no_decay(arch, name):
     return False
 
 
+FOLLOW_STEPS = 3
+
+
 def main(root):
     with open(os.path.join(root, "index.json")) as f:
         index = json.load(f)
@@ -273,7 +276,20 @@ def main(root):
         opt.step()
         for n, p in params.items():
             p.detach().numpy().astype("<f4").tofile(os.path.join(folder, "out_" + n + ".f32"))
-        print("%s: loss %.6f" % (name, loss.item()))
+        # Steps 2..1+FOLLOW_STEPS of the recipe on the same batch: loss,
+        # global-norm clipping at 1.0 (the norm before clipping), AdamW.
+        losses, norms = [], []
+        for _ in range(FOLLOW_STEPS):
+            opt.zero_grad()
+            step_loss = F.cross_entropy(model.forward(inputs).reshape(-1, logits.shape[-1]),
+                                        targets.reshape(-1))
+            step_loss.backward()
+            norms.append(float(torch.nn.utils.clip_grad_norm_(list(params.values()), 1.0)))
+            opt.step()
+            losses.append(step_loss.item())
+        with open(os.path.join(folder, "steps.json"), "w") as f:
+            json.dump({"losses": losses, "grad_norms": norms}, f)
+        print("%s: loss %.6f, then %s" % (name, loss.item(), " ".join("%.6f" % l for l in losses)))
 
 
 if __name__ == "__main__":
