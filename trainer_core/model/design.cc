@@ -20,6 +20,15 @@ TransformerBlockImpl::TransformerBlockImpl(const ModelShape& shape) {
   ffn = register_module("ffn", SwiGlu(shape.d_model, shape.d_ff));
 }
 
+torch::Tensor PreNormBlockForward(TransformerBlockImpl& b, const torch::Tensor& h,
+                                  const Rope& rope, double input_scale) {
+  auto in = [input_scale](const torch::Tensor& normed) {
+    return input_scale == 1.0 ? normed : normed * input_scale;
+  };
+  torch::Tensor out = h + b.attn->forward(in(b.attn_norm->forward(h)), rope);
+  return out + b.ffn->forward(in(b.ffn_norm->forward(out)));
+}
+
 std::shared_ptr<DesignImpl> MakeDesign(Arch arch, const DesignOptions& options) {
   switch (arch) {
     case Arch::kPreLn: return MakePreLn(options);

@@ -167,6 +167,12 @@ class TransformerBlockImpl : public torch::nn::Module {
 };
 TORCH_MODULE(TransformerBlock);
 
+// One Pre-LN block on the single stream h: h + F(norm(h) * input_scale) for
+// attention, then for the FFN. Pre-LN uses input_scale 1 (no extra op), LNS
+// 1/sqrt(l).
+torch::Tensor PreNormBlockForward(TransformerBlockImpl& b, const torch::Tensor& h,
+                                  const Rope& rope, double input_scale = 1.0);
+
 }  // namespace depthbench
 
 #endif  // DEPTHBENCH_TRAINER_CORE_MODEL_DESIGN_H_

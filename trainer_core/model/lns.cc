@@ -19,12 +19,8 @@ class LnsDesign final : public DesignImpl {
   Arch arch() const override { return Arch::kLns; }
   DepthState Begin(const torch::Tensor& embedding) override { return DepthState({embedding}); }
   void ApplyBlock(int64_t position, int64_t weights, DepthState& s) override {
-    TransformerBlockImpl& b = *blocks_[weights];
     const double scale = 1.0 / std::sqrt(static_cast<double>(position + 1));
-    torch::Tensor h = s.tensors[0];
-    h = h + b.attn->forward(b.attn_norm->forward(h) * scale, rope());
-    h = h + b.ffn->forward(b.ffn_norm->forward(h) * scale);
-    s.tensors[0] = h;
+    s.tensors[0] = PreNormBlockForward(*blocks_[weights], s.tensors[0], rope(), scale);
   }
   torch::Tensor Finish(const DepthState& s) override { return final_norm->forward(s.tensors[0]); }
   torch::Tensor Representation(const DepthState& s, int64_t) override { return s.tensors[0]; }
