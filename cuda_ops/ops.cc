@@ -2,6 +2,7 @@
 
 #include <atomic>
 
+#include "cuda_ops/cpu_fused.h"
 #include "cuda_ops/reference.h"
 #ifdef DEPTHBENCH_HAVE_FUSED_OPS
 #include "cuda_ops/torch_bindings.h"
@@ -50,12 +51,14 @@ bool FusedOpsAvailable() {
 }
 
 std::string FusedOpsDescription() {
+  if (!g_enabled.load()) return "composite ops (fused ops disabled)";
 #ifdef DEPTHBENCH_HAVE_FUSED_OPS
-  if (!g_enabled.load()) return "fused CUDA ops compiled, disabled";
-  if (!fused::CudaDeviceAvailable()) return "fused CUDA ops compiled, no CUDA device";
-  return "fused CUDA ops";
+  if (!fused::CudaDeviceAvailable())
+    return "fused CUDA ops compiled, no CUDA device; CPU: fused RMSNorm, other ops composite";
+  return "fused CUDA ops; CPU: fused RMSNorm, other ops composite";
 #else
-  return "composite ops (fused CUDA ops not built: no nvcc or LibTorch built without CUDA)";
+  return "CPU: fused RMSNorm, other ops composite (fused CUDA ops not built: no nvcc or "
+         "LibTorch built without CUDA)";
 #endif
 }
 
@@ -67,6 +70,9 @@ torch::Tensor RmsNormOp(const torch::Tensor& x, const torch::Tensor& weight, dou
     return fused::RmsNorm(x, weight, eps);
   }
 #endif
+  if (g_enabled.load(std::memory_order_relaxed) && cpu_fused::Supports({&x, &weight})) {
+    return cpu_fused::RmsNorm(x, weight, eps);
+  }
   return reference::RmsNorm(x, weight, eps);
 }
 

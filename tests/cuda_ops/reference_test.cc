@@ -2,7 +2,8 @@
 // the model's composite path or a plain loop; each hand-written backward
 // (the math the CUDA kernels implement) equals autograd; gradients pass a
 // finite-difference check in double on tiny sizes; Sinkhorn's output is
-// doubly stochastic; the dispatcher takes the composite path on CPU.
+// doubly stochastic; the dispatcher takes the composite path on CPU (for
+// RMSNorm with fused ops disabled: the fused CPU kernel has cpu_fused_test).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -42,8 +43,11 @@ TEST(RmsNormReference, EqualsTheModelsRmsNormModuleValuesAndGrads) {
   (y_ref * probe).sum().backward();
   EXPECT_TRUE(AllClose(x2.grad(), x.grad(), 1e-5, 1e-6));
   EXPECT_TRUE(AllClose(w.grad(), module->weight.grad(), 1e-5, 1e-6));
-  // RmsNormOp on CPU tensors is the composite path.
+  // With fused ops disabled, RmsNormOp on CPU tensors is the composite path
+  // (enabled, it is the fused CPU kernel: cpu_fused_test.cc).
+  SetFusedOpsEnabled(false);
   EXPECT_TRUE(torch::equal(RmsNormOp(x2, w, kNormEps), y_ref));
+  SetFusedOpsEnabled(true);
 }
 
 TEST(RmsNormReference, HandWrittenBackwardEqualsAutogradAndGradcheck) {

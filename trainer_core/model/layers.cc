@@ -61,7 +61,12 @@ torch::Tensor Rope::Apply(const torch::Tensor& x) const {
   const int64_t half = x.size(-1) / 2;
   torch::Tensor cos, sin;
   Tables(T, x, &cos, &sin);
-  torch::Tensor swapped = torch::cat({x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+  // cat(x2, x1) as one flip of the two halves: one pass forward and one
+  // backward (two slices + cat would zero-fill and add in the backward).
+  std::vector<int64_t> halves = x.sizes().vec();
+  halves.back() = 2;
+  halves.push_back(half);
+  torch::Tensor swapped = x.view(halves).flip({-2}).view(x.sizes());
   return torch::addcmul(x * cos, swapped, sin);
 }
 
@@ -115,11 +120,14 @@ torch::Tensor AttentionImpl::ForwardWithDepth(
   // concatenation is a d x d-sized copy), and one RoPE pass over Q and K.
   torch::Tensor qkv = torch::linear(
       x, torch::cat({q_proj->weight, k_proj->weight, v_proj->weight}, /*dim=*/0));
-  torch::Tensor qk = rope.Apply(
-      qkv.narrow(-1, 0, (H + KV) * hd).view({B, T, H + KV, hd}).transpose(1, 2));
-  torch::Tensor q = qk.narrow(1, 0, H);                 // [B, H, T, hd]
-  torch::Tensor k = ExpandKv(qk.narrow(1, H, KV));      // [B, H, T, hd]
-  torch::Tensor v = ExpandKv(Heads(qkv.narrow(-1, (H + KV) * hd, KV * hd), KV));
+  // split (not narrow): its backward is one concatenation, where each
+  // narrow's backward zero-fills a full-size gradient and adds.
+  std::vector<torch::Tensor> qk_v = qkv.split_with_sizes({(H + KV) * hd, KV * hd}, -1);
+  torch::Tensor qk = rope.Apply(qk_v[0].view({B, T, H + KV, hd}).transpose(1, 2));
+  std::vector<torch::Tensor> q_k = qk.split_with_sizes({H, KV}, 1);
+  torch::Tensor q = q_k[0];                       // [B, H, T, hd]
+  torch::Tensor k = ExpandKv(q_k[1]);             // [B, H, T, hd]
+  torch::Tensor v = ExpandKv(Heads(qk_v[1], KV));
   if (own_kv != nullptr) *own_kv = {k, v};
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
   // scale * q k^T + mask in one batched GEMM (beta = 1 adds the mask).
@@ -152,10 +160,10 @@ SwiGluImpl::SwiGluImpl(int64_t d_model, int64_t d_ff) {
 
 torch::Tensor SwiGluImpl::forward(const torch::Tensor& x) {
   // One GEMM for the gate and up projections (separate parameters).
-  const int64_t d_ff = gate_proj->weight.size(0);
-  torch::Tensor gu =
-      torch::linear(x, torch::cat({gate_proj->weight, up_proj->weight}, /*dim=*/0));
-  return down_proj->forward(SwiGluGateOp(gu.narrow(-1, 0, d_ff), gu.narrow(-1, d_ff, d_ff)));
+  std::vector<torch::Tensor> gu =
+      torch::linear(x, torch::cat({gate_proj->weight, up_proj->weight}, /*dim=*/0))
+          .chunk(2, /*dim=*/-1);
+  return down_proj->forward(SwiGluGateOp(gu[0], gu[1]));
 }
 
 }  // namespace depthbench

@@ -1,0 +1,130 @@
+#include "cuda_ops/cpu_fused.h"
+
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <vector>
+
+namespace depthbench {
+namespace cpu_fused {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Rows per parallel task: about 32k elements each, as ATen's element-wise
+// kernels use (at::internal::GRAIN_SIZE).
+int64_t RowGrain(int64_t d) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(d, 1)); }
+
+// Sum of squares of one row, in double (d is at most a few thousand).
+template <typename T>
+double SumSquares(const T* x, int64_t d) {
+  // Four independent partial sums let the compiler keep the loop pipelined.
+  double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+  int64_t j = 0;
+  for (; j + 4 <= d; j += 4) {
+    s0 += static_cast<double>(x[j]) * x[j];
+    s1 += static_cast<double>(x[j + 1]) * x[j + 1];
+    s2 += static_cast<double>(x[j + 2]) * x[j + 2];
+    s3 += static_cast<double>(x[j + 3]) * x[j + 3];
+  }
+  for (; j < d; ++j) s0 += static_cast<double>(x[j]) * x[j];
+  return (s0 + s1) + (s2 + s3);
+}
+
+class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x_in,
+                               const torch::Tensor& weight_in, double eps) {
+    torch::Tensor x = x_in.contiguous(), w = weight_in.contiguous();
+    const int64_t d = x.size(-1), rows = x.numel() / std::max<int64_t>(d, 1);
+    TORCH_CHECK(w.dim() == 1 && w.size(0) == d, "RmsNorm: weight has ", w.sizes(),
+                ", expected [", d, "]");
+    torch::Tensor y = torch::empty_like(x);
+    torch::Tensor rstd = torch::empty({rows}, x.options());  // 1 / rms per row
+    AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "cpu_fused::RmsNorm", [&] {
+      const scalar_t* xp = x.data_ptr<scalar_t>();
+      const scalar_t* wp = w.data_ptr<scalar_t>();
+      scalar_t* yp = y.data_ptr<scalar_t>();
+      scalar_t* rp = rstd.data_ptr<scalar_t>();
+      at::parallel_for(0, rows, RowGrain(d), [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+          const scalar_t* xr = xp + r * d;
+          const scalar_t inv =
+              static_cast<scalar_t>(1.0 / std::sqrt(SumSquares(xr, d) / d + eps));
+          scalar_t* yr = yp + r * d;
+          for (int64_t j = 0; j < d; ++j) yr[j] = xr[j] * inv * wp[j];
+          rp[r] = inv;
+        }
+      });
+    });
+    ctx->save_for_backward({x, w, rstd});
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list saved = ctx->get_saved_variables();
+    const torch::Tensor& x = saved[0];
+    const torch::Tensor& w = saved[1];
+    const torch::Tensor& rstd = saved[2];
+    torch::Tensor dy = grads[0].contiguous();
+    const int64_t d = x.size(-1), rows = x.numel() / std::max<int64_t>(d, 1);
+    torch::Tensor dx = torch::empty_like(x);
+    // dw = sum over rows of dy * x * rstd: one partial row per thread,
+    // summed at the end (deterministic for a fixed thread count).
+    const int64_t threads = at::get_num_threads();
+    std::vector<double> partial(static_cast<size_t>(threads * d), 0.0);
+    AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "cpu_fused::RmsNormBackward", [&] {
+      const scalar_t* xp = x.data_ptr<scalar_t>();
+      const scalar_t* wp = w.data_ptr<scalar_t>();
+      const scalar_t* rp = rstd.data_ptr<scalar_t>();
+      const scalar_t* gp = dy.data_ptr<scalar_t>();
+      scalar_t* dxp = dx.data_ptr<scalar_t>();
+      at::parallel_for(0, rows, RowGrain(d), [&](int64_t begin, int64_t end) {
+        double* acc = partial.data() + at::get_thread_num() * d;
+        for (int64_t r = begin; r < end; ++r) {
+          const scalar_t* xr = xp + r * d;
+          const scalar_t* gr = gp + r * d;
+          const double inv = rp[r];
+          // dx = inv * (g - x * inv^2 * mean(g * x)), g = dy * w.
+          double dot = 0;
+          for (int64_t j = 0; j < d; ++j) dot += static_cast<double>(gr[j]) * wp[j] * xr[j];
+          const scalar_t coef = static_cast<scalar_t>(inv * inv * dot / d);
+          const scalar_t sinv = static_cast<scalar_t>(inv);
+          scalar_t* dxr = dxp + r * d;
+          for (int64_t j = 0; j < d; ++j) {
+            dxr[j] = sinv * (gr[j] * wp[j] - xr[j] * coef);
+            acc[j] += static_cast<double>(gr[j]) * xr[j] * inv;
+          }
+        }
+      });
+    });
+    torch::Tensor dw_sum = torch::zeros({d}, torch::kFloat64);
+    double* dws = dw_sum.data_ptr<double>();
+    for (int64_t t = 0; t < threads; ++t) {
+      for (int64_t j = 0; j < d; ++j) dws[j] += partial[static_cast<size_t>(t * d + j)];
+    }
+    return {dx, dw_sum.to(w.scalar_type()), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+bool Supports(std::initializer_list<const torch::Tensor*> tensors) {
+  c10::optional<torch::ScalarType> dtype;
+  for (const torch::Tensor* t : tensors) {
+    if (!t->defined() || !t->device().is_cpu()) return false;
+    const auto st = t->scalar_type();
+    if (st != torch::kFloat32 && st != torch::kFloat64) return false;
+    if (dtype && *dtype != st) return false;
+    dtype = st;
+  }
+  return true;
+}
+
+torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  return RmsNormFunction::apply(x, weight, eps);
+}
+
+}  // namespace cpu_fused
+}  // namespace depthbench

@@ -1,0 +1,111 @@
+// CPU tests of the fused CPU RMSNorm kernel (cuda_ops/cpu_fused.h): values
+// and gradients equal the composite reference on odd sizes, non-contiguous
+// inputs and one or two threads; a finite-difference gradcheck in double;
+// the dispatcher takes it for CPU tensors and the reference when fused ops
+// are disabled; repeated calls are bit-identical.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <vector>
+
+#include "cuda_ops/cpu_fused.h"
+#include "cuda_ops/ops.h"
+#include "cuda_ops/reference.h"
+#include "tests/cuda_ops/gradcheck.h"
+
+namespace depthbench {
+namespace {
+
+using testing::AllClose;
+using testing::GradCheck;
+
+torch::Tensor Leaf(const torch::Tensor& t) { return t.detach().clone().requires_grad_(true); }
+
+struct Grads {
+  torch::Tensor y, dx, dw;
+};
+
+template <typename Fn>
+Grads RunNorm(Fn&& fn, const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& probe) {
+  torch::Tensor xl = Leaf(x), wl = Leaf(w);
+  torch::Tensor y = fn(xl, wl);
+  (y * probe).sum().backward();
+  return {y.detach(), xl.grad(), wl.grad()};
+}
+
+class CpuFusedRmsNorm : public ::testing::TestWithParam<int> {};
+
+TEST_P(CpuFusedRmsNorm, EqualsReferenceValuesAndGradients) {
+  const int threads = GetParam();
+  const int saved_threads = torch::get_num_threads();
+  torch::set_num_threads(threads);
+  torch::manual_seed(threads);
+  // d = 16, an odd 33, and the model's 128; rows from 1 to 4096 (several
+  // parallel chunks); one input transposed (non-contiguous).
+  const std::vector<std::vector<int64_t>> shapes = {{3, 5, 16}, {7, 33}, {1, 128}, {16, 256, 128}};
+  for (const auto& shape : shapes) {
+    for (bool transposed : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << torch::IntArrayRef(shape) << (transposed ? " transposed" : ""));
+      torch::Tensor x = torch::randn(shape) * 3;
+      if (transposed && shape.size() == 3) x = x.transpose(0, 1).contiguous().transpose(0, 1);
+      torch::Tensor w = torch::rand({shape.back()}) + 0.5;
+      torch::Tensor probe = torch::randn(shape);
+      Grads fused = RunNorm([](auto& a, auto& b) { return cpu_fused::RmsNorm(a, b, 1e-6); }, x, w, probe);
+      Grads ref = RunNorm([](auto& a, auto& b) { return reference::RmsNorm(a, b, 1e-6); }, x, w, probe);
+      EXPECT_TRUE(AllClose(fused.y, ref.y, 1e-5, 1e-6));
+      EXPECT_TRUE(AllClose(fused.dx, ref.dx, 1e-4, 1e-5));
+      EXPECT_TRUE(AllClose(fused.dw, ref.dw, 1e-4, 1e-4));
+    }
+  }
+  torch::set_num_threads(saved_threads);
+}
+
+INSTANTIATE_TEST_SUITE_P(Threads, CpuFusedRmsNorm, ::testing::Values(1, 2),
+                         [](const auto& info) { return "threads" + std::to_string(info.param); });
+
+TEST(CpuFusedRmsNormCheck, GradcheckInDouble) {
+  torch::manual_seed(5);
+  const auto f64 = torch::TensorOptions().dtype(torch::kFloat64);
+  torch::Tensor x = torch::randn({4, 7}, f64).requires_grad_(true);
+  torch::Tensor w = (torch::rand({7}, f64) + 0.5).requires_grad_(true);
+  EXPECT_EQ(GradCheck([](const std::vector<torch::Tensor>& in) {
+              return cpu_fused::RmsNorm(in[0], in[1], 1e-6);
+            }, {x, w}), "");
+}
+
+TEST(CpuFusedRmsNormCheck, DispatcherUsesItOnCpuAndTheReferenceWhenDisabled) {
+  torch::manual_seed(6);
+  torch::Tensor x = torch::randn({8, 24}), w = torch::rand({24}) + 0.5;
+  EXPECT_TRUE(cpu_fused::Supports({&x, &w}));
+  torch::Tensor half = x.to(torch::kBFloat16);
+  EXPECT_FALSE(cpu_fused::Supports({&half, &w}));  // dtype mismatch / bf16
+  EXPECT_TRUE(torch::equal(RmsNormOp(x, w, 1e-6), cpu_fused::RmsNorm(x, w, 1e-6)));
+  SetFusedOpsEnabled(false);
+  EXPECT_TRUE(torch::equal(RmsNormOp(x, w, 1e-6), reference::RmsNorm(x, w, 1e-6)));
+  EXPECT_NE(FusedOpsDescription().find("disabled"), std::string::npos) << FusedOpsDescription();
+  SetFusedOpsEnabled(true);
+  EXPECT_NE(FusedOpsDescription().find("CPU: fused RMSNorm"), std::string::npos)
+      << FusedOpsDescription();
+  // bf16 CPU tensors take the composite.
+  torch::Tensor wh = w.to(torch::kBFloat16);
+  EXPECT_TRUE(torch::equal(RmsNormOp(half, wh, 1e-6), reference::RmsNorm(half, wh, 1e-6)));
+}
+
+TEST(CpuFusedRmsNormCheck, RepeatedCallsAreBitIdentical) {
+  torch::manual_seed(7);
+  torch::Tensor x = torch::randn({512, 96}), w = torch::rand({96}) + 0.5;
+  torch::Tensor probe = torch::randn({512, 96});
+  Grads a = RunNorm([](auto& p, auto& q) { return cpu_fused::RmsNorm(p, q, 1e-6); }, x, w, probe);
+  Grads b = RunNorm([](auto& p, auto& q) { return cpu_fused::RmsNorm(p, q, 1e-6); }, x, w, probe);
+  EXPECT_TRUE(torch::equal(a.y, b.y));
+  EXPECT_TRUE(torch::equal(a.dx, b.dx));
+  EXPECT_TRUE(torch::equal(a.dw, b.dw));
+}
+
+TEST(CpuFusedRmsNormCheck, RejectsAWeightOfTheWrongSize) {
+  torch::Tensor x = torch::randn({2, 8}), w = torch::ones({7});
+  EXPECT_THROW(cpu_fused::RmsNorm(x, w, 1e-6), c10::Error);
+}
+
+}  // namespace
+}  // namespace depthbench
