@@ -14,14 +14,19 @@ per-step tokens_per_s would not show. The two paths run the identical config
 
   python3 bench/worker/worker_overhead.py --build build [--pairs 3] [--steps 150]
 
+Also prints the CPU time the scheduler and worker daemons spent during each
+worker-path job (/proc/PID/stat) as a share of the standalone trainer's CPU
+time (getrusage of children): the path's cost in work rather than in a
+wall-clock rate that machine noise moves by more than the 2% goal.
+
 Prints one line per run and a summary; exits 0.
 """
 import argparse
 import json
 import os
+import resource
 import shutil
 import signal
-import sqlite3
 import statistics
 import subprocess
 import sys
@@ -58,7 +63,7 @@ def standalone(args, work, i):
     return t
 
 
-def through_worker(args, work, i, address, db):
+def through_worker(args, work, i, address):
     spec = {
         "name": f"bench-{i}",
         "architectures": ["pre_ln"],
@@ -74,19 +79,26 @@ def through_worker(args, work, i, address, db):
         json.dump(spec, f)
     subprocess.run([args.cli, "--scheduler", address, "submit", spec_path], check=True,
                    stdout=subprocess.DEVNULL)
-    while True:
-        st = json.loads(subprocess.run(
-            [args.cli, "--scheduler", address, "--json", "status", f"bench-{i}"],
-            check=True, capture_output=True, text=True).stdout)
-        if st.get("state") != "SWEEP_RUNNING":
-            break
-        time.sleep(0.2)
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    rows = con.execute(
-        "SELECT p.step, p.wall_ms FROM metric_points p JOIN jobs j ON j.id = p.job_id "
-        "JOIN sweeps s ON s.id = j.sweep_id WHERE s.name = ? AND p.name = 'loss'",
-        (f"bench-{i}",)).fetchall()
-    con.close()
+    # One blocking WatchJob stream waits for the job and returns its points
+    # (polling `depthbench status` would start a CLI process several times a
+    # second beside the trainer and bill that to the worker path). Points
+    # come through the API: the scheduler holds its SQLite file in exclusive
+    # locking mode.
+    jobs = json.loads(subprocess.run(
+        [args.cli, "--scheduler", address, "--json", "jobs", "--sweep", f"bench-{i}"],
+        check=True, capture_output=True, text=True).stdout)
+    job_list = jobs["jobs"] if isinstance(jobs, dict) else jobs
+    assert len(job_list) == 1, f"expected one job, got {job_list}"
+    job_id = str(job_list[0]["id"])
+    watch = subprocess.run(
+        [args.cli, "--scheduler", address, "--json", "watch", job_id, "--timeout-s", "900"],
+        check=True, capture_output=True, text=True).stdout
+    rows = []
+    for line in watch.splitlines():
+        ev = json.loads(line)
+        point = ev.get("point")
+        if point and point.get("name") == "loss":
+            rows.append((int(point["step"]), int(point.get("wallMs", point.get("wall_ms", 0)))))
     assert len(rows) == args.steps, f"worker path stored {len(rows)} loss points"
     return {step: wall_ms / 1000.0 for step, wall_ms in rows}
 
@@ -128,15 +140,31 @@ def main():
                                "--threads-per-slot", str(args.threads), "--name", "bench",
                                "--train-binary", args.train, "--poll-ms", "100"],
                               stdout=log, stderr=log)
-    alone, worker_path = [], []
+    def cpu_s(proc):
+        # utime + stime of a daemon (/proc/PID/stat fields 14-15), seconds.
+        fields = open(f"/proc/{proc.pid}/stat").read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def children_cpu_s():
+        r = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return r.ru_utime + r.ru_stime
+
+    alone, worker_path, cpu_share = [], [], []
     try:
         for i in range(args.pairs):
+            c0 = children_cpu_s()
             a = tokens_per_s(args, standalone(args, work, i))
-            w = tokens_per_s(args, through_worker(args, work, i, address, db))
+            trainer_cpu = children_cpu_s() - c0
+            d0 = cpu_s(sched) + cpu_s(worker)
+            w = tokens_per_s(args, through_worker(args, work, i, address))
+            daemons_cpu = cpu_s(sched) + cpu_s(worker) - d0
             alone.append(a)
             worker_path.append(w)
+            cpu_share.append(daemons_cpu / trainer_cpu)
             print(f"pair {i}: alone {a:9.0f} tok/s   worker path {w:9.0f} tok/s   "
-                  f"ratio {w / a:.4f}", flush=True)
+                  f"ratio {w / a:.4f}   scheduler+worker CPU {daemons_cpu:.2f} s "
+                  f"= {100 * cpu_share[-1]:.2f}% of the trainer's {trainer_cpu:.1f} s",
+                  flush=True)
     finally:
         worker.send_signal(signal.SIGTERM)
         worker.wait(timeout=30)
@@ -148,6 +176,8 @@ def main():
     print(f"median alone {ma:.0f} tok/s, worker path {mw:.0f} tok/s; "
           f"overhead {100 * (1 - mw / ma):+.2f}% (median of pair ratios "
           f"{statistics.median(ratios):.4f}, range {min(ratios):.4f}..{max(ratios):.4f})")
+    print(f"scheduler + worker CPU per job: median {100 * statistics.median(cpu_share):.2f}% "
+          f"of the trainer's own CPU time (the CLI's submit/jobs/watch calls excluded)")
     return 0
 
 
