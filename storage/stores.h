@@ -57,22 +57,26 @@ class JobStore {
   absl::StatusOr<JobRecord> Get(int64_t id);
   // Writes every mutable column of `job` (matched by id).
   absl::Status Update(const JobRecord& job);
+  // Sets only the is_best flag (NotFound when no such job).
+  absl::Status SetBest(int64_t id, bool is_best);
   // Pending jobs runnable at `now_wall_ms` whose resource needs fit, oldest
-  // first.
-  absl::StatusOr<std::vector<JobRecord>> FindRunnable(int64_t now_wall_ms,
-                                                      int64_t devices,
-                                                      int64_t memory_mb,
-                                                      int64_t limit);
+  // first: ids and label requirements only (read the chosen one with Get).
+  absl::StatusOr<std::vector<RunnableJob>> FindRunnable(int64_t now_wall_ms,
+                                                        int64_t devices,
+                                                        int64_t memory_mb,
+                                                        int64_t limit);
   absl::StatusOr<std::vector<JobRecord>> List(const JobFilter& filter);
   absl::StatusOr<std::vector<JobRecord>> ListInStates(
       const std::vector<std::string>& states);
   absl::StatusOr<std::vector<JobRecord>> ListBySweep(int64_t sweep_id);
-  // Train jobs of one (arch, shape) group of a sweep.
-  absl::StatusOr<std::vector<JobRecord>> ListGroup(int64_t sweep_id,
-                                                   const std::string& arch,
-                                                   int64_t layers,
-                                                   int64_t d_model);
-  absl::StatusOr<std::vector<JobRecord>> ListChildren(int64_t parent_job_id);
+  // Train jobs of one (arch, shape) group of a sweep, by id: the columns
+  // best-LR selection needs.
+  absl::StatusOr<std::vector<GroupMember>> ListGroup(int64_t sweep_id,
+                                                     const std::string& arch,
+                                                     int64_t layers,
+                                                     int64_t d_model);
+  // Whether any job names `parent_job_id` as its parent.
+  absl::StatusOr<bool> HasChildren(int64_t parent_job_id);
   // Count of jobs by state for a sweep.
   absl::StatusOr<std::map<std::string, int64_t>> CountByState(int64_t sweep_id);
   // Count of jobs by (sweep name, state) over every sweep, ordered by sweep
@@ -128,6 +132,8 @@ class MetricStore {
 class ResultStore {
  public:
   explicit ResultStore(Database* db) : db_(db) {}
+  // Inserts the row, or updates the existing row of its (sweep, arch,
+  // layers, d_model) in place.
   absl::Status Upsert(const ResultRecord& row);
   absl::StatusOr<std::optional<ResultRecord>> Get(int64_t sweep_id,
                                                   const std::string& arch,

@@ -333,7 +333,7 @@ TEST_F(SchedulerTest, BestLrSkipsDivergedAndQueuesDiagnostics) {
 
 TEST(BestLrTest, MeansOverSeedsAndMarksDivergedLrs) {
   auto job = [](int64_t id, double lr, const std::string& state, std::optional<double> loss) {
-    storage::JobRecord j;
+    storage::GroupMember j;
     j.id = id;
     j.lr = lr;
     j.state = state;
