@@ -60,12 +60,6 @@ struct GroupMember {
   bool is_best = false;
 };
 
-// A pending job's id and its label requirements (JobStore::FindRunnable).
-struct RunnableJob {
-  int64_t id = 0;
-  std::string req_labels = "{}";
-};
-
 struct AttemptRecord {
   int64_t id = 0;
   int64_t job_id = 0;

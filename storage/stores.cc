@@ -208,20 +208,20 @@ absl::StatusOr<std::vector<JobRecord>> JobStore::ReadJobs(Query& q) {
   return out;
 }
 
-absl::StatusOr<std::vector<RunnableJob>> JobStore::FindRunnable(
-    int64_t now_wall_ms, int64_t devices, int64_t memory_mb, int64_t limit) {
+absl::StatusOr<std::optional<int64_t>> JobStore::FindRunnable(
+    int64_t now_wall_ms, int64_t devices, int64_t memory_mb,
+    const std::function<bool(const std::string& req_labels)>& accept,
+    int64_t scan_limit) {
   ASSIGN_OR_RETURN(Query q, db_->Prepare(
       "SELECT id, req_labels FROM jobs WHERE state = 'pending' AND "
       "not_before_ms <= ? AND req_devices <= ? AND req_memory_mb <= ? "
       "ORDER BY id LIMIT ?"));
-  q.Bind(1, now_wall_ms).Bind(2, devices).Bind(3, memory_mb).Bind(4, limit);
-  std::vector<RunnableJob> out;
+  q.Bind(1, now_wall_ms).Bind(2, devices).Bind(3, memory_mb).Bind(4, scan_limit);
   while (true) {
     ASSIGN_OR_RETURN(bool row, q.Step());
-    if (!row) break;
-    out.push_back({q.ColumnInt(0), q.ColumnText(1)});
+    if (!row) return std::optional<int64_t>();
+    if (accept(q.ColumnText(1))) return std::optional<int64_t>(q.ColumnInt(0));
   }
-  return out;
 }
 
 absl::StatusOr<std::vector<JobRecord>> JobStore::List(const JobFilter& f) {

@@ -9,6 +9,7 @@
 #define DEPTHBENCH_STORAGE_STORES_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -59,12 +60,14 @@ class JobStore {
   absl::Status Update(const JobRecord& job);
   // Sets only the is_best flag (NotFound when no such job).
   absl::Status SetBest(int64_t id, bool is_best);
-  // Pending jobs runnable at `now_wall_ms` whose resource needs fit, oldest
-  // first: ids and label requirements only (read the chosen one with Get).
-  absl::StatusOr<std::vector<RunnableJob>> FindRunnable(int64_t now_wall_ms,
-                                                        int64_t devices,
-                                                        int64_t memory_mb,
-                                                        int64_t limit);
+  // The id of the oldest pending job runnable at `now_wall_ms` whose
+  // resource needs fit and whose label requirements (a JSON object) `accept`
+  // approves, looking at no more than `scan_limit` runnable jobs; nullopt
+  // when none. Reads only the pending-jobs index (schema v4).
+  absl::StatusOr<std::optional<int64_t>> FindRunnable(
+      int64_t now_wall_ms, int64_t devices, int64_t memory_mb,
+      const std::function<bool(const std::string& req_labels)>& accept,
+      int64_t scan_limit);
   absl::StatusOr<std::vector<JobRecord>> List(const JobFilter& filter);
   absl::StatusOr<std::vector<JobRecord>> ListInStates(
       const std::vector<std::string>& states);
