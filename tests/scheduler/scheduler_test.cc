@@ -1,9 +1,5 @@
 #include "scheduler/scheduler.h"
 
-#include <unistd.h>
-
-#include <filesystem>
-
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -16,15 +12,7 @@ namespace {
 
 namespace v1 = ::depthbench::v1;
 using depthbench::testing::SmallSpec;
-
-std::string TempDb(const std::string& name) {
-  std::string dir = std::filesystem::temp_directory_path() /
-                    ("db_scheduler_test_" + std::to_string(getpid()));
-  std::filesystem::create_directories(dir);
-  std::string path = dir + "/" + name;
-  for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(path + suffix);
-  return path;
-}
+using depthbench::testing::TempDb;
 
 class SchedulerTest : public ::testing::Test {
  protected:
