@@ -106,6 +106,24 @@ TEST_F(SchedulerTest, InvalidSpecCreatesNothing) {
   EXPECT_EQ(scheduler_->ListJobs(v1::ListJobsRequest())->jobs_size(), 0);
 }
 
+// A training setting the trainer would refuse fails the submission (with
+// the field named), not the jobs later: nothing is created.
+TEST_F(SchedulerTest, SettingTheTrainerRefusesCreatesNothing) {
+  auto spec = SmallSpec("clip", {"pre_ln", "hc"}, {1e-3, 3e-3});
+  spec.mutable_training()->set_grad_clip(0);
+  auto r = scheduler_->SubmitSweep(spec);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(r.status().message()), "spec.training.grad_clip: must be positive, got 0");
+  EXPECT_EQ(scheduler_->ListSweeps()->sweeps_size(), 0);
+  EXPECT_EQ(scheduler_->ListJobs(v1::ListJobsRequest())->jobs_size(), 0);
+  EXPECT_EQ(scheduler_->GetSweep("clip").status().code(), absl::StatusCode::kNotFound);
+  // The same spec with a valid setting goes through.
+  spec.mutable_training()->set_grad_clip(0.5);
+  auto ok = scheduler_->SubmitSweep(spec);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->sweep().total_jobs(), 4);
+}
+
 TEST_F(SchedulerTest, StateMachineLeasedRunningSucceeded) {
   ASSERT_TRUE(scheduler_->SubmitSweep(SmallSpec("s", {"pre_ln"}, {1e-3})).ok());
   Register("w1");
