@@ -29,10 +29,10 @@ namespace depthbench::worker {
 struct SchedulerClientOptions {
   std::string address;   // HOST:PORT
   std::string token;     // empty: no authorization metadata
+  int64_t rpc_timeout_ms = 10000;
   // PEM root certificates the scheduler's TLS certificate must chain to;
   // empty: a plaintext channel.
   std::string tls_ca_pem;
-  int64_t rpc_timeout_ms = 10000;
 };
 
 // True for errors worth retrying with the same request (scheduler down or
