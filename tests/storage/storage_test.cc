@@ -31,6 +31,10 @@ TEST(DatabaseTest, OpensInWalModeAndMapsErrors) {
   ASSERT_TRUE(q.ok());
   ASSERT_TRUE(*q->Step());
   EXPECT_EQ(q->ColumnText(0), "wal");
+  auto checkpoint = (*db)->Prepare("PRAGMA wal_autocheckpoint");
+  ASSERT_TRUE(checkpoint.ok());
+  ASSERT_TRUE(*checkpoint->Step());
+  EXPECT_EQ(checkpoint->ColumnInt(0), 4000);
 
   auto bad = (*db)->Prepare("SELEKT 1");
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInternal);
