@@ -38,7 +38,8 @@ int RunCli(int argc, char** argv, std::ostream& out, std::ostream& err) {
   app.add_option("--token-file", token_file,
                  "file holding the shared token (also $DEPTHBENCH_TOKEN)");
   app.add_option("--tls-ca", env.client.tls_ca_file,
-                 "PEM root certificate: connect with TLS trusting it");
+                 "PEM root certificate: connect with TLS trusting it (for a scheduler started "
+                 "with --tls-cert/--tls-key; the certificate must name the --scheduler host)");
   app.add_option("--timeout-ms", env.client.timeout_ms, "deadline of each RPC")
       ->capture_default_str()->check(CLI::PositiveNumber);
   app.add_flag("--json", env.json, "machine-readable JSON output");

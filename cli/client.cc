@@ -22,6 +22,10 @@ absl::StatusOr<std::unique_ptr<SchedulerClient>> SchedulerClient::Connect(
     if (!in) return absl::InvalidArgumentError(absl::StrCat("--tls-ca: cannot read ", options.tls_ca_file));
     std::stringstream ss;
     ss << in.rdbuf();
+    if (ss.str().find("-----BEGIN CERTIFICATE-----") == std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--tls-ca: ", options.tls_ca_file, " holds no PEM certificate"));
+    }
     grpc::SslCredentialsOptions ssl;
     ssl.pem_root_certs = ss.str();
     creds = grpc::SslCredentials(ssl);

@@ -1,10 +1,14 @@
 #include "cli/spec_reader.h"
 
 #include <cmath>
+#include <cstdint>
+#include <limits>
 #include <fstream>
 #include <functional>
 #include <map>
+#include <set>
 #include <sstream>
+#include <vector>
 
 #include <yaml-cpp/yaml.h>
 
@@ -37,6 +41,15 @@ absl::StatusOr<int64_t> Int(const json& j, const std::string& path) {
     if (std::floor(d) == d && std::abs(d) < 9e15) return static_cast<int64_t>(d);
   }
   return Err(path, absl::StrCat("expected an integer, got ", Kind(j), " ", j.dump()));
+}
+
+// For the proto's int32 fields: out-of-range values are errors, not wraps.
+absl::StatusOr<int32_t> Int32(const json& j, const std::string& path) {
+  ASSIGN_OR_RETURN(int64_t v, Int(j, path));
+  if (v < std::numeric_limits<int32_t>::min() || v > std::numeric_limits<int32_t>::max()) {
+    return Err(path, absl::StrCat("must fit in 32 bits, got ", v));
+  }
+  return static_cast<int32_t>(v);
 }
 
 absl::StatusOr<double> Double(const json& j, const std::string& path) {
@@ -87,6 +100,14 @@ Handler IntField(Setter set) {
   };
 }
 template <typename Setter>
+Handler Int32Field(Setter set) {
+  return [set](const json& j, const std::string& p) -> absl::Status {
+    ASSIGN_OR_RETURN(int32_t v, Int32(j, p));
+    set(v);
+    return absl::OkStatus();
+  };
+}
+template <typename Setter>
 Handler DoubleField(Setter set) {
   return [set](const json& j, const std::string& p) -> absl::Status {
     ASSIGN_OR_RETURN(double v, Double(j, p));
@@ -114,6 +135,36 @@ absl::Status StringMap(const json& j, const std::string& path,
 }
 
 absl::Status Shapes(const json& j, const std::string& path, v1::ShapeSpec* s) {
+  if (j.is_object() && j.contains("explicit") && j.contains("explicit_shapes")) {
+    return Err(path + ".explicit_shapes", "give either explicit or explicit_shapes, not both");
+  }
+  Handler explicit_shapes = [s](const json& j, const std::string& p) -> absl::Status {
+    RETURN_IF_ERROR(List(j, p));
+    for (size_t i = 0; i < j.size(); ++i) {
+      auto* e = s->add_explicit_shapes();
+      std::string ip = absl::StrCat(p, "[", i, "]");
+      if (j[i].is_string()) {  // "LxD"
+        std::string text = j[i].get<std::string>();
+        size_t x = text.find('x');
+        int64_t l = 0, d = 0;
+        if (x == std::string::npos || !absl::SimpleAtoi(text.substr(0, x), &l) ||
+            !absl::SimpleAtoi(text.substr(x + 1), &d)) {
+          return Err(ip, absl::StrCat("expected LxD such as 4x96 or {layers, d_model}, got \"", text, "\""));
+        }
+        e->set_layers(l);
+        e->set_d_model(d);
+        continue;
+      }
+      RETURN_IF_ERROR(Fields(j[i], ip, {
+          {"layers", IntField([e](int64_t x) { e->set_layers(x); })},
+          {"d_model", IntField([e](int64_t x) { e->set_d_model(x); })},
+          {"vocab", IntField([e](int64_t x) { e->set_vocab(x); })},
+          {"heads", IntField([e](int64_t x) { e->set_heads(x); })},
+          {"kv_heads", IntField([e](int64_t x) { e->set_kv_heads(x); })},
+      }));
+    }
+    return absl::OkStatus();
+  };
   return Fields(j, path, {
       {"suite", StringField([s](const std::string& v) { s->set_suite(v); })},
       {"solver", [s](const json& j, const std::string& p) {
@@ -148,33 +199,9 @@ absl::Status Shapes(const json& j, const std::string& path, v1::ShapeSpec* s) {
              {"kv_heads", IntField([v](int64_t x) { v->set_kv_heads(x); })},
          });
        }},
-      {"explicit", [s](const json& j, const std::string& p) -> absl::Status {
-         RETURN_IF_ERROR(List(j, p));
-         for (size_t i = 0; i < j.size(); ++i) {
-           auto* e = s->add_explicit_shapes();
-           std::string ip = absl::StrCat(p, "[", i, "]");
-           if (j[i].is_string()) {  // "LxD"
-             std::string text = j[i].get<std::string>();
-             size_t x = text.find('x');
-             int64_t l = 0, d = 0;
-             if (x == std::string::npos || !absl::SimpleAtoi(text.substr(0, x), &l) ||
-                 !absl::SimpleAtoi(text.substr(x + 1), &d)) {
-               return Err(ip, absl::StrCat("expected LxD such as 4x96 or {layers, d_model}, got \"", text, "\""));
-             }
-             e->set_layers(l);
-             e->set_d_model(d);
-             continue;
-           }
-           RETURN_IF_ERROR(Fields(j[i], ip, {
-               {"layers", IntField([e](int64_t x) { e->set_layers(x); })},
-               {"d_model", IntField([e](int64_t x) { e->set_d_model(x); })},
-               {"vocab", IntField([e](int64_t x) { e->set_vocab(x); })},
-               {"heads", IntField([e](int64_t x) { e->set_heads(x); })},
-               {"kv_heads", IntField([e](int64_t x) { e->set_kv_heads(x); })},
-           }));
-         }
-         return absl::OkStatus();
-       }},
+      // `explicit_shapes` is the proto's name (the one scheduler errors use).
+      {"explicit", explicit_shapes},
+      {"explicit_shapes", explicit_shapes},
   });
 }
 
@@ -233,8 +260,13 @@ absl::StatusOr<json> YamlToJson(const YAML::Node& node, const std::string& path)
     case YAML::NodeType::Map: {
       json obj = json::object();
       for (auto it = node.begin(); it != node.end(); ++it) {
-        std::string key = it->first.as<std::string>();
-        ASSIGN_OR_RETURN(json v, YamlToJson(it->second, absl::StrCat(path, ".", key)));
+        if (!it->first.IsScalar()) {
+          return Err(path, "keys must be plain strings, not lists, mappings or null");
+        }
+        std::string key = it->first.Scalar();
+        std::string field = absl::StrCat(path, ".", key);
+        if (obj.contains(key)) return Err(field, "duplicate key");
+        ASSIGN_OR_RETURN(json v, YamlToJson(it->second, field));
         obj[key] = std::move(v);
       }
       return obj;
@@ -242,6 +274,76 @@ absl::StatusOr<json> YamlToJson(const YAML::Node& node, const std::string& path)
   }
   return json(nullptr);
 }
+
+// Finds the first key repeated within one JSON object, which json::parse
+// would resolve silently (the last one wins).
+class DuplicateKeyFinder final : public nlohmann::json_sax<json> {
+ public:
+  bool null() override { return Value(); }
+  bool boolean(bool) override { return Value(); }
+  bool number_integer(number_integer_t) override { return Value(); }
+  bool number_unsigned(number_unsigned_t) override { return Value(); }
+  bool number_float(number_float_t, const string_t&) override { return Value(); }
+  bool string(string_t&) override { return Value(); }
+  bool binary(binary_t&) override { return Value(); }
+  bool start_object(std::size_t) override {
+    frames_.push_back({true, {}, "", 0});
+    return true;
+  }
+  bool key(string_t& key) override {
+    Frame& frame = frames_.back();
+    if (!frame.keys.insert(key).second) {
+      duplicate_ = absl::StrCat(ContainerPath(), ".", key);
+      return false;  // stops the parse
+    }
+    frame.key = key;
+    return true;
+  }
+  bool end_object() override {
+    frames_.pop_back();
+    return Value();
+  }
+  bool start_array(std::size_t) override {
+    frames_.push_back({false, {}, "", 0});
+    return true;
+  }
+  bool end_array() override {
+    frames_.pop_back();
+    return Value();
+  }
+  bool parse_error(std::size_t, const std::string&,
+                   const nlohmann::detail::exception&) override {
+    return false;
+  }
+
+  // "spec.<path>" of the first repeated key; empty when there is none.
+  const std::string& duplicate() const { return duplicate_; }
+
+ private:
+  struct Frame {
+    bool object;
+    std::set<std::string> keys;  // objects: keys seen so far
+    std::string key;             // objects: the key being read
+    size_t index;                // arrays: the element being read
+  };
+  // A value ended; in an array the next element begins.
+  bool Value() {
+    if (!frames_.empty() && !frames_.back().object) ++frames_.back().index;
+    return true;
+  }
+  // The path of the innermost open container.
+  std::string ContainerPath() const {
+    std::string path = "spec";
+    for (size_t i = 0; i + 1 < frames_.size(); ++i) {
+      path += frames_[i].object ? absl::StrCat(".", frames_[i].key)
+                                : absl::StrCat("[", frames_[i].index, "]");
+    }
+    return path;
+  }
+
+  std::vector<Frame> frames_;
+  std::string duplicate_;
+};
 
 }  // namespace
 
@@ -264,11 +366,22 @@ absl::StatusOr<v1::SweepSpec> SpecFromJson(const json& root) {
       {"lr_grids", [s](const json& j, const std::string& p) -> absl::Status {
          RETURN_IF_ERROR(Object(j, p));
          for (auto it = j.begin(); it != j.end(); ++it) {
+           // A plain list, or {lrs: [...]} as in the proto (whose path the
+           // scheduler's errors use).
            std::string ap = absl::StrCat(p, "[\"", it.key(), "\"]");
-           RETURN_IF_ERROR(List(it.value(), ap));
+           const json* lrs = &it.value();
+           if (lrs->is_object()) {
+             RETURN_IF_ERROR(Fields(*lrs, ap, {{"lrs", [](const json&, const std::string&) {
+                                                  return absl::OkStatus();
+                                                }}}));
+             if (!lrs->contains("lrs")) return Err(ap + ".lrs", "required");
+             lrs = &(*lrs)["lrs"];
+             ap += ".lrs";
+           }
+           RETURN_IF_ERROR(List(*lrs, ap));
            auto& grid = (*s->mutable_lr_grids())[it.key()];
-           for (size_t i = 0; i < it.value().size(); ++i) {
-             ASSIGN_OR_RETURN(double lr, Double(it.value()[i], absl::StrCat(ap, "[", i, "]")));
+           for (size_t i = 0; i < lrs->size(); ++i) {
+             ASSIGN_OR_RETURN(double lr, Double((*lrs)[i], absl::StrCat(ap, "[", i, "]")));
              grid.add_lrs(lr);
            }
          }
@@ -288,7 +401,7 @@ absl::StatusOr<v1::SweepSpec> SpecFromJson(const json& root) {
       {"retry", [s](const json& j, const std::string& p) {
          auto* r = s->mutable_retry();
          return Fields(j, p, {
-             {"max_attempts", IntField([r](int64_t v) { r->set_max_attempts(static_cast<int32_t>(v)); })},
+             {"max_attempts", Int32Field([r](int32_t v) { r->set_max_attempts(v); })},
              {"initial_backoff_ms", IntField([r](int64_t v) { r->set_initial_backoff_ms(v); })},
              {"backoff_multiplier", DoubleField([r](double v) { r->set_backoff_multiplier(v); })},
              {"max_backoff_ms", IntField([r](int64_t v) { r->set_max_backoff_ms(v); })},
@@ -316,7 +429,7 @@ absl::StatusOr<v1::SweepSpec> SpecFromJson(const json& root) {
       {"resources", [s](const json& j, const std::string& p) {
          auto* r = s->mutable_resources();
          return Fields(j, p, {
-             {"devices", IntField([r](int64_t v) { r->set_devices(static_cast<int32_t>(v)); })},
+             {"devices", Int32Field([r](int32_t v) { r->set_devices(v); })},
              {"memory_mb", IntField([r](int64_t v) { r->set_memory_mb(v); })},
              {"labels", [r](const json& j, const std::string& p) {
                 return StringMap(j, p, r->mutable_labels());
@@ -328,8 +441,15 @@ absl::StatusOr<v1::SweepSpec> SpecFromJson(const json& root) {
 }
 
 absl::StatusOr<v1::SweepSpec> ParseSpecJson(const std::string& text) {
-  json root = json::parse(text, nullptr, false);
-  if (root.is_discarded()) return absl::InvalidArgumentError("spec: not valid JSON");
+  json root;
+  try {
+    root = json::parse(text);
+  } catch (const json::parse_error& e) {
+    return absl::InvalidArgumentError(absl::StrCat("spec: not valid JSON: ", e.what()));
+  }
+  DuplicateKeyFinder duplicates;
+  json::sax_parse(text, &duplicates);
+  if (!duplicates.duplicate().empty()) return Err(duplicates.duplicate(), "duplicate key");
   return SpecFromJson(root);
 }
 

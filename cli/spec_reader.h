@@ -1,8 +1,12 @@
 // Reads a sweep spec from YAML or JSON into depthbench.v1.SweepSpec. Both
 // formats go through one JSON tree, so errors read the same: the field path
-// as `spec.<path>: <problem>` (unknown keys, wrong types). Semantic checks
-// (architecture names, shapes, ranges) are the scheduler's, with the same
-// path style (scheduler/sweep_expander.h).
+// as `spec.<path>: <problem>` (unknown or repeated keys, wrong types,
+// integers out of range). Semantic checks (architecture names, shapes,
+// ranges) are the scheduler's, with the same path style
+// (scheduler/sweep_expander.h), which follows the proto's field names; the
+// reader accepts those names too: `shapes.explicit_shapes` beside the
+// shorter `shapes.explicit`, and an `lr_grids` entry as `{lrs: [...]}`
+// beside a plain list.
 //
 // Thread safety: pure functions.
 #ifndef DEPTHBENCH_CLI_SPEC_READER_H_

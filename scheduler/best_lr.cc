@@ -11,13 +11,13 @@ bool IsTerminalState(const std::string& state) {
          state == "cancelled";
 }
 
-GroupSelection SelectBest(const std::vector<storage::JobRecord>& jobs) {
+GroupSelection SelectBest(const std::vector<storage::GroupMember>& jobs) {
   GroupSelection out;
   out.complete = !jobs.empty();
   std::map<double, LrSummary> by_lr;
   std::map<double, double> sums;
   std::map<double, std::pair<double, int64_t>> best_run;  // lr -> (loss, job)
-  for (const storage::JobRecord& job : jobs) {
+  for (const storage::GroupMember& job : jobs) {
     LrSummary& s = by_lr[job.lr];
     s.lr = job.lr;
     if (!IsTerminalState(job.state)) out.complete = false;

@@ -35,7 +35,7 @@ struct GroupSelection {
 
 bool IsTerminalState(const std::string& state);
 
-GroupSelection SelectBest(const std::vector<storage::JobRecord>& jobs);
+GroupSelection SelectBest(const std::vector<storage::GroupMember>& jobs);
 
 // lrs as JSON: [{"lr":..,"val_loss":..|null,"diverged":bool,"succeeded":n,
 // "diverged_runs":n,"failed_runs":n}, ...]

@@ -75,6 +75,7 @@ v1::Job JobProto(const JobRecord& r, const std::string& sweep_name) {
 }
 
 bool LabelsMatch(const std::string& required_json, const std::string& worker_json) {
+  if (required_json == "{}") return true;  // the common case: no requirements
   nlohmann::json required = nlohmann::json::parse(required_json, nullptr, false);
   if (!required.is_object() || required.empty()) return true;
   nlohmann::json have = nlohmann::json::parse(worker_json, nullptr, false);
@@ -90,6 +91,10 @@ std::string LabelsJson(const google::protobuf::Map<std::string, std::string>& la
   for (const auto& [k, v] : labels) j[k] = v;
   return j.dump();
 }
+
+// AcquireJob looks at no more than this many runnable pending jobs (oldest
+// first) for one whose label requirements the worker meets.
+constexpr int64_t kAcquireScanLimit = 1024;
 
 SchedulerObserver* NoopObserver() {
   static SchedulerObserver* const kNoop = new SchedulerObserver();
@@ -675,41 +680,43 @@ absl::StatusOr<v1::AcquireJobResponse> Scheduler::AcquireJob(const v1::AcquireJo
   out.set_lease_ttl_ms(options_.lease_ttl_ms);
   if (leases_.CountForWorker(worker.id) >= worker.slots) return out;
   int64_t now_wall = clock_->NowWallMs();
-  ASSIGN_OR_RETURN(std::vector<JobRecord> candidates,
-                   jobs_.FindRunnable(now_wall, worker.devices, worker.memory_mb, 16));
-  for (JobRecord& job : candidates) {
-    if (!LabelsMatch(job.req_labels, worker.labels_json)) continue;
-    ASSIGN_OR_RETURN(int64_t previous, jobs_.CountAttempts(job.id));
-    ASSIGN_OR_RETURN(TimedTransaction txn, BeginTransaction("acquire_job"));
-    AttemptRecord attempt;
-    attempt.job_id = job.id;
-    attempt.number = previous + 1;
-    attempt.worker_id = worker.id;
-    attempt.start_ms = now_wall;
-    ASSIGN_OR_RETURN(attempt.id, jobs_.InsertAttempt(attempt));
-    job.state = "leased";
-    job.attempts_used++;
-    job.current_attempt_id = attempt.id;
-    job.worker_id = worker.id;
-    job.updated_ms = now_wall;
-    RETURN_IF_ERROR(jobs_.Update(job));
-    RETURN_IF_ERROR(txn.Commit());
-    leases_.Grant(job.id, attempt.id, worker.id, clock_->NowMonotonicMs());
-    counters_.leases_granted++;
-    observer_->OnLeaseGranted();
-    ASSIGN_OR_RETURN(const v1::SweepSpec* spec, SpecFor(job.sweep_id));
-    out.set_has_job(true);
-    out.set_job_id(job.id);
-    out.set_attempt_id(attempt.id);
-    out.set_kind(job.kind == "diagnose" ? v1::DIAGNOSE : v1::TRAIN);
-    out.set_config_json(job.config_json);
-    out.set_checkpoint_dir(job.checkpoint_dir);
-    out.set_resume(previous > 0);
-    out.set_attempt_number(static_cast<int32_t>(attempt.number));
-    out.set_sweep_name(spec->name());
-    Bump();
-    return out;
-  }
+  ASSIGN_OR_RETURN(std::optional<int64_t> runnable,
+                   jobs_.FindRunnable(now_wall, worker.devices, worker.memory_mb,
+                                      [&worker](const std::string& required) {
+                                        return LabelsMatch(required, worker.labels_json);
+                                      },
+                                      kAcquireScanLimit));
+  if (!runnable) return out;
+  ASSIGN_OR_RETURN(JobRecord job, jobs_.Get(*runnable));
+  ASSIGN_OR_RETURN(int64_t previous, jobs_.CountAttempts(job.id));
+  ASSIGN_OR_RETURN(TimedTransaction txn, BeginTransaction("acquire_job"));
+  AttemptRecord attempt;
+  attempt.job_id = job.id;
+  attempt.number = previous + 1;
+  attempt.worker_id = worker.id;
+  attempt.start_ms = now_wall;
+  ASSIGN_OR_RETURN(attempt.id, jobs_.InsertAttempt(attempt));
+  job.state = "leased";
+  job.attempts_used++;
+  job.current_attempt_id = attempt.id;
+  job.worker_id = worker.id;
+  job.updated_ms = now_wall;
+  RETURN_IF_ERROR(jobs_.Update(job));
+  RETURN_IF_ERROR(txn.Commit());
+  leases_.Grant(job.id, attempt.id, worker.id, clock_->NowMonotonicMs());
+  counters_.leases_granted++;
+  observer_->OnLeaseGranted();
+  ASSIGN_OR_RETURN(const v1::SweepSpec* spec, SpecFor(job.sweep_id));
+  out.set_has_job(true);
+  out.set_job_id(job.id);
+  out.set_attempt_id(attempt.id);
+  out.set_kind(job.kind == "diagnose" ? v1::DIAGNOSE : v1::TRAIN);
+  out.set_config_json(job.config_json);
+  out.set_checkpoint_dir(job.checkpoint_dir);
+  out.set_resume(previous > 0);
+  out.set_attempt_number(static_cast<int32_t>(attempt.number));
+  out.set_sweep_name(spec->name());
+  Bump();
   return out;
 }
 
@@ -898,7 +905,7 @@ absl::Status Scheduler::RecordDiagnostics(const JobRecord& job,
 }
 
 absl::Status Scheduler::UpdateGroup(const JobRecord& changed) {
-  ASSIGN_OR_RETURN(std::vector<JobRecord> group,
+  ASSIGN_OR_RETURN(std::vector<storage::GroupMember> group,
                    jobs_.ListGroup(changed.sweep_id, changed.arch, changed.layers, changed.d_model));
   GroupSelection selection = SelectBest(group);
   ASSIGN_OR_RETURN(std::optional<storage::ResultRecord> existing,
@@ -918,31 +925,25 @@ absl::Status Scheduler::UpdateGroup(const JobRecord& changed) {
   if (row.best_job_id != best_job) row.diagnostics_json = "{}";
   row.best_job_id = best_job;
   RETURN_IF_ERROR(results_.Upsert(row));
-  for (JobRecord job : group) {
-    bool best = job.id == best_job;
-    if (job.is_best != best) {
-      job.is_best = best;
-      RETURN_IF_ERROR(jobs_.Update(job));
-    }
+  for (const storage::GroupMember& member : group) {
+    bool best = member.id == best_job;
+    if (member.is_best != best) RETURN_IF_ERROR(jobs_.SetBest(member.id, best));
   }
   if (best_job == 0) return absl::OkStatus();
   ASSIGN_OR_RETURN(const v1::SweepSpec* spec, SpecFor(changed.sweep_id));
   if (spec->diagnostics().kinds_size() == 0) return absl::OkStatus();
   ASSIGN_OR_RETURN(std::optional<storage::SweepRecord> sweep, sweeps_.Get(changed.sweep_id));
   if (!sweep || sweep->cancelled) return absl::OkStatus();
-  ASSIGN_OR_RETURN(std::vector<JobRecord> children, jobs_.ListChildren(best_job));
-  if (!children.empty()) return absl::OkStatus();
-  const JobRecord* best = nullptr;
-  for (const JobRecord& job : group) {
-    if (job.id == best_job) best = &job;
-  }
+  ASSIGN_OR_RETURN(bool queued, jobs_.HasChildren(best_job));
+  if (queued) return absl::OkStatus();
+  ASSIGN_OR_RETURN(JobRecord best, jobs_.Get(best_job));
   std::vector<std::string> kinds(spec->diagnostics().kinds().begin(),
                                  spec->diagnostics().kinds().end());
-  JobRecord diag = *best;
+  JobRecord diag = best;
   diag.id = 0;
   diag.kind = "diagnose";
   diag.state = "pending";
-  diag.config_json = DiagnoseConfigJson(best->config_json, best->checkpoint_dir, kinds);
+  diag.config_json = DiagnoseConfigJson(best.config_json, best.checkpoint_dir, kinds);
   diag.attempts_used = 0;
   diag.max_attempts = RetryFromSpec(spec->retry()).max_attempts;
   diag.current_attempt_id = 0;
@@ -952,7 +953,7 @@ absl::Status Scheduler::UpdateGroup(const JobRecord& changed) {
   diag.final_step = 0;
   diag.reason.clear();
   diag.is_best = false;
-  diag.parent_job_id = best->id;
+  diag.parent_job_id = best.id;
   diag.created_ms = diag.updated_ms = clock_->NowWallMs();
   ASSIGN_OR_RETURN(diag.id, jobs_.Insert(diag));
   diag.checkpoint_dir = absl::StrCat(sweep->name, "/", diag.id);

@@ -2,12 +2,17 @@
 
 #include <cmath>
 #include <set>
+#include <vector>
+
+#include <google/protobuf/descriptor.h>
+#include <google/protobuf/message.h>
 
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "trainer_core/arch.h"
+#include "trainer_core/train_config.h"
 
 namespace depthbench::scheduler {
 namespace {
@@ -24,6 +29,25 @@ absl::Status Field(const std::string& path, const std::string& message) {
 absl::Status Prefixed(const std::string& path, const absl::Status& status) {
   return absl::InvalidArgumentError(
       absl::StrCat("spec.", path, ".", std::string(status.message())));
+}
+
+// Maps the trainer's error for a job config ("config.<key>: ...") to the
+// spec: "spec.training.<key>: ..." for a training setting, else the message
+// with the grid point it came from.
+absl::Status TrainerRefused(const absl::Status& status, const std::string& arch,
+                            const ModelShape& shape, double lr, int64_t seed) {
+  const std::string message(status.message());
+  const std::string prefix = "config.";
+  if (message.compare(0, prefix.size(), prefix) == 0) {
+    std::string rest = message.substr(prefix.size());
+    std::string key = rest.substr(0, rest.find_first_of(":.["));
+    if (TrainingSettings::descriptor()->FindFieldByName(key) != nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("spec.training.", rest));
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "spec: the trainer refuses the config of ", arch, " ", shape.layers, "x",
+      shape.d_model, " lr ", lr, " seed ", seed, ": ", message));
 }
 
 bool ValidName(const std::string& name) {
@@ -78,6 +102,44 @@ absl::Status ValidateTraining(const TrainingSettings& t) {
   }
   RETURN_IF_ERROR(Positive(t.has_log_interval(), t.log_interval(), "training.log_interval"));
   return absl::OkStatus();
+}
+
+nlohmann::json TrainConfigObject(const TrainingSettings& t, const std::string& arch,
+                                 const ModelShape& shape, double lr, int64_t seed) {
+  nlohmann::json j;
+  j["arch"] = arch;
+  j["layers"] = shape.layers;
+  j["d_model"] = shape.d_model;
+  j["d_ff"] = shape.d_ff;
+  j["heads"] = shape.heads;
+  j["kv_heads"] = shape.kv_heads;
+  j["vocab"] = shape.vocab;
+  j["lr"] = lr;
+  j["seed"] = seed;
+  // Every setting the spec sets, under its field name: TrainingSettings
+  // names its fields after the trainer's config keys, and
+  // TrainConfigFromJson (run on every job by ExpandSweep) refuses any key it
+  // does not know. Unset settings stay unset: the trainer's defaults apply.
+  const google::protobuf::Reflection* reflection = t.GetReflection();
+  std::vector<const google::protobuf::FieldDescriptor*> fields;
+  reflection->ListFields(t, &fields);
+  for (const google::protobuf::FieldDescriptor* field : fields) {
+    switch (field->cpp_type()) {
+      case google::protobuf::FieldDescriptor::CPPTYPE_INT64:
+        j[field->name()] = reflection->GetInt64(t, field);
+        break;
+      case google::protobuf::FieldDescriptor::CPPTYPE_DOUBLE:
+        j[field->name()] = reflection->GetDouble(t, field);
+        break;
+      case google::protobuf::FieldDescriptor::CPPTYPE_STRING:
+        j[field->name()] = reflection->GetString(t, field);
+        break;
+      default:  // TrainingSettings holds only the types above
+        j[field->name()] = nullptr;  // and TrainConfigFromJson refuses this
+        break;
+    }
+  }
+  return j;
 }
 
 }  // namespace
@@ -244,8 +306,14 @@ absl::StatusOr<ExpandedSweep> ExpandSweep(const SweepSpec& spec) {
       out.groups.push_back(group);
       for (double lr : lrs) {
         for (int64_t seed : seeds) {
-          out.jobs.push_back({arch_name, shape, lr, seed,
-                              TrainConfigJson(spec.training(), arch_name, shape, lr, seed)});
+          nlohmann::json config = TrainConfigObject(spec.training(), arch_name, shape, lr, seed);
+          // The trainer's own parser and checks: a setting it would refuse
+          // fails the submission, not the job.
+          absl::StatusOr<TrainConfig> parsed = TrainConfigFromJson(config);
+          if (!parsed.ok()) {
+            return TrainerRefused(parsed.status(), arch_name, shape, lr, seed);
+          }
+          out.jobs.push_back({arch_name, shape, lr, seed, config.dump()});
         }
       }
     }
@@ -255,35 +323,7 @@ absl::StatusOr<ExpandedSweep> ExpandSweep(const SweepSpec& spec) {
 
 std::string TrainConfigJson(const TrainingSettings& t, const std::string& arch,
                             const ModelShape& shape, double lr, int64_t seed) {
-  nlohmann::json j;
-  j["arch"] = arch;
-  j["layers"] = shape.layers;
-  j["d_model"] = shape.d_model;
-  j["d_ff"] = shape.d_ff;
-  j["heads"] = shape.heads;
-  j["kv_heads"] = shape.kv_heads;
-  j["vocab"] = shape.vocab;
-  j["lr"] = lr;
-  j["seed"] = seed;
-  if (t.has_data()) j["data"] = t.data();
-  if (t.has_seq_len()) j["seq_len"] = t.seq_len();
-  if (t.has_batch()) j["batch"] = t.batch();
-  if (t.has_steps()) j["steps"] = t.steps();
-  if (t.has_tokens()) j["tokens"] = t.tokens();
-  if (t.has_tokens_per_param()) j["tokens_per_param"] = t.tokens_per_param();
-  if (t.has_eval_interval()) j["eval_interval"] = t.eval_interval();
-  if (t.has_eval_batches()) j["eval_batches"] = t.eval_batches();
-  if (t.has_checkpoint_interval()) j["checkpoint_interval"] = t.checkpoint_interval();
-  if (t.has_threads()) j["threads"] = t.threads();
-  if (t.has_warmup_frac()) j["warmup_frac"] = t.warmup_frac();
-  if (t.has_min_lr_frac()) j["min_lr_frac"] = t.min_lr_frac();
-  if (t.has_weight_decay()) j["weight_decay"] = t.weight_decay();
-  if (t.has_grad_clip()) j["grad_clip"] = t.grad_clip();
-  if (t.has_explode_threshold()) j["explode_threshold"] = t.explode_threshold();
-  if (t.has_hc_streams()) j["hc_streams"] = t.hc_streams();
-  if (t.has_hc_form()) j["hc_form"] = t.hc_form();
-  if (t.has_log_interval()) j["log_interval"] = t.log_interval();
-  return j.dump();
+  return TrainConfigObject(t, arch, shape, lr, seed).dump();
 }
 
 std::string DiagnoseConfigJson(const std::string& train_config_json,

@@ -1,8 +1,11 @@
 // Validates a SweepSpec and expands it into the job grid
 //   architectures x shapes x lr_grid(arch) x seeds
-// with one train-config JSON per job (keys of trainer_core/README.md).
+// with one train-config JSON per job (keys of trainer_core/README.md), each
+// checked with the trainer's own parser (trainer_core/train_config.h), so a
+// setting the trainer would refuse fails here rather than in the job.
 // Errors are InvalidArgument naming the field as `spec.<path>: ...`, e.g.
-// `spec.architectures[2]: unknown architecture "hcc" (valid: ...)`.
+// `spec.architectures[2]: unknown architecture "hcc" (valid: ...)` or
+// `spec.training.grad_clip: must be positive, got 0`.
 //
 // Thread safety: pure functions.
 #ifndef DEPTHBENCH_SCHEDULER_SWEEP_EXPANDER_H_
@@ -60,7 +63,10 @@ absl::StatusOr<ExpandedSweep> ExpandSweep(const depthbench::v1::SweepSpec& spec)
 absl::StatusOr<std::vector<ModelShape>> SpecShapes(
     const depthbench::v1::SweepSpec& spec);
 
-// Train-config JSON for one point of the grid.
+// Train-config JSON for one point of the grid: the grid point plus every
+// setting `training` sets (TrainingSettings' field names are the trainer's
+// keys); unset settings are left to the trainer's defaults. Not validated
+// (ExpandSweep validates).
 std::string TrainConfigJson(const depthbench::v1::TrainingSettings& training,
                             const std::string& arch, const ModelShape& shape,
                             double lr, int64_t seed);

@@ -16,7 +16,7 @@ packages=(
   build-essential cmake ninja-build pkg-config git ca-certificates
   libtorch-dev libopenblas0-openmp libgloo-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libsqlite3-dev sqlite3
+  libsqlite3-dev sqlite3 openssl
   libboost-dev libgtest-dev libgmock-dev libbenchmark-dev libabsl-dev
   nlohmann-json3-dev libcli11-dev libspdlog-dev libyaml-cpp-dev
   prometheus gnuplot-nox shellcheck systemd

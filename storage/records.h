@@ -50,6 +50,16 @@ struct JobRecord {
   int64_t updated_ms = 0;
 };
 
+// The columns of a train job that best-LR selection reads (one row of
+// JobStore::ListGroup); cheaper than a JobRecord, which carries the config.
+struct GroupMember {
+  int64_t id = 0;
+  std::string state;
+  double lr = 0;
+  std::optional<double> val_loss;
+  bool is_best = false;
+};
+
 struct AttemptRecord {
   int64_t id = 0;
   int64_t job_id = 0;

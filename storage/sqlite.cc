@@ -140,10 +140,17 @@ absl::StatusOr<std::unique_ptr<Database>> Database::Open(const std::string& path
   }
   std::unique_ptr<Database> db(new Database(raw, path));
   sqlite3_busy_timeout(raw, 5000);
+  // wal_autocheckpoint: a checkpoint (two fsyncs, ~5 ms here, inside
+  // whichever commit crosses the threshold, so under the scheduler's mutex)
+  // every 4,000 WAL pages rather than SQLite's 1,000: a quarter of the
+  // stalls for a WAL of up to 16 MB. 4,000 frames still fit the WAL index's
+  // first hash table (4,062), so page lookups cost the same; commits are as
+  // durable as before (synchronous=NORMAL: on disk at the next checkpoint,
+  // in the page cache, so surviving kill -9, at once).
   RETURN_IF_ERROR(db->Exec(
       "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; "
       "PRAGMA foreign_keys=ON; PRAGMA temp_store=MEMORY; "
-      "PRAGMA locking_mode=EXCLUSIVE;"));
+      "PRAGMA locking_mode=EXCLUSIVE; PRAGMA wal_autocheckpoint=4000;"));
   return db;
 }
 

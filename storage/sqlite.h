@@ -1,5 +1,6 @@
 // RAII over the sqlite3 C API: a Database connection (WAL, busy timeout,
-// synchronous=NORMAL, foreign keys), cached prepared statements borrowed as
+// synchronous=NORMAL, foreign keys, exclusive locking, a checkpoint every
+// 4,000 WAL pages), cached prepared statements borrowed as
 // Query objects, and Transaction (BEGIN IMMEDIATE, rollback unless
 // committed). SQLite result codes become absl::Status here and nowhere else.
 //

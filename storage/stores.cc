@@ -191,6 +191,13 @@ absl::Status JobStore::Update(const JobRecord& job) {
   return absl::OkStatus();
 }
 
+absl::Status JobStore::SetBest(int64_t id, bool is_best) {
+  ASSIGN_OR_RETURN(Query q, db_->Prepare("UPDATE jobs SET is_best = ? WHERE id = ?"));
+  RETURN_IF_ERROR(q.Bind(1, static_cast<int64_t>(is_best)).Bind(2, id).Run());
+  if (db_->Changes() != 1) return absl::NotFoundError(absl::StrCat("job ", id, " not found"));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<JobRecord>> JobStore::ReadJobs(Query& q) {
   std::vector<JobRecord> out;
   while (true) {
@@ -201,14 +208,20 @@ absl::StatusOr<std::vector<JobRecord>> JobStore::ReadJobs(Query& q) {
   return out;
 }
 
-absl::StatusOr<std::vector<JobRecord>> JobStore::FindRunnable(
-    int64_t now_wall_ms, int64_t devices, int64_t memory_mb, int64_t limit) {
-  ASSIGN_OR_RETURN(Query q, db_->Prepare(absl::StrCat(
-      "SELECT ", kJobColumns, " FROM jobs WHERE state = 'pending' AND "
+absl::StatusOr<std::optional<int64_t>> JobStore::FindRunnable(
+    int64_t now_wall_ms, int64_t devices, int64_t memory_mb,
+    const std::function<bool(const std::string& req_labels)>& accept,
+    int64_t scan_limit) {
+  ASSIGN_OR_RETURN(Query q, db_->Prepare(
+      "SELECT id, req_labels FROM jobs WHERE state = 'pending' AND "
       "not_before_ms <= ? AND req_devices <= ? AND req_memory_mb <= ? "
-      "ORDER BY id LIMIT ?")));
-  q.Bind(1, now_wall_ms).Bind(2, devices).Bind(3, memory_mb).Bind(4, limit);
-  return ReadJobs(q);
+      "ORDER BY id LIMIT ?"));
+  q.Bind(1, now_wall_ms).Bind(2, devices).Bind(3, memory_mb).Bind(4, scan_limit);
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, q.Step());
+    if (!row) return std::optional<int64_t>();
+    if (accept(q.ColumnText(1))) return std::optional<int64_t>(q.ColumnInt(0));
+  }
 }
 
 absl::StatusOr<std::vector<JobRecord>> JobStore::List(const JobFilter& f) {
@@ -240,20 +253,32 @@ absl::StatusOr<std::vector<JobRecord>> JobStore::ListBySweep(int64_t sweep_id) {
   return ReadJobs(q);
 }
 
-absl::StatusOr<std::vector<JobRecord>> JobStore::ListGroup(
+absl::StatusOr<std::vector<GroupMember>> JobStore::ListGroup(
     int64_t sweep_id, const std::string& arch, int64_t layers, int64_t d_model) {
-  ASSIGN_OR_RETURN(Query q, db_->Prepare(absl::StrCat(
-      "SELECT ", kJobColumns, " FROM jobs WHERE sweep_id = ? AND kind = 'train' "
-      "AND arch = ? AND layers = ? AND d_model = ? ORDER BY id")));
+  ASSIGN_OR_RETURN(Query q, db_->Prepare(
+      "SELECT id, state, lr, val_loss, is_best FROM jobs WHERE sweep_id = ? AND "
+      "kind = 'train' AND arch = ? AND layers = ? AND d_model = ? ORDER BY id"));
   q.Bind(1, sweep_id).Bind(2, arch).Bind(3, layers).Bind(4, d_model);
-  return ReadJobs(q);
+  std::vector<GroupMember> out;
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, q.Step());
+    if (!row) break;
+    GroupMember m;
+    m.id = q.ColumnInt(0);
+    m.state = q.ColumnText(1);
+    m.lr = q.ColumnDouble(2);
+    if (!q.ColumnIsNull(3)) m.val_loss = q.ColumnDouble(3);
+    m.is_best = q.ColumnInt(4) != 0;
+    out.push_back(std::move(m));
+  }
+  return out;
 }
 
-absl::StatusOr<std::vector<JobRecord>> JobStore::ListChildren(int64_t parent_job_id) {
-  ASSIGN_OR_RETURN(Query q, db_->Prepare(absl::StrCat(
-      "SELECT ", kJobColumns, " FROM jobs WHERE parent_job_id = ? ORDER BY id")));
+absl::StatusOr<bool> JobStore::HasChildren(int64_t parent_job_id) {
+  ASSIGN_OR_RETURN(Query q, db_->Prepare(
+      "SELECT 1 FROM jobs WHERE parent_job_id = ? LIMIT 1"));
   q.Bind(1, parent_job_id);
-  return ReadJobs(q);
+  return q.Step();
 }
 
 absl::StatusOr<std::map<std::string, int64_t>> JobStore::CountByState(
@@ -424,9 +449,16 @@ absl::StatusOr<int64_t> MetricStore::Count(int64_t job_id, int64_t attempt_id) {
 // --- ResultStore ------------------------------------------------------------
 
 absl::Status ResultStore::Upsert(const ResultRecord& r) {
+  // An in-place UPDATE on conflict, not INSERT OR REPLACE (a delete and a
+  // re-insert of the row and its primary-key index entry on every finish).
   ASSIGN_OR_RETURN(Query q, db_->Prepare(absl::StrCat(
-      "INSERT OR REPLACE INTO results(", kResultColumns,
-      ") VALUES (?,?,?,?,?,?,?,?,?,?,?,?)")));
+      "INSERT INTO results(", kResultColumns,
+      ") VALUES (?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT(sweep_id, arch, layers, "
+      "d_model) DO UPDATE SET aspect_ratio = excluded.aspect_ratio, "
+      "params = excluded.params, best_lr = excluded.best_lr, "
+      "best_val_loss = excluded.best_val_loss, best_job_id = excluded.best_job_id, "
+      "lrs_json = excluded.lrs_json, complete = excluded.complete, "
+      "diagnostics_json = excluded.diagnostics_json")));
   return q.Bind(1, r.sweep_id).Bind(2, r.arch).Bind(3, r.layers)
       .Bind(4, r.d_model).Bind(5, r.aspect_ratio).Bind(6, r.params)
       .Bind(7, r.best_lr).Bind(8, r.best_val_loss).Bind(9, r.best_job_id)

@@ -9,6 +9,7 @@
 #define DEPTHBENCH_STORAGE_STORES_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -57,22 +58,28 @@ class JobStore {
   absl::StatusOr<JobRecord> Get(int64_t id);
   // Writes every mutable column of `job` (matched by id).
   absl::Status Update(const JobRecord& job);
-  // Pending jobs runnable at `now_wall_ms` whose resource needs fit, oldest
-  // first.
-  absl::StatusOr<std::vector<JobRecord>> FindRunnable(int64_t now_wall_ms,
-                                                      int64_t devices,
-                                                      int64_t memory_mb,
-                                                      int64_t limit);
+  // Sets only the is_best flag (NotFound when no such job).
+  absl::Status SetBest(int64_t id, bool is_best);
+  // The id of the oldest pending job runnable at `now_wall_ms` whose
+  // resource needs fit and whose label requirements (a JSON object) `accept`
+  // approves, looking at no more than `scan_limit` runnable jobs; nullopt
+  // when none. Reads only the pending-jobs index (schema v4).
+  absl::StatusOr<std::optional<int64_t>> FindRunnable(
+      int64_t now_wall_ms, int64_t devices, int64_t memory_mb,
+      const std::function<bool(const std::string& req_labels)>& accept,
+      int64_t scan_limit);
   absl::StatusOr<std::vector<JobRecord>> List(const JobFilter& filter);
   absl::StatusOr<std::vector<JobRecord>> ListInStates(
       const std::vector<std::string>& states);
   absl::StatusOr<std::vector<JobRecord>> ListBySweep(int64_t sweep_id);
-  // Train jobs of one (arch, shape) group of a sweep.
-  absl::StatusOr<std::vector<JobRecord>> ListGroup(int64_t sweep_id,
-                                                   const std::string& arch,
-                                                   int64_t layers,
-                                                   int64_t d_model);
-  absl::StatusOr<std::vector<JobRecord>> ListChildren(int64_t parent_job_id);
+  // Train jobs of one (arch, shape) group of a sweep, by id: the columns
+  // best-LR selection needs.
+  absl::StatusOr<std::vector<GroupMember>> ListGroup(int64_t sweep_id,
+                                                     const std::string& arch,
+                                                     int64_t layers,
+                                                     int64_t d_model);
+  // Whether any job names `parent_job_id` as its parent.
+  absl::StatusOr<bool> HasChildren(int64_t parent_job_id);
   // Count of jobs by state for a sweep.
   absl::StatusOr<std::map<std::string, int64_t>> CountByState(int64_t sweep_id);
   // Count of jobs by (sweep name, state) over every sweep, ordered by sweep
@@ -128,6 +135,8 @@ class MetricStore {
 class ResultStore {
  public:
   explicit ResultStore(Database* db) : db_(db) {}
+  // Inserts the row, or updates the existing row of its (sweep, arch,
+  // layers, d_model) in place.
   absl::Status Upsert(const ResultRecord& row);
   absl::StatusOr<std::optional<ResultRecord>> Get(int64_t sweep_id,
                                                   const std::string& arch,

@@ -1,7 +1,7 @@
 // depthbench-worker: runs DepthBench jobs for a depthbench-scheduler.
 //   depthbench-worker --scheduler HOST:PORT --checkpoint-root DIR [--slots N]
 //     [--threads-per-slot N] [--metrics-listen HOST:PORT] [--labels k=v,...]
-//     [--auth-token-file F] [--train-binary PATH] [--name NAME]
+//     [--auth-token-file F] [--tls-ca F] [--train-binary PATH] [--name NAME]
 //     [--grace-ms N] [--poll-ms N]
 // SIGTERM/SIGINT: stop taking jobs, interrupt the children (they checkpoint
 // and exit 4), report them INTERRUPTED, exit 0.
@@ -29,12 +29,17 @@ namespace {
 
 constexpr char kVersion[] = "0.1.0";
 
-bool ReadToken(const std::string& path, std::string* out) {
+bool ReadFile(const std::string& path, std::string* out) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return false;
   std::stringstream ss;
   ss << in.rdbuf();
   *out = ss.str();
+  return true;
+}
+
+bool ReadToken(const std::string& path, std::string* out) {
+  if (!ReadFile(path, out)) return false;
   while (!out->empty() && (out->back() == '\n' || out->back() == '\r' || out->back() == ' ')) {
     out->pop_back();
   }
@@ -46,8 +51,8 @@ bool ReadToken(const std::string& path, std::string* out) {
 int main(int argc, char** argv) {
   using namespace depthbench;
   CLI::App app{"depthbench-worker: runs depthbench-train jobs leased from a depthbench-scheduler"};
-  std::string scheduler, checkpoint_root, metrics_listen, labels_text, token_file, train_binary,
-      name;
+  std::string scheduler, checkpoint_root, metrics_listen, labels_text, token_file, tls_ca,
+      train_binary, name;
   int slots = 0, threads_per_slot = 0;
   int64_t grace_ms = 10000, poll_ms = 500, rpc_timeout_ms = 10000;
   bool verbose = false;
@@ -65,6 +70,11 @@ int main(int argc, char** argv) {
   app.add_option("--labels", labels_text, "worker labels k=v,... (matched by sweep resources)");
   app.add_option("--auth-token-file", token_file,
                  "file holding the scheduler's shared token (sent as a Bearer token)")
+      ->check(CLI::ExistingFile);
+  app.add_option("--tls-ca", tls_ca,
+                 "PEM root certificate(s): connect to the scheduler with TLS, trusting them "
+                 "(for a scheduler started with --tls-cert/--tls-key; the certificate must "
+                 "name the --scheduler host)")
       ->check(CLI::ExistingFile);
   app.add_option("--train-binary", train_binary,
                  "depthbench-train to run (default: next to this binary, the build tree, PATH)");
@@ -127,6 +137,12 @@ int main(int argc, char** argv) {
                    token_file.c_str());
       return 2;
     }
+  }
+  if (!tls_ca.empty() &&
+      (!ReadFile(tls_ca, &client_options.tls_ca_pem) ||
+       client_options.tls_ca_pem.find("-----BEGIN CERTIFICATE-----") == std::string::npos)) {
+    std::fprintf(stderr, "error: --tls-ca: %s holds no PEM certificate\n", tls_ca.c_str());
+    return 2;
   }
 
   // Block the shutdown signals in every thread (children get an empty mask

@@ -1,6 +1,7 @@
-// The worker's side of WorkerService: one channel to the scheduler, a
-// deadline on every call, the bearer token on every call, grpc::Status
-// converted to absl::Status (same codes) at this edge.
+// The worker's side of WorkerService: one channel to the scheduler (TLS when
+// root certificates are given), a deadline on every call, the bearer token
+// on every call, grpc::Status converted to absl::Status (same codes) at
+// this edge.
 //
 // gRPC reconnects the channel by itself after the scheduler restarts; the
 // callers (Worker, MetricRelay) retry UNAVAILABLE / DEADLINE_EXCEEDED with
@@ -29,6 +30,9 @@ struct SchedulerClientOptions {
   std::string address;   // HOST:PORT
   std::string token;     // empty: no authorization metadata
   int64_t rpc_timeout_ms = 10000;
+  // PEM root certificates the scheduler's TLS certificate must chain to;
+  // empty: a plaintext channel.
+  std::string tls_ca_pem;
 };
 
 // True for errors worth retrying with the same request (scheduler down or

@@ -3,8 +3,13 @@
 //   1. AcquireJob + FinishJob with N concurrent simulated workers: leases/s
 //      and p50/p99 latency of each RPC.
 //   2. ReportMetrics ingestion: points/s over S concurrent streams.
+// The scheduler runs with the same metrics observer and RPC interceptor as
+// depthbench-scheduler (which always installs them); --no-metrics leaves
+// them out.
 // Usage: scheduler_bench [--workers 64] [--seconds 5] [--streams 8]
-//                        [--points 400000] [--chunk 1000]
+//                        [--points 400000] [--chunk 1000] [--no-metrics]
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -21,9 +26,12 @@
 #include <grpcpp/grpcpp.h>
 
 #include "common/clock.h"
+#include "common/daemon_metrics.h"
+#include "common/metrics.h"
 #include "depthbench/v1/sweep_service.grpc.pb.h"
 #include "depthbench/v1/worker_service.grpc.pb.h"
 #include "scheduler/scheduler.h"
+#include "scheduler/scheduler_metrics.h"
 #include "scheduler/server.h"
 
 namespace v1 = ::depthbench::v1;
@@ -35,6 +43,15 @@ std::unique_ptr<grpc::ClientContext> Ctx() {
   auto ctx = std::make_unique<grpc::ClientContext>();
   ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
   return ctx;
+}
+
+// CPU seconds (user + system) of this whole process: the in-process server
+// and the simulated workers together, since both compete for the same cores.
+double ProcessCpuSeconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  auto seconds = [](const timeval& t) { return t.tv_sec + t.tv_usec / 1e6; };
+  return seconds(usage.ru_utime) + seconds(usage.ru_stime);
 }
 
 double Percentile(std::vector<double>& v, double p) {
@@ -72,6 +89,9 @@ int main(int argc, char** argv) {
   app.add_option("--streams", streams)->capture_default_str();
   app.add_option("--points", total_points)->capture_default_str();
   app.add_option("--chunk", chunk)->capture_default_str();
+  bool no_metrics = false;
+  app.add_flag("--no-metrics", no_metrics,
+               "run without the metrics observer and RPC interceptor");
   CLI11_PARSE(app, argc, argv);
   // Debian builds Abseil with mutex deadlock detection on; it costs ~2% of
   // CPU per lock here and the scheduler has one lock order.
@@ -80,16 +100,35 @@ int main(int argc, char** argv) {
   std::string dir = std::filesystem::temp_directory_path() / "depthbench_scheduler_bench";
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
+  // As scheduler/main.cc wires them.
+  depthbench::MetricsRegistry registry;
+  depthbench::scheduler::SchedulerScrapeSource source;
+  absl::StatusOr<depthbench::SchedulerMetrics> metrics = depthbench::RegisterSchedulerMetrics(
+      &registry, "bench", [&source] { return source.JobsBySweepAndState(); });
+  if (!metrics.ok()) {
+    std::fprintf(stderr, "%s\n", metrics.status().ToString().c_str());
+    return 1;
+  }
+  depthbench::scheduler::SchedulerMetricsObserver observer(*metrics);
   depthbench::scheduler::SchedulerOptions options;
   options.lease_ttl_ms = 60000;
+  if (!no_metrics) options.observer = &observer;
   auto scheduler = depthbench::scheduler::Scheduler::Open(dir + "/bench.db",
                                                           depthbench::RealClock::Default(), options);
   if (!scheduler.ok()) {
     std::fprintf(stderr, "%s\n", scheduler.status().ToString().c_str());
     return 1;
   }
+  source.Attach(scheduler->get());
   depthbench::scheduler::ServerOptions server_options;
   server_options.listen = "127.0.0.1:0";
+  if (!no_metrics) {
+    server_options.rpc_observer = [m = *metrics](const std::string& method,
+                                                 const std::string& code, double seconds) {
+      m.RecordRpc(method, code, seconds);
+    };
+  }
+  std::printf("metrics observer and RPC interceptor: %s\n", no_metrics ? "off" : "on");
   depthbench::scheduler::SchedulerServer server(scheduler->get(), server_options);
   if (!server.Start().ok()) return 1;
 
@@ -121,6 +160,7 @@ int main(int argc, char** argv) {
   std::vector<double> acquire_ms, finish_ms, pair_ms;
   std::vector<std::thread> threads;
   auto start = Clock::now();
+  double cpu_start = ProcessCpuSeconds();
   for (int w = 0; w < workers; ++w) {
     threads.emplace_back([&, w] {
       auto stub = v1::WorkerService::NewStub(channels[w % channels.size()]);
@@ -165,8 +205,13 @@ int main(int argc, char** argv) {
   stop = true;
   for (auto& t : threads) t.join();
   double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+  double cpu = ProcessCpuSeconds() - cpu_start;
   std::printf("leases: %d workers, %lld Acquire+Finish pairs in %.2f s = %.0f leases/s\n",
               workers, static_cast<long long>(leases.load()), elapsed, leases.load() / elapsed);
+  std::printf("  CPU (client + server, user + sys): %.2f s = %.3f ms per pair"
+              " (%.0f pairs per CPU-second)\n",
+              cpu, 1000 * cpu / std::max<int64_t>(1, leases.load()),
+              leases.load() / std::max(cpu, 1e-9));
   std::printf("  AcquireJob  p50 %.2f ms  p99 %.2f ms\n", Percentile(acquire_ms, 0.5),
               Percentile(acquire_ms, 0.99));
   std::printf("  FinishJob   p50 %.2f ms  p99 %.2f ms\n", Percentile(finish_ms, 0.5),
@@ -199,6 +244,7 @@ int main(int argc, char** argv) {
   std::atomic<int64_t> accepted{0};
   threads.clear();
   start = Clock::now();
+  cpu_start = ProcessCpuSeconds();
   for (int s = 0; s < streams; ++s) {
     threads.emplace_back([&, s] {
       auto stub = v1::WorkerService::NewStub(channels[s % channels.size()]);
@@ -227,9 +273,12 @@ int main(int argc, char** argv) {
   }
   for (auto& t : threads) t.join();
   elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+  cpu = ProcessCpuSeconds() - cpu_start;
   std::printf("ingestion: %d streams, %lld points (chunks of %d) in %.2f s = %.0f points/s\n",
               streams, static_cast<long long>(accepted.load()), chunk, elapsed,
               accepted.load() / elapsed);
+  std::printf("  CPU (client + server, user + sys): %.2f s = %.2f us per point\n", cpu,
+              1e6 * cpu / std::max<int64_t>(1, accepted.load()));
   server.Shutdown();
   scheduler->reset();
   std::filesystem::remove_all(dir);

@@ -4,10 +4,6 @@
 // helper.
 #include "scheduler/scheduler_metrics.h"
 
-#include <unistd.h>
-
-#include <filesystem>
-
 #include <gtest/gtest.h>
 
 #include "common/daemon_metrics.h"
@@ -22,15 +18,7 @@ namespace {
 
 namespace v1 = ::depthbench::v1;
 using depthbench::testing::SampleValue;
-
-std::string TempDb(const std::string& name) {
-  std::string dir = std::filesystem::temp_directory_path() /
-                    ("db_scheduler_metrics_test_" + std::to_string(getpid()));
-  std::filesystem::create_directories(dir);
-  std::string path = dir + "/" + name;
-  for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(path + suffix);
-  return path;
-}
+using depthbench::testing::TempDb;
 
 class SchedulerMetricsTest : public ::testing::Test {
  protected:

@@ -1,9 +1,5 @@
 #include "scheduler/scheduler.h"
 
-#include <unistd.h>
-
-#include <filesystem>
-
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -16,15 +12,7 @@ namespace {
 
 namespace v1 = ::depthbench::v1;
 using depthbench::testing::SmallSpec;
-
-std::string TempDb(const std::string& name) {
-  std::string dir = std::filesystem::temp_directory_path() /
-                    ("db_scheduler_test_" + std::to_string(getpid()));
-  std::filesystem::create_directories(dir);
-  std::string path = dir + "/" + name;
-  for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(path + suffix);
-  return path;
-}
+using depthbench::testing::TempDb;
 
 class SchedulerTest : public ::testing::Test {
  protected:
@@ -116,6 +104,24 @@ TEST_F(SchedulerTest, InvalidSpecCreatesNothing) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(scheduler_->ListSweeps()->sweeps_size(), 0);
   EXPECT_EQ(scheduler_->ListJobs(v1::ListJobsRequest())->jobs_size(), 0);
+}
+
+// A training setting the trainer would refuse fails the submission (with
+// the field named), not the jobs later: nothing is created.
+TEST_F(SchedulerTest, SettingTheTrainerRefusesCreatesNothing) {
+  auto spec = SmallSpec("clip", {"pre_ln", "hc"}, {1e-3, 3e-3});
+  spec.mutable_training()->set_grad_clip(0);
+  auto r = scheduler_->SubmitSweep(spec);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(r.status().message()), "spec.training.grad_clip: must be positive, got 0");
+  EXPECT_EQ(scheduler_->ListSweeps()->sweeps_size(), 0);
+  EXPECT_EQ(scheduler_->ListJobs(v1::ListJobsRequest())->jobs_size(), 0);
+  EXPECT_EQ(scheduler_->GetSweep("clip").status().code(), absl::StatusCode::kNotFound);
+  // The same spec with a valid setting goes through.
+  spec.mutable_training()->set_grad_clip(0.5);
+  auto ok = scheduler_->SubmitSweep(spec);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->sweep().total_jobs(), 4);
 }
 
 TEST_F(SchedulerTest, StateMachineLeasedRunningSucceeded) {
@@ -333,7 +339,7 @@ TEST_F(SchedulerTest, BestLrSkipsDivergedAndQueuesDiagnostics) {
 
 TEST(BestLrTest, MeansOverSeedsAndMarksDivergedLrs) {
   auto job = [](int64_t id, double lr, const std::string& state, std::optional<double> loss) {
-    storage::JobRecord j;
+    storage::GroupMember j;
     j.id = id;
     j.lr = lr;
     j.state = state;

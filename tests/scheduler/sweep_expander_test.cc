@@ -2,11 +2,13 @@
 
 #include <set>
 
+#include <google/protobuf/descriptor.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "tests/scheduler/test_util.h"
 #include "trainer_core/arch.h"
+#include "trainer_core/train_config.h"
 
 namespace depthbench::scheduler {
 namespace {
@@ -84,6 +86,62 @@ TEST(SweepExpanderTest, SolverShapesAndConfigKeys) {
   EXPECT_EQ(config["data"], "brown");
   EXPECT_FALSE(config.contains("batch"));  // unset: trainer default
   EXPECT_EQ(config["seed"], 0);
+}
+
+// Every TrainingSettings field reaches the job config under its own name,
+// which the trainer's parser accepts; the JSON is exactly what the trainer
+// reads (byte for byte what the scheduler wrote before it used the
+// trainer's parser). A new TrainingSettings field fails here until it is
+// set below, which checks that the trainer knows its name.
+TEST(SweepExpanderTest, EveryTrainingSettingIsATrainerKey) {
+  SweepSpec spec = depthbench::testing::SmallSpec("all", {"hc"}, {3e-3});
+  spec.add_seeds(7);
+  auto* shape = spec.mutable_shapes()->mutable_explicit_shapes(0);
+  shape->set_layers(4);
+  shape->set_d_model(96);
+  shape->set_heads(4);
+  shape->set_kv_heads(2);
+  auto* t = spec.mutable_training();
+  t->set_data("brown");
+  t->set_seq_len(64);
+  t->set_batch(8);
+  t->set_tokens_per_param(20.5);
+  t->set_steps(120);
+  t->set_tokens(100000);
+  t->set_eval_interval(20);
+  t->set_eval_batches(4);
+  t->set_checkpoint_interval(40);
+  t->set_threads(2);
+  t->set_warmup_frac(0.05);
+  t->set_min_lr_frac(0.1);
+  t->set_weight_decay(0.01);
+  t->set_grad_clip(0.5);
+  t->set_explode_threshold(12.5);
+  t->set_hc_streams(4);
+  t->set_hc_form("code");
+  t->set_log_interval(5);
+  auto expanded = ExpandSweep(spec);
+  ASSERT_TRUE(expanded.ok()) << expanded.status();
+  ASSERT_EQ(expanded->jobs.size(), 1u);
+  const std::string& config = expanded->jobs[0].config_json;
+  EXPECT_EQ(config,
+            R"({"arch":"hc","batch":8,"checkpoint_interval":40,"d_ff":256,"d_model":96,)"
+            R"("data":"brown","eval_batches":4,"eval_interval":20,"explode_threshold":12.5,)"
+            R"("grad_clip":0.5,"hc_form":"code","hc_streams":4,"heads":4,"kv_heads":2,)"
+            R"("layers":4,"log_interval":5,"lr":0.003,"min_lr_frac":0.1,"seed":7,)"
+            R"("seq_len":64,"steps":120,"threads":2,"tokens":100000,"tokens_per_param":20.5,)"
+            R"("vocab":256,"warmup_frac":0.05,"weight_decay":0.01})");
+  auto parsed = TrainConfigFromJson(nlohmann::json::parse(config));
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_TRUE(parsed->hc_code_form);
+  EXPECT_DOUBLE_EQ(parsed->grad_clip, 0.5);
+  EXPECT_EQ(parsed->shape.kv_heads, 2);
+  const google::protobuf::Descriptor* fields = depthbench::v1::TrainingSettings::descriptor();
+  nlohmann::json keys = nlohmann::json::parse(config);
+  for (int i = 0; i < fields->field_count(); ++i) {
+    EXPECT_TRUE(keys.contains(fields->field(i)->name()))
+        << "TrainingSettings." << fields->field(i)->name() << " is not set in this test";
+  }
 }
 
 TEST(SweepExpanderTest, DiagnoseConfigAddsCheckpointAndKinds) {
@@ -167,6 +225,12 @@ INSTANTIATE_TEST_SUITE_P(
         BadSpecCase{"warmup",
                     [](SweepSpec* s) { s->mutable_training()->set_warmup_frac(1.5); },
                     "spec.training.warmup_frac: must be in [0, 1)"},
+        // Refused by the trainer's own checks (TrainConfigFromJson), which
+        // the spec's range checks let through: the trainer needs a positive
+        // clipping norm.
+        BadSpecCase{"grad_clip_zero",
+                    [](SweepSpec* s) { s->mutable_training()->set_grad_clip(0); },
+                    "spec.training.grad_clip: must be positive, got 0"},
         BadSpecCase{"max_attempts",
                     [](SweepSpec* s) { s->mutable_retry()->set_max_attempts(-1); },
                     "spec.retry.max_attempts: must be in 1..100"},

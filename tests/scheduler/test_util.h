@@ -2,12 +2,26 @@
 #ifndef DEPTHBENCH_TESTS_SCHEDULER_TEST_UTIL_H_
 #define DEPTHBENCH_TESTS_SCHEDULER_TEST_UTIL_H_
 
+#include <unistd.h>
+
+#include <filesystem>
 #include <string>
 #include <vector>
 
 #include "depthbench/v1/spec.pb.h"
 
 namespace depthbench::testing {
+
+// A path for a fresh SQLite file `name` in this process's temp folder, with
+// any file (and its -wal/-shm companions) a previous run left there removed.
+inline std::string TempDb(const std::string& name) {
+  std::string dir = std::filesystem::temp_directory_path() /
+                    ("db_scheduler_tests_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  std::string path = dir + "/" + name;
+  for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(path + suffix);
+  return path;
+}
 
 // One explicit 2x64 shape, the given archs and LR grid (per arch), one seed.
 inline depthbench::v1::SweepSpec SmallSpec(const std::string& name,

@@ -31,6 +31,10 @@ TEST(DatabaseTest, OpensInWalModeAndMapsErrors) {
   ASSERT_TRUE(q.ok());
   ASSERT_TRUE(*q->Step());
   EXPECT_EQ(q->ColumnText(0), "wal");
+  auto checkpoint = (*db)->Prepare("PRAGMA wal_autocheckpoint");
+  ASSERT_TRUE(checkpoint.ok());
+  ASSERT_TRUE(*checkpoint->Step());
+  EXPECT_EQ(checkpoint->ColumnInt(0), 4000);
 
   auto bad = (*db)->Prepare("SELEKT 1");
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInternal);
@@ -183,6 +187,173 @@ TEST(JobStoreTest, RoundTripsAndFilters) {
   ASSERT_EQ(listed->size(), 1u);
   EXPECT_FALSE((*listed)[0].val_loss.has_value());
   EXPECT_EQ(jobs.Get(999).status().code(), absl::StatusCode::kNotFound);
+}
+
+// The pending-jobs lookup AcquireJob runs: oldest first, only pending jobs
+// whose backoff has passed and whose resource needs fit, labels decided by
+// the caller, and a bounded scan.
+TEST(JobStoreTest, FindRunnablePicksTheOldestFittingPendingJob) {
+  auto db = Database::Open(":memory:");
+  ASSERT_TRUE(db.ok());
+  ASSERT_TRUE(Migrate(db->get()).ok());
+  SweepStore sweeps(db->get());
+  auto sweep_id = sweeps.Insert({0, "s", "spec", 1, false});
+  ASSERT_TRUE(sweep_id.ok());
+  JobStore jobs(db->get());
+  auto add = [&](const std::string& state, int64_t not_before, int64_t devices,
+                 int64_t memory, const std::string& labels) {
+    JobRecord job;
+    job.sweep_id = *sweep_id;
+    job.arch = "pre_ln";
+    job.state = state;
+    job.not_before_ms = not_before;
+    job.req_devices = devices;
+    job.req_memory_mb = memory;
+    job.req_labels = labels;
+    job.checkpoint_dir = "c";
+    auto id = jobs.Insert(job);
+    EXPECT_TRUE(id.ok());
+    return *id;
+  };
+  int64_t leased = add("leased", 0, 0, 0, "{}");
+  int64_t backoff = add("pending", 5000, 0, 0, "{}");
+  int64_t gpu = add("pending", 0, 2, 0, "{}");
+  int64_t big = add("pending", 0, 0, 4096, "{}");
+  int64_t labelled = add("pending", 0, 0, 0, R"({"pool":"a"})");
+  int64_t plain = add("pending", 0, 0, 0, "{}");
+  auto any = [](const std::string&) { return true; };
+  auto unlabelled = [](const std::string& labels) { return labels == "{}"; };
+
+  auto found = jobs.FindRunnable(1000, 0, 0, any, 100);
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_EQ(*found, labelled);
+  found = jobs.FindRunnable(1000, 0, 0, unlabelled, 100);
+  EXPECT_EQ(*found, plain);
+  found = jobs.FindRunnable(1000, 2, 4096, any, 100);
+  EXPECT_EQ(*found, gpu);
+  found = jobs.FindRunnable(1000, 0, 4096, any, 100);
+  EXPECT_EQ(*found, big);
+  found = jobs.FindRunnable(6000, 0, 0, any, 100);
+  EXPECT_EQ(*found, backoff);
+  found = jobs.FindRunnable(1000, 0, 0, unlabelled, 1);  // only `labelled` scanned
+  EXPECT_EQ(*found, std::nullopt);
+
+  // A job leaves and re-enters the pending set with its state.
+  auto job = jobs.Get(plain);
+  ASSERT_TRUE(job.ok());
+  job->state = "leased";
+  ASSERT_TRUE(jobs.Update(*job).ok());
+  EXPECT_EQ(*jobs.FindRunnable(1000, 0, 0, unlabelled, 100), std::nullopt);
+  job = jobs.Get(leased);
+  job->state = "pending";
+  ASSERT_TRUE(jobs.Update(*job).ok());
+  EXPECT_EQ(*jobs.FindRunnable(1000, 0, 0, unlabelled, 100), leased);
+}
+
+TEST(JobStoreTest, ListGroupAndSetBest) {
+  auto db = Database::Open(":memory:");
+  ASSERT_TRUE(db.ok());
+  ASSERT_TRUE(Migrate(db->get()).ok());
+  SweepStore sweeps(db->get());
+  auto sweep_id = sweeps.Insert({0, "s", "spec", 1, false});
+  ASSERT_TRUE(sweep_id.ok());
+  JobStore jobs(db->get());
+  JobRecord job;
+  job.sweep_id = *sweep_id;
+  job.arch = "hc";
+  job.layers = 4;
+  job.d_model = 96;
+  job.checkpoint_dir = "c";
+  job.lr = 1e-3;
+  job.state = "succeeded";
+  job.val_loss = 2.5;
+  auto first = jobs.Insert(job);
+  job.lr = 2e-3;
+  job.state = "running";
+  job.val_loss.reset();
+  auto second = jobs.Insert(job);
+  job.kind = "diagnose";  // not a member: diagnostics are not train runs
+  ASSERT_TRUE(jobs.Insert(job).ok());
+  job.kind = "train";
+  job.d_model = 128;  // another group
+  ASSERT_TRUE(jobs.Insert(job).ok());
+  ASSERT_TRUE(first.ok() && second.ok());
+
+  ASSERT_TRUE(jobs.SetBest(*first, true).ok());
+  auto group = jobs.ListGroup(*sweep_id, "hc", 4, 96);
+  ASSERT_TRUE(group.ok()) << group.status();
+  ASSERT_EQ(group->size(), 2u);
+  EXPECT_EQ((*group)[0].id, *first);
+  EXPECT_EQ((*group)[0].state, "succeeded");
+  EXPECT_DOUBLE_EQ((*group)[0].lr, 1e-3);
+  ASSERT_TRUE((*group)[0].val_loss.has_value());
+  EXPECT_DOUBLE_EQ(*(*group)[0].val_loss, 2.5);
+  EXPECT_TRUE((*group)[0].is_best);
+  EXPECT_EQ((*group)[1].id, *second);
+  EXPECT_FALSE((*group)[1].val_loss.has_value());
+  EXPECT_FALSE((*group)[1].is_best);
+  EXPECT_TRUE(jobs.Get(*first)->is_best);
+  EXPECT_EQ(jobs.SetBest(999, true).code(), absl::StatusCode::kNotFound);
+}
+
+TEST(ResultStoreTest, UpsertUpdatesInPlaceKeepingSubmissionOrder) {
+  auto db = Database::Open(":memory:");
+  ASSERT_TRUE(db.ok());
+  ASSERT_TRUE(Migrate(db->get()).ok());
+  ResultStore results(db->get());
+  ResultRecord row;
+  row.sweep_id = 1;
+  row.arch = "pre_ln";
+  row.layers = 4;
+  row.d_model = 96;
+  ASSERT_TRUE(results.Upsert(row).ok());
+  row.layers = 8;
+  ASSERT_TRUE(results.Upsert(row).ok());
+  row.layers = 4;  // the first row again
+  row.best_lr = 1e-3;
+  row.best_val_loss = 2.25;
+  row.best_job_id = 7;
+  row.complete = true;
+  row.diagnostics_json = R"({"deff":1})";
+  ASSERT_TRUE(results.Upsert(row).ok());
+  auto rows = results.List(1);
+  ASSERT_TRUE(rows.ok());
+  ASSERT_EQ(rows->size(), 2u);
+  EXPECT_EQ((*rows)[0].layers, 4);  // still first: updated, not re-inserted
+  EXPECT_EQ((*rows)[1].layers, 8);
+  ASSERT_TRUE((*rows)[0].best_lr.has_value());
+  EXPECT_DOUBLE_EQ(*(*rows)[0].best_lr, 1e-3);
+  EXPECT_EQ((*rows)[0].best_job_id, 7);
+  EXPECT_TRUE((*rows)[0].complete);
+  EXPECT_EQ((*rows)[0].diagnostics_json, R"({"deff":1})");
+  EXPECT_FALSE((*rows)[1].best_lr.has_value());
+}
+
+// Version 4 swaps the all-states index for a partial one over pending jobs.
+TEST(MigrationTest, Version4IndexesPendingJobsOnly) {
+  auto db = Database::Open(":memory:");
+  ASSERT_TRUE(db.ok());
+  ASSERT_TRUE(Migrate(db->get(), 3).ok());
+  ASSERT_TRUE((*db)->Exec(
+      "INSERT INTO sweeps(name, spec, created_ms) VALUES ('s', x'', 1);"
+      "INSERT INTO jobs(sweep_id, kind, state, arch, layers, d_model, lr, seed, "
+      "config_json, max_attempts, checkpoint_dir, created_ms, updated_ms) VALUES "
+      "(1, 'train', 'succeeded', 'hc', 4, 96, 1e-3, 0, '{}', 3, 'c', 1, 1),"
+      "(1, 'train', 'pending', 'hc', 4, 96, 2e-3, 0, '{}', 3, 'c', 1, 1);").ok());
+  ASSERT_TRUE(Migrate(db->get(), 4).ok());
+  auto index = [&](const std::string& name) {
+    auto q = (*db)->Prepare("SELECT sql FROM sqlite_master WHERE type = 'index' AND name = ?");
+    EXPECT_TRUE(q.ok());
+    q->Bind(1, name);
+    auto row = q->Step();
+    return row.ok() && *row ? q->ColumnText(0) : std::string();
+  };
+  EXPECT_EQ(index("jobs_by_state"), "");
+  EXPECT_NE(index("jobs_pending").find("WHERE state = 'pending'"), std::string::npos);
+  JobStore jobs(db->get());
+  auto found = jobs.FindRunnable(0, 0, 0, [](const std::string&) { return true; }, 10);
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_EQ(*found, 2);
 }
 
 }  // namespace

@@ -45,7 +45,7 @@ bool WaitFor(const std::function<bool()>& cond, int ms = 10000) {
 
 TEST(MetricRelayTest, DeliversEveryPointInBatches) {
   FakeSchedulerServer server;
-  SchedulerClient client({server.address(), "", 2000});
+  SchedulerClient client({server.address(), "", 2000, ""});
   std::atomic<int64_t> backlog{0};
   MetricRelayHooks hooks;
   hooks.on_backlog = [&](int64_t d) { backlog += d; };
@@ -62,7 +62,7 @@ TEST(MetricRelayTest, DeliversEveryPointInBatches) {
 TEST(MetricRelayTest, SchedulerOutageLosesNothingAndResendsAreIdempotent) {
   FakeSchedulerServer server;
   server.service().FailNextReports(5, grpc::StatusCode::UNAVAILABLE);
-  SchedulerClient client({server.address(), "", 2000});
+  SchedulerClient client({server.address(), "", 2000, ""});
   MetricRelay relay(&client, 1, 1, Fast(), {});
   ASSERT_TRUE(relay.Push(Steps(1, 50)));
   ASSERT_TRUE(WaitFor([&] { return server.service().stored() == 50; }));
@@ -78,7 +78,7 @@ TEST(MetricRelayTest, SchedulerOutageLosesNothingAndResendsAreIdempotent) {
 
 TEST(MetricRelayTest, UnreachableSchedulerKeepsPointsForFinishJob) {
   // Nothing listens on this port: every call fails; Close() hands back all.
-  SchedulerClient client({"127.0.0.1:1", "", 200});
+  SchedulerClient client({"127.0.0.1:1", "", 200, ""});
   MetricRelay relay(&client, 1, 1, Fast(), {});
   ASSERT_TRUE(relay.Push(Steps(1, 30)));
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -91,7 +91,7 @@ TEST(MetricRelayTest, UnreachableSchedulerKeepsPointsForFinishJob) {
 TEST(MetricRelayTest, FullBufferBlocksPushUntilDrained) {
   FakeSchedulerServer server;
   server.service().FailNextReports(1000000, grpc::StatusCode::UNAVAILABLE);
-  SchedulerClient client({server.address(), "", 2000});
+  SchedulerClient client({server.address(), "", 2000, ""});
   MetricRelayOptions o = Fast();
   o.capacity = 20;
   MetricRelay relay(&client, 1, 1, o, {});
@@ -110,7 +110,7 @@ TEST(MetricRelayTest, FullBufferBlocksPushUntilDrained) {
 }
 
 TEST(MetricRelayTest, UnblockLetsAStoppingChildDrain) {
-  SchedulerClient client({"127.0.0.1:1", "", 200});
+  SchedulerClient client({"127.0.0.1:1", "", 200, ""});
   MetricRelayOptions o = Fast();
   o.capacity = 10;
   MetricRelay relay(&client, 1, 1, o, {});
@@ -123,7 +123,7 @@ TEST(MetricRelayTest, UnblockLetsAStoppingChildDrain) {
 TEST(MetricRelayTest, StaleAttemptStopsTheRelay) {
   FakeSchedulerServer server;
   server.service().MakeStale();
-  SchedulerClient client({server.address(), "", 2000});
+  SchedulerClient client({server.address(), "", 2000, ""});
   std::atomic<int> stale_calls{0};
   MetricRelayHooks hooks;
   hooks.on_stale = [&](const std::string& reason) {
@@ -140,7 +140,7 @@ TEST(MetricRelayTest, StaleAttemptStopsTheRelay) {
 
 TEST(MetricRelayTest, AnnounceSendsAnEmptyReport) {
   FakeSchedulerServer server;
-  SchedulerClient client({server.address(), "", 2000});
+  SchedulerClient client({server.address(), "", 2000, ""});
   MetricRelay relay(&client, 1, 1, Fast(), {});
   relay.Announce();
   ASSERT_TRUE(WaitFor([&] { return server.service().report_calls() == 1; }));
