@@ -47,4 +47,15 @@ std::unique_ptr<grpc::ClientContext> SchedulerClient::Context(int64_t timeout_ms
   return ctx;
 }
 
+absl::StatusOr<depthbench::v1::QueryResultsResponse> SchedulerClient::QueryResults(
+    const std::string& sweep) {
+  depthbench::v1::QueryResultsRequest req;
+  req.set_sweep(sweep);
+  depthbench::v1::QueryResultsResponse resp;
+  auto ctx = Context();
+  absl::Status status = FromGrpc(sweeps_->QueryResults(ctx.get(), req, &resp));
+  if (!status.ok()) return status;
+  return resp;
+}
+
 }  // namespace depthbench::cli

@@ -34,6 +34,9 @@ class SchedulerClient {
   // the bearer token.
   std::unique_ptr<grpc::ClientContext> Context(int64_t timeout_ms = 0) const;
   depthbench::v1::SweepService::Stub* sweeps() { return sweeps_.get(); }
+  // QueryResults for one sweep with the default deadline (results, report
+  // and demo all print from it).
+  absl::StatusOr<depthbench::v1::QueryResultsResponse> QueryResults(const std::string& sweep);
 
  private:
   ClientOptions options_;

@@ -327,14 +327,9 @@ int RunDemo(CommandEnv& env, const DemoArgs& args) {
   }
   if (tty) out << "\n";
 
-  v1::QueryResultsRequest qreq;
-  qreq.set_sweep(spec->name());
-  v1::QueryResultsResponse results;
-  {
-    auto ctx = (*client)->Context();
-    absl::Status s = FromGrpc((*client)->sweeps()->QueryResults(ctx.get(), qreq, &results));
-    if (!s.ok()) return env.Fail(s);
-  }
+  auto queried = (*client)->QueryResults(spec->name());
+  if (!queried.ok()) return env.Fail(queried.status());
+  const v1::QueryResultsResponse& results = *queried;
   out << "\nResults: best LR per (arch, shape) by final validation loss (nats/byte); "
          "\"div\" = diverged, \"-\" = no finished run\n";
   ResultsTable(results).Print(out);

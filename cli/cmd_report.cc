@@ -66,12 +66,9 @@ void AddReportCommand(CLI::App& app, CommandEnv& env) {
     env.run = [args](CommandEnv& env) -> int {
       auto client = env.Client();
       if (!client.ok()) return env.Fail(client.status());
-      v1::QueryResultsRequest req;
-      req.set_sweep(args->sweep);
-      v1::QueryResultsResponse resp;
-      auto ctx = (*client)->Context();
-      auto status = FromGrpc((*client)->sweeps()->QueryResults(ctx.get(), req, &resp));
-      if (!status.ok()) return env.Fail(status);
+      auto results = (*client)->QueryResults(args->sweep);
+      if (!results.ok()) return env.Fail(results.status());
+      const v1::QueryResultsResponse& resp = *results;
 
       std::map<std::string, Curve> curves;
       if (!args->no_curves) {
