@@ -100,6 +100,7 @@ TEST(SystemdTest, UnitsRunTheDocumentedCommandLines) {
 std::vector<std::string> ShellScripts() {
   return {DeployDir() + "/slurm/depthbench-workers.sbatch",
           DeployDir() + "/slurm/prometheus_targets.sh",
+          DeployDir() + "/slurm/local-cluster.sh",
           DeployDir() + "/systemd/install.sh"};
 }
 
@@ -131,8 +132,8 @@ TEST(KubernetesTest, ManifestsParseWithExpectedKinds) {
   bool gpu_requested = false;
   const std::vector<std::string> files = {
       "namespace.yaml",   "auth-secret.yaml", "checkpoints-pvc.yaml",
-      "scheduler.yaml",   "worker.yaml",      "servicemonitor.yaml",
-      "kustomization.yaml"};
+      "scheduler.yaml",   "worker.yaml",      "worker-pdb.yaml",
+      "servicemonitor.yaml", "kustomization.yaml"};
   for (const std::string& file : files) {
     const std::string path = DeployDir() + "/k8s/" + file;
     ASSERT_TRUE(std::filesystem::exists(path)) << path;
