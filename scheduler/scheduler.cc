@@ -265,7 +265,7 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(
   }
   RETURN_IF_ERROR(storage::Migrate(db.get()));
   std::unique_ptr<storage::ReaderPool> readers;
-  if (!storage::Database::IsInMemory(db->path())) {
+  if (!storage::Database::IsInMemory(db->path()) && !db->exclusive_lock()) {
     ASSIGN_OR_RETURN(readers, storage::ReaderPool::Open(db->path(), options.reader_connections));
   }
   std::unique_ptr<Scheduler> s(new Scheduler(std::move(db), clock, options));
@@ -377,6 +377,7 @@ absl::StatusOr<v1::SubmitSweepResponse> Scheduler::SubmitSweep(const v1::SweepSp
   sweep.created_ms = now;
   ASSIGN_OR_RETURN(sweep.id, sweeps_.Insert(sweep));
   std::string labels = LabelsJson(spec.resources().labels());
+  ASSIGN_OR_RETURN(int64_t next_id, jobs_.MaxId());
   for (const PlannedJob& planned : expanded.jobs) {
     JobRecord job;
     job.sweep_id = sweep.id;
@@ -392,9 +393,12 @@ absl::StatusOr<v1::SubmitSweepResponse> Scheduler::SubmitSweep(const v1::SweepSp
     job.req_memory_mb = spec.resources().memory_mb();
     job.req_labels = labels;
     job.created_ms = job.updated_ms = now;
-    ASSIGN_OR_RETURN(job.id, jobs_.Insert(job));
+    // Ids chosen here (this transaction is the only writer) so that the
+    // checkpoint dir, named after the id, goes in with the row: one write
+    // per job rather than an insert and an update.
+    job.id = ++next_id;
     job.checkpoint_dir = absl::StrCat(sweep.name, "/", job.id);
-    RETURN_IF_ERROR(jobs_.Update(job));
+    RETURN_IF_ERROR(jobs_.Insert(job).status());
   }
   std::map<std::tuple<std::string, int64_t, int64_t, double>, int64_t> per_lr;
   for (const PlannedJob& planned : expanded.jobs) {

@@ -20,8 +20,9 @@
 // ReaderPool), each on a WAL snapshot, and never take the mutex that the
 // lease path (AcquireJob, Heartbeat, ReportMetrics, FinishJob) and every
 // other state change hold; a read sees every change whose call returned
-// before it started. A database in memory has no second connection: there
-// reads share the writer connection under the mutex.
+// before it started. A database in memory, or one opened with an exclusive
+// lock (storage::DatabaseOptions), has no second connection: there reads
+// share the writer connection under the mutex.
 //
 // Thread safety: every public method is safe to call concurrently; one
 // mutex serialises state changes (the read-write connection and the lease

@@ -160,7 +160,8 @@ absl::StatusOr<std::unique_ptr<Database>> Database::Open(const std::string& path
     sqlite3_close(raw);
     return status;
   }
-  std::unique_ptr<Database> db(new Database(raw, path, options.read_only));
+  std::unique_ptr<Database> db(
+      new Database(raw, path, options.read_only, options.exclusive_lock && !options.read_only));
   sqlite3_busy_timeout(raw, 5000);
   if (options.read_only) {
     // query_only on top of SQLITE_OPEN_READONLY: even a statement that
@@ -174,14 +175,15 @@ absl::StatusOr<std::unique_ptr<Database>> Database::Open(const std::string& path
   // stalls for a WAL of up to 16 MB. 4,000 frames still fit the WAL index's
   // first hash table (4,062), so page lookups cost the same.
   //
-  // No locking_mode=EXCLUSIVE: it kept every other process (the sqlite3 CLI
-  // included) out of the file while the scheduler ran; bench/RESULTS.md
-  // ("Result tables at scale") has what it saved per lease.
+  // No locking_mode=EXCLUSIVE unless asked for (DatabaseOptions): it keeps
+  // every other process (the sqlite3 CLI included) out of the file;
+  // bench/RESULTS.md ("Result tables at scale") has what it saves.
   RETURN_IF_ERROR(db->Exec(absl::StrCat(
       "PRAGMA journal_mode=WAL; PRAGMA synchronous=",
       options.durability == Durability::kFull ? "FULL" : "NORMAL",
       "; PRAGMA foreign_keys=ON; PRAGMA temp_store=MEMORY; "
-      "PRAGMA wal_autocheckpoint=4000;")));
+      "PRAGMA wal_autocheckpoint=4000;",
+      options.exclusive_lock ? " PRAGMA locking_mode=EXCLUSIVE;" : "")));
   return db;
 }
 

@@ -97,6 +97,11 @@ struct DatabaseOptions {
   bool read_only = false;
   // For read-write connections: synchronous=NORMAL or FULL (see above).
   Durability durability = Durability::kNormal;
+  // locking_mode=EXCLUSIVE: no other connection or process can open the
+  // file (the sqlite3 CLI gets "database is locked"), in exchange for no
+  // shared-memory WAL index locking per transaction. Off in the scheduler;
+  // scheduler_bench --exclusive-lock measures what it saves.
+  bool exclusive_lock = false;
 };
 
 class Database {
@@ -120,16 +125,19 @@ class Database {
   sqlite3* raw() const { return db_; }
   const std::string& path() const { return path_; }
   bool read_only() const { return read_only_; }
+  bool exclusive_lock() const { return exclusive_lock_; }
   // Whether `path` names an in-memory database (":memory:", "" or a
   // "file::memory:" URI), which no second connection can open.
   static bool IsInMemory(const std::string& path);
 
  private:
-  Database(sqlite3* db, std::string path, bool read_only)
-      : db_(db), path_(std::move(path)), read_only_(read_only) {}
+  Database(sqlite3* db, std::string path, bool read_only, bool exclusive_lock)
+      : db_(db), path_(std::move(path)), read_only_(read_only),
+        exclusive_lock_(exclusive_lock) {}
   sqlite3* db_;
   std::string path_;
   bool read_only_;
+  bool exclusive_lock_;
   std::unordered_map<std::string, sqlite3_stmt*> cache_;
 };
 

@@ -144,12 +144,18 @@ absl::Status SweepStore::SetCancelled(int64_t id, bool cancelled) {
 // --- JobStore ---------------------------------------------------------------
 
 absl::StatusOr<int64_t> JobStore::Insert(const JobRecord& job) {
+  // Column 26, id: NULL lets SQLite pick the next one.
   ASSIGN_OR_RETURN(Query q, db_->Prepare(
       "INSERT INTO jobs(sweep_id, kind, state, arch, layers, d_model, lr, seed, "
       "config_json, attempts_used, max_attempts, current_attempt_id, worker_id, "
       "not_before_ms, val_loss, final_step, reason, checkpoint_dir, is_best, "
       "parent_job_id, req_devices, req_memory_mb, req_labels, created_ms, "
-      "updated_ms) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"));
+      "updated_ms, id) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"));
+  if (job.id > 0) {
+    q.Bind(26, job.id);
+  } else {
+    q.BindNull(26);
+  }
   q.Bind(1, job.sweep_id).Bind(2, job.kind).Bind(3, job.state).Bind(4, job.arch)
       .Bind(5, job.layers).Bind(6, job.d_model).Bind(7, job.lr).Bind(8, job.seed)
       .Bind(9, job.config_json).Bind(10, job.attempts_used)
@@ -161,6 +167,12 @@ absl::StatusOr<int64_t> JobStore::Insert(const JobRecord& job) {
       .Bind(23, job.req_labels).Bind(24, job.created_ms).Bind(25, job.updated_ms);
   RETURN_IF_ERROR(q.Run());
   return db_->LastInsertRowId();
+}
+
+absl::StatusOr<int64_t> JobStore::MaxId() {
+  ASSIGN_OR_RETURN(Query q, db_->Prepare("SELECT COALESCE(MAX(id), 0) FROM jobs"));
+  ASSIGN_OR_RETURN(bool row, q.Step());
+  return row ? q.ColumnInt(0) : 0;
 }
 
 absl::StatusOr<JobRecord> JobStore::Get(int64_t id) {

@@ -53,7 +53,11 @@ struct SweepStateCount {
 class JobStore {
  public:
   explicit JobStore(Database* db) : db_(db) {}
+  // Inserts with job.id when it is > 0 (AlreadyExists when taken), else
+  // with the next free id; returns the id.
   absl::StatusOr<int64_t> Insert(const JobRecord& job);
+  // The largest job id (0 when none).
+  absl::StatusOr<int64_t> MaxId();
   // NotFound names the id.
   absl::StatusOr<JobRecord> Get(int64_t id);
   // Writes every mutable column of `job` (matched by id).

@@ -171,6 +171,7 @@ class SchedulerChild {
       argv.push_back(nullptr);
       std::string log = dir + "/scheduler.log";
       if (freopen(log.c_str(), "a", stderr) == nullptr) _exit(126);
+      if (freopen(log.c_str(), "a", stdout) == nullptr) _exit(126);
       execv(argv[0], argv.data());
       _exit(127);
     }
@@ -234,6 +235,7 @@ int main(int argc, char** argv) {
   app.add_option("--durability", durability, "passed to depthbench-scheduler")
       ->capture_default_str()->check(CLI::IsMember({"normal", "full"}));
   CLI11_PARSE(app, argc, argv);
+  setvbuf(stdout, nullptr, _IOLBF, 0);
   active = std::min(active, workers);
 
   std::string dir = std::filesystem::temp_directory_path() /
@@ -441,34 +443,37 @@ int main(int argc, char** argv) {
   };
 
   // --- 2. baseline: ~1,000 pending ----------------------------------------
-  double baseline_rate = 0;
-  {
+  // Run before the big sweep (small database) and again after it has
+  // drained (the big sweep's 100,000 finished jobs in the file), so the
+  // comparison brackets both the machine's drift and the database's growth.
+  int baseline_sweeps = 0;
+  auto baseline = [&](const char* label) -> double {
     int64_t leases = 0;
     double seconds = 0;
     for (int r = 0; r < baseline_rounds; ++r) {
       v1::SubmitSweepRequest req;
-      *req.mutable_spec() = Spec("baseline" + std::to_string(r), 1);
+      *req.mutable_spec() = Spec("baseline" + std::to_string(baseline_sweeps++), 1);
       v1::SubmitSweepResponse resp;
       grpc::Status st = sweeps->SubmitSweep(Ctx().get(), req, &resp);
       if (!st.ok()) {
         std::fprintf(stderr, "submit baseline: %s\n", st.error_message().c_str());
-        return 1;
+        return 0;
       }
-      // Stop at 900 of the 1,000: the last leases starve the 64 workers.
+      // Stop at 1,000 - active: the last leases starve the workers.
       auto [n, s] = drain(resp.sweep().total_jobs() - active, nullptr, max_seconds);
       leases += n;
       seconds += s;
       // Drain the rest so the next round starts from 1,000 again.
       drain(1 << 30, nullptr, max_seconds);
     }
-    if (baseline_rounds > 0) {
-      baseline_rate = leases / seconds;
-      std::printf("baseline (1,000-job sweeps, %d rounds): %lld leases in %.2f s = %.0f leases/s\n",
-                  baseline_rounds, static_cast<long long>(leases), seconds, baseline_rate);
-    }
-  }
-  std::printf("  AcquireJob (baseline): %s\n", acquire_off.Summary().c_str());
-  for (Samples* s : {&acquire_off, &acquire_on, &finish_ms, &report_ms}) s->Clear();
+    if (baseline_rounds == 0 || seconds <= 0) return 0;
+    std::printf("baseline %s (1,000-job sweeps, %d rounds): %lld leases in %.2f s = %.0f leases/s\n",
+                label, baseline_rounds, static_cast<long long>(leases), seconds, leases / seconds);
+    std::printf("  AcquireJob: %s\n", acquire_off.Summary().c_str());
+    for (Samples* s : {&acquire_off, &acquire_on, &finish_ms, &report_ms}) s->Clear();
+    return leases / seconds;
+  };
+  double baseline_before = baseline("before");
 
   // --- 3. the big sweep ----------------------------------------------------
   int64_t total = 0;
@@ -488,9 +493,10 @@ int main(int argc, char** argv) {
   }
   Samples query_ms, list_ms;
   std::atomic<int64_t> query_errors{0};
+  std::atomic<bool> stop_reader{false};
   std::thread reader([&] {
     auto t0 = SteadyClock::now();
-    while (!done.load()) {
+    while (!stop_reader.load()) {
       bool on = static_cast<int64_t>(Since(t0) / window_s) % 2 == 0;
       reader_on = on;
       if (on) {
@@ -534,12 +540,17 @@ int main(int argc, char** argv) {
               "workers, %d points each)\n",
               static_cast<long long>(leases), static_cast<long long>(total), seconds,
               leases / seconds, active, workers, points);
-  std::printf("  leases/s, first 10,000 (100,000..90,000 pending): %.0f\n", first_rate);
-  std::printf("  leases/s, last 10,000 completed (%lld..%lld pending): %.0f\n",
-              static_cast<long long>(total - (k_done - std::min<int64_t>(10, k_done)) * 1000),
+  int64_t first_k = std::min<int64_t>(10, k_done);
+  std::printf("  leases/s, first %lld (%lld..%lld pending): %.0f\n",
+              static_cast<long long>(first_k * 1000), static_cast<long long>(total),
+              static_cast<long long>(total - first_k * 1000), first_rate);
+  std::printf("  leases/s, last %lld completed (%lld..%lld pending): %.0f\n",
+              static_cast<long long>(first_k * 1000),
+              static_cast<long long>(total - (k_done - first_k) * 1000),
               static_cast<long long>(total - k_done * 1000), last_rate);
-  if (baseline_rate > 0) {
-    std::printf("  ratio first-10,000 / baseline (1,000 pending): %.2f\n", first_rate / baseline_rate);
+  if (baseline_before > 0) {
+    std::printf("  ratio first %lld / baseline before (1,000 pending): %.2f\n",
+                static_cast<long long>(first_k * 1000), first_rate / baseline_before);
   }
   std::printf("  scheduler CPU: %.1f s = %.3f ms per lease\n", cpu, 1000 * cpu / std::max<int64_t>(1, leases));
   std::printf("  AcquireJob, reader off: %s\n", acquire_off.Summary().c_str());
@@ -554,8 +565,18 @@ int main(int argc, char** argv) {
   std::printf("  ListJobs (100 jobs):    %s\n", list_ms.Summary().c_str());
   if (query_errors > 0) std::printf("  reader errors: %lld\n", static_cast<long long>(query_errors.load()));
 
-  done = true;
+  stop_reader = true;
   reader.join();
+  reader_on = false;
+  for (Samples* s : {&acquire_off, &acquire_on, &finish_ms, &report_ms}) s->Clear();
+  double baseline_after = baseline("after");
+  if (baseline_after > 0) {
+    std::printf("  ratio first %lld of the big sweep / baseline after: %.2f; / mean of both "
+                "baselines: %.2f\n",
+                static_cast<long long>(first_k * 1000), first_rate / baseline_after,
+                2 * first_rate / (baseline_before + baseline_after));
+  }
+  done = true;
   for (auto& t : heartbeaters) t.join();
   rss_sampler.join();
   // QueryResults once more, on whatever the sweep reached.
