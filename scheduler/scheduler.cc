@@ -102,6 +102,53 @@ SchedulerObserver* NoopObserver() {
   return kNoop;
 }
 
+v1::ResultRow ResultRowProto(const storage::ResultRecord& r) {
+  v1::ResultRow row;
+  row.set_arch(r.arch);
+  row.set_layers(r.layers);
+  row.set_d_model(r.d_model);
+  row.set_aspect_ratio(r.aspect_ratio);
+  row.set_params(r.params);
+  row.set_has_best(r.best_lr.has_value());
+  row.set_best_lr(r.best_lr.value_or(0));
+  row.set_best_val_loss(r.best_val_loss.value_or(0));
+  row.set_best_job_id(r.best_job_id);
+  row.set_diagnostics_json(r.diagnostics_json);
+  row.set_complete(r.complete);
+  nlohmann::json lrs = nlohmann::json::parse(r.lrs_json, nullptr, false);
+  if (lrs.is_array()) {
+    for (const auto& j : lrs) {
+      v1::LrLoss* l = row.add_lrs();
+      l->set_lr(j.value("lr", 0.0));
+      if (j.contains("val_loss") && j["val_loss"].is_number()) {
+        l->set_has_loss(true);
+        l->set_val_loss(j["val_loss"].get<double>());
+      }
+      l->set_diverged(j.value("diverged", false));
+      l->set_succeeded(j.value("succeeded", 0));
+      l->set_diverged_runs(j.value("diverged_runs", 0));
+      l->set_failed_runs(j.value("failed_runs", 0));
+    }
+  }
+  return row;
+}
+
+v1::RunSummary RunSummaryProto(const storage::RunRecord& job) {
+  v1::RunSummary run;
+  run.set_job_id(job.id);
+  run.set_arch(job.arch);
+  run.set_layers(job.layers);
+  run.set_d_model(job.d_model);
+  run.set_lr(job.lr);
+  run.set_seed(job.seed);
+  run.set_state(JobStateFromName(job.state));
+  run.set_has_val_loss(job.val_loss.has_value());
+  run.set_final_val_loss(job.val_loss.value_or(0));
+  run.set_final_step(job.final_step);
+  run.set_is_best(job.is_best);
+  return run;
+}
+
 absl::StatusOr<storage::SweepRecord> FindSweep(storage::Database* db,
                                                const std::string& name) {
   if (name.empty()) return absl::InvalidArgumentError("sweep: a sweep name is required");
@@ -532,23 +579,23 @@ absl::StatusOr<v1::ListJobsResponse> Scheduler::ListJobs(const v1::ListJobsReque
 
 absl::StatusOr<v1::Job> Scheduler::GetJob(int64_t job_id) {
   return Read([&](storage::Database* db) -> absl::StatusOr<v1::Job> {
-  storage::JobStore jobs(db);
-  ASSIGN_OR_RETURN(JobRecord job, jobs.Get(job_id));
-  ASSIGN_OR_RETURN(std::optional<storage::SweepRecord> sweep,
-                   storage::SweepStore(db).Get(job.sweep_id));
-  v1::Job out = JobProto(job, sweep ? sweep->name : "");
-  ASSIGN_OR_RETURN(std::vector<AttemptRecord> attempts, jobs.ListAttempts(job_id));
-  for (const AttemptRecord& a : attempts) {
-    v1::Attempt* p = out.add_attempts();
-    p->set_attempt_id(a.id);
-    p->set_number(static_cast<int32_t>(a.number));
-    p->set_worker_id(a.worker_id);
-    p->set_start_ms(a.start_ms);
-    p->set_end_ms(a.end_ms);
-    p->set_outcome(a.outcome);
-    p->set_reason(a.reason);
-  }
-  return out;
+    storage::JobStore jobs(db);
+    ASSIGN_OR_RETURN(JobRecord job, jobs.Get(job_id));
+    ASSIGN_OR_RETURN(std::optional<storage::SweepRecord> sweep,
+                     storage::SweepStore(db).Get(job.sweep_id));
+    v1::Job out = JobProto(job, sweep ? sweep->name : "");
+    ASSIGN_OR_RETURN(std::vector<AttemptRecord> attempts, jobs.ListAttempts(job_id));
+    for (const AttemptRecord& a : attempts) {
+      v1::Attempt* p = out.add_attempts();
+      p->set_attempt_id(a.id);
+      p->set_number(static_cast<int32_t>(a.number));
+      p->set_worker_id(a.worker_id);
+      p->set_start_ms(a.start_ms);
+      p->set_end_ms(a.end_ms);
+      p->set_outcome(a.outcome);
+      p->set_reason(a.reason);
+    }
+    return out;
   });
 }
 
@@ -605,63 +652,23 @@ absl::StatusOr<v1::QueryResultsResponse> Scheduler::QueryResults(
   ASSIGN_OR_RETURN(int64_t limit, PageLimit(request.page_size()));
   ASSIGN_OR_RETURN(int64_t after_id, ParsePageToken(request.page_token(), "QueryResults"));
   return Read([&](storage::Database* db) -> absl::StatusOr<v1::QueryResultsResponse> {
-  ASSIGN_OR_RETURN(storage::SweepRecord sweep, FindSweep(db, request.sweep()));
-  v1::QueryResultsResponse out;
-  if (request.page_token().empty()) {
-  ASSIGN_OR_RETURN(std::vector<storage::ResultRecord> rows,
-                   storage::ResultStore(db).List(sweep.id));
-  for (const storage::ResultRecord& r : rows) {
-    v1::ResultRow* row = out.add_rows();
-    row->set_arch(r.arch);
-    row->set_layers(r.layers);
-    row->set_d_model(r.d_model);
-    row->set_aspect_ratio(r.aspect_ratio);
-    row->set_params(r.params);
-    row->set_has_best(r.best_lr.has_value());
-    row->set_best_lr(r.best_lr.value_or(0));
-    row->set_best_val_loss(r.best_val_loss.value_or(0));
-    row->set_best_job_id(r.best_job_id);
-    row->set_diagnostics_json(r.diagnostics_json);
-    row->set_complete(r.complete);
-    nlohmann::json lrs = nlohmann::json::parse(r.lrs_json, nullptr, false);
-    if (lrs.is_array()) {
-      for (const auto& j : lrs) {
-        v1::LrLoss* l = row->add_lrs();
-        l->set_lr(j.value("lr", 0.0));
-        if (j.contains("val_loss") && j["val_loss"].is_number()) {
-          l->set_has_loss(true);
-          l->set_val_loss(j["val_loss"].get<double>());
-        }
-        l->set_diverged(j.value("diverged", false));
-        l->set_succeeded(j.value("succeeded", 0));
-        l->set_diverged_runs(j.value("diverged_runs", 0));
-        l->set_failed_runs(j.value("failed_runs", 0));
-      }
+    ASSIGN_OR_RETURN(storage::SweepRecord sweep, FindSweep(db, request.sweep()));
+    v1::QueryResultsResponse out;
+    if (request.page_token().empty()) {
+      ASSIGN_OR_RETURN(std::vector<storage::ResultRecord> rows,
+                       storage::ResultStore(db).List(sweep.id));
+      for (const storage::ResultRecord& r : rows) *out.add_rows() = ResultRowProto(r);
     }
-  }
-  }
-  // One extra row tells whether another page exists.
-  ASSIGN_OR_RETURN(std::vector<storage::RunRecord> runs,
-                   storage::JobStore(db).ListRuns(sweep.id, after_id, limit + 1));
-  for (size_t i = 0; i < runs.size() && static_cast<int64_t>(i) < limit; ++i) {
-    const storage::RunRecord& job = runs[i];
-    v1::RunSummary* run = out.add_runs();
-    run->set_job_id(job.id);
-    run->set_arch(job.arch);
-    run->set_layers(job.layers);
-    run->set_d_model(job.d_model);
-    run->set_lr(job.lr);
-    run->set_seed(job.seed);
-    run->set_state(JobStateFromName(job.state));
-    run->set_has_val_loss(job.val_loss.has_value());
-    run->set_final_val_loss(job.val_loss.value_or(0));
-    run->set_final_step(job.final_step);
-    run->set_is_best(job.is_best);
-  }
-  if (static_cast<int64_t>(runs.size()) > limit) {
-    out.set_next_page_token(absl::StrCat(out.runs(out.runs_size() - 1).job_id()));
-  }
-  return out;
+    // One extra row tells whether another page exists.
+    ASSIGN_OR_RETURN(std::vector<storage::RunRecord> runs,
+                     storage::JobStore(db).ListRuns(sweep.id, after_id, limit + 1));
+    for (size_t i = 0; i < runs.size() && static_cast<int64_t>(i) < limit; ++i) {
+      *out.add_runs() = RunSummaryProto(runs[i]);
+    }
+    if (static_cast<int64_t>(runs.size()) > limit) {
+      out.set_next_page_token(absl::StrCat(out.runs(out.runs_size() - 1).job_id()));
+    }
+    return out;
   });
 }
 

@@ -206,5 +206,47 @@ TEST(DatabaseCliTest, Sqlite3ReadsTheViewsWhileWorkersWrite) {
   scheduler.Stop(SIGTERM);
 }
 
+// --durability: a bad value is refused with exit code 2 naming the flag; a
+// scheduler started with `full` serves and writes.
+TEST(DatabaseCliTest, DurabilityFlagIsCheckedAndFullServes) {
+  std::string dir = MakeTempDir("durability");
+  pid_t pid = fork();
+  if (pid == 0) {
+    std::string err = dir + "/bad.err";
+    if (freopen(err.c_str(), "w", stderr) == nullptr) _exit(126);
+    execl(DEPTHBENCH_SCHEDULER_BIN, DEPTHBENCH_SCHEDULER_BIN, "--db", (dir + "/x.db").c_str(),
+          "--listen", "127.0.0.1:0", "--durability", "fast", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 2);
+  std::string err = Slurp(dir + "/bad.err");
+  EXPECT_NE(err.find("--durability"), std::string::npos) << err;
+  EXPECT_NE(err.find("\"fast\""), std::string::npos) << err;
+
+  SchedulerProcess scheduler(dir + "/full.db", dir, {"--durability", "full"});
+  ASSERT_TRUE(scheduler.Start()) << Slurp(dir + "/scheduler.log");
+  auto sweeps = v1::SweepService::NewStub(
+      grpc::CreateChannel(scheduler.address(), grpc::InsecureChannelCredentials()));
+  v1::SubmitSweepRequest submit;
+  *submit.mutable_spec() = Spec();
+  v1::SubmitSweepResponse submitted;
+  ASSERT_TRUE(sweeps->SubmitSweep(Ctx().get(), submit, &submitted).ok());
+  WorkerClient worker(scheduler.address(), "w");
+  ASSERT_TRUE(worker.Register().ok());
+  v1::AcquireJobResponse lease;
+  ASSERT_TRUE(worker.Acquire(&lease).ok());
+  ASSERT_TRUE(lease.has_job());
+  ASSERT_TRUE(worker.Finish(lease, v1::FINISH_SUCCEEDED, 2.5).ok());
+  scheduler.Stop(SIGKILL);  // what a committed finish must survive
+  CliResult state = Sqlite(dir, {"-readonly", dir + "/full.db",
+                                 "SELECT state, val_loss FROM runs_v1 WHERE job_id = " +
+                                     std::to_string(lease.job_id())});
+  ASSERT_EQ(state.exit_code, 0) << state.err;
+  EXPECT_EQ(state.out, "succeeded|2.5\n");
+}
+
 }  // namespace
 }  // namespace depthbench::testing
