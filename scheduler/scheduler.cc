@@ -308,7 +308,8 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(
     return absl::InvalidArgumentError("lease_ttl_ms: must be positive");
   }
   if (options.reader_connections < 1) {
-    return absl::InvalidArgumentError("reader_connections: must be >= 1");
+    return absl::InvalidArgumentError(
+        absl::StrCat("reader_connections: must be >= 1, got ", options.reader_connections));
   }
   RETURN_IF_ERROR(storage::Migrate(db.get()));
   std::unique_ptr<storage::ReaderPool> readers;
