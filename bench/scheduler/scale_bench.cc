@@ -532,10 +532,11 @@ int main(int argc, char** argv) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1000));
     }
   });
-  double cpu0 = ProcessCpuSeconds(pid);
+  double cpu0 = ProcessCpuSeconds(pid), bench_cpu0 = ProcessCpuSeconds(getpid());
   std::vector<SteadyClock::time_point> marks;
   auto [leases, seconds] = drain(total, &marks, max_seconds);
   double cpu = ProcessCpuSeconds(pid) - cpu0;
+  double bench_cpu = ProcessCpuSeconds(getpid()) - bench_cpu0;
   auto rate = [&](int64_t from_k, int64_t to_k) {
     if (to_k >= static_cast<int64_t>(marks.size()) || from_k < 0 || to_k <= from_k) return 0.0;
     return (to_k - from_k) * 1000.0 /
@@ -560,7 +561,9 @@ int main(int argc, char** argv) {
     std::printf("  ratio first %lld / baseline before (1,000 pending): %.2f\n",
                 static_cast<long long>(first_k * 1000), first_rate / baseline_before);
   }
-  std::printf("  scheduler CPU: %.1f s = %.3f ms per lease\n", cpu, 1000 * cpu / std::max<int64_t>(1, leases));
+  std::printf("  scheduler CPU: %.1f s = %.3f ms per lease; this bench's clients: %.3f ms per lease\n",
+              cpu, 1000 * cpu / std::max<int64_t>(1, leases),
+              1000 * bench_cpu / std::max<int64_t>(1, leases));
   std::printf("  AcquireJob, reader off: %s\n", acquire_off.Summary().c_str());
   std::printf("  AcquireJob, reader on:  %s\n", acquire_on.Summary().c_str());
   if (acquire_off.P(0.99) > 0) {
