@@ -11,40 +11,71 @@ bool IsTerminalState(const std::string& state) {
          state == "cancelled";
 }
 
-GroupSelection SelectBest(const std::vector<storage::GroupMember>& jobs) {
-  GroupSelection out;
-  out.complete = !jobs.empty();
-  std::map<double, LrSummary> by_lr;
-  std::map<double, double> sums;
-  std::map<double, std::pair<double, int64_t>> best_run;  // lr -> (loss, job)
-  for (const storage::GroupMember& job : jobs) {
-    LrSummary& s = by_lr[job.lr];
-    s.lr = job.lr;
-    if (!IsTerminalState(job.state)) out.complete = false;
-    if (job.state == "succeeded" && job.val_loss.has_value()) {
-      ++s.succeeded;
-      sums[job.lr] += *job.val_loss;
-      auto it = best_run.find(job.lr);
-      if (it == best_run.end() || *job.val_loss < it->second.first) {
-        best_run[job.lr] = {*job.val_loss, job.id};
-      }
-    } else if (job.state == "diverged") {
-      ++s.diverged;
-    } else if (job.state == "failed" || job.state == "cancelled" ||
-               job.state == "succeeded") {
-      ++s.failed;  // includes a success that reported no validation loss
-    }
+storage::LrTally TallyOf(const std::string& state, std::optional<double> val_loss,
+                         int64_t job_id) {
+  storage::LrTally t;
+  if (!IsTerminalState(state)) return t;
+  t.ended = 1;
+  if (state == "succeeded" && val_loss.has_value()) {
+    t.succeeded = 1;
+    t.loss_sum = *val_loss;
+    t.best_job_id = job_id;
+    t.best_val_loss = val_loss;
+  } else if (state == "diverged") {
+    t.diverged = 1;
+  } else {
+    t.failed = 1;  // failed, cancelled, or a success that reported no loss
   }
-  for (auto& [lr, s] : by_lr) {
-    if (s.succeeded > 0) s.mean_val_loss = sums[lr] / s.succeeded;
+  return t;
+}
+
+void Accumulate(storage::LrTally* into, const storage::LrTally& add) {
+  into->ended += add.ended;
+  into->succeeded += add.succeeded;
+  into->diverged += add.diverged;
+  into->failed += add.failed;
+  into->loss_sum += add.loss_sum;
+  if (add.best_job_id != 0 &&
+      (!into->best_val_loss.has_value() || *add.best_val_loss < *into->best_val_loss)) {
+    into->best_job_id = add.best_job_id;
+    into->best_val_loss = add.best_val_loss;
+  }
+}
+
+GroupSelection SelectBest(const std::vector<storage::GroupMember>& jobs) {
+  std::map<double, storage::LrTally> by_lr;
+  for (const storage::GroupMember& job : jobs) {  // by id: ties go to the lowest
+    storage::LrTally& t = by_lr[job.lr];
+    t.lr = job.lr;
+    ++t.jobs;
+    Accumulate(&t, TallyOf(job.state, job.val_loss, job.id));
+  }
+  std::vector<storage::LrTally> tallies;
+  for (auto& [lr, t] : by_lr) tallies.push_back(std::move(t));
+  return SelectBestFromTallies(tallies);
+}
+
+GroupSelection SelectBestFromTallies(const std::vector<storage::LrTally>& lrs) {
+  GroupSelection out;
+  int64_t jobs = 0, ended = 0;
+  for (const storage::LrTally& t : lrs) {
+    jobs += t.jobs;
+    ended += t.ended;
+    LrSummary s;
+    s.lr = t.lr;
+    s.succeeded = static_cast<int>(t.succeeded);
+    s.diverged = static_cast<int>(t.diverged);
+    s.failed = static_cast<int>(t.failed);
+    if (t.succeeded > 0) s.mean_val_loss = t.loss_sum / static_cast<double>(t.succeeded);
     out.lrs.push_back(s);
     if (s.mean_val_loss.has_value() && s.diverged == 0 &&
         (!out.best_val_loss.has_value() || *s.mean_val_loss < *out.best_val_loss)) {
       out.best_val_loss = s.mean_val_loss;
-      out.best_lr = lr;
-      out.best_job_id = best_run[lr].second;
+      out.best_lr = t.lr;
+      out.best_job_id = t.best_job_id;
     }
   }
+  out.complete = jobs > 0 && ended == jobs;
   return out;
 }
 

@@ -4,7 +4,11 @@
 // eligible one with the lowest mean loss, and the best run is that LR's
 // succeeded job with the lowest loss.
 //
-// Thread safety: pure function.
+// The rule works on per-LR tallies (storage::LrTally), which the scheduler
+// keeps up to date as each run ends (O(1) per run); SelectBest over a
+// group's jobs builds the same tallies first, so both paths share it.
+//
+// Thread safety: pure functions.
 #ifndef DEPTHBENCH_SCHEDULER_BEST_LR_H_
 #define DEPTHBENCH_SCHEDULER_BEST_LR_H_
 
@@ -36,6 +40,22 @@ struct GroupSelection {
 bool IsTerminalState(const std::string& state);
 
 GroupSelection SelectBest(const std::vector<storage::GroupMember>& jobs);
+
+// The selection from a group's tallies, ascending LR. `complete` when the
+// group has jobs and every one has ended.
+GroupSelection SelectBestFromTallies(const std::vector<storage::LrTally>& lrs);
+
+// What one train job in `state` (with `val_loss`, id `job_id`) adds to its
+// LR's tally: nothing while it has not ended; ended plus one of
+// succeeded/diverged/failed after; a succeeded job with a loss also adds
+// the loss and offers itself as the LR's best run. Only the count fields,
+// loss_sum, best_job_id and best_val_loss are set.
+storage::LrTally TallyOf(const std::string& state, std::optional<double> val_loss,
+                         int64_t job_id);
+
+// Adds `add`'s counts and loss to `into` and takes its best run when its
+// loss is lower (callers add jobs by id, so ties keep the lowest id).
+void Accumulate(storage::LrTally* into, const storage::LrTally& add);
 
 // lrs as JSON: [{"lr":..,"val_loss":..|null,"diverged":bool,"succeeded":n,
 // "diverged_runs":n,"failed_runs":n}, ...]

@@ -75,7 +75,7 @@ grpc::Status SweepServiceImpl::RetryJob(grpc::ServerContext* ctx, const v1::Retr
 }
 grpc::Status SweepServiceImpl::QueryResults(grpc::ServerContext* ctx, const v1::QueryResultsRequest* req,
                                             v1::QueryResultsResponse* resp) {
-  return Handle(ctx, token_, resp, [&] { return scheduler_->QueryResults(req->sweep()); });
+  return Handle(ctx, token_, resp, [&] { return scheduler_->QueryResults(*req); });
 }
 
 grpc::Status SweepServiceImpl::WatchJob(grpc::ServerContext* ctx, const v1::WatchJobRequest* req,

@@ -2,10 +2,14 @@
 //   depthbench-scheduler --db PATH --listen HOST:PORT
 //     [--metrics-listen H:P [--metrics-port-file F]]
 //     [--auth-token-file F] [--tls-cert F --tls-key F] [--port-file F]
-//     [--lease-ttl-ms N] [--heartbeat-interval-ms N]
+//     [--lease-ttl-ms N] [--heartbeat-interval-ms N] [--durability normal|full]
 // With --metrics-listen, serves /metrics, /healthz and /readyz there
 // (common/metrics_http_server.h); --metrics-port-file gets the bound port
 // before --port-file gets the gRPC one.
+// --durability (README.md "The database"): normal (synchronous=NORMAL, the
+// default) keeps every commit through a crash of the process but can lose
+// the last commits on a power loss; full (synchronous=FULL) fsyncs each
+// commit. bench/RESULTS.md has what full costs in leases/s.
 // Exit codes: 0 clean shutdown (SIGINT/SIGTERM), 2 bad usage, 1 other.
 #include <csignal>
 #include <cstdio>
@@ -64,6 +68,7 @@ int main(int argc, char** argv) {
   std::string db_path, listen = "127.0.0.1:7070", metrics_listen, token_file, tls_cert,
               tls_key, port_file, metrics_port_file;
   int64_t lease_ttl_ms = 30000, heartbeat_ms = 0;
+  std::string durability = "normal";
   app.add_option("--db", db_path, "SQLite file (created and migrated if needed)")->required();
   app.add_option("--listen", listen, "gRPC address HOST:PORT (port 0 picks a free port)")
       ->capture_default_str();
@@ -86,6 +91,10 @@ int main(int argc, char** argv) {
   app.add_option("--heartbeat-interval-ms", heartbeat_ms,
                  "heartbeat interval told to workers (default: TTL / 3)")
       ->check(CLI::PositiveNumber);
+  app.add_option("--durability", durability,
+                 "normal: commits survive a crash of this process, the last ones may be lost "
+                 "on power loss; full: fsync every commit (survives power loss, fewer leases/s)")
+      ->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -146,6 +155,13 @@ int main(int argc, char** argv) {
   };
 
   depthbench::scheduler::SchedulerOptions options;
+  absl::StatusOr<depthbench::storage::Durability> parsed_durability =
+      depthbench::storage::ParseDurability(durability, "--durability");
+  if (!parsed_durability.ok()) {
+    std::fprintf(stderr, "error: %s\n", std::string(parsed_durability.status().message()).c_str());
+    return 2;
+  }
+  options.durability = *parsed_durability;
   options.observer = &observer;
   options.lease_ttl_ms = lease_ttl_ms;
   options.heartbeat_interval_ms = heartbeat_ms > 0 ? heartbeat_ms : std::max<int64_t>(1, lease_ttl_ms / 3);

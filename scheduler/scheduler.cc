@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <optional>
+#include <tuple>
 #include <utility>
 
 #include <google/protobuf/util/message_differencer.h>
@@ -101,7 +102,125 @@ SchedulerObserver* NoopObserver() {
   return kNoop;
 }
 
+v1::ResultRow ResultRowProto(const storage::ResultRecord& r) {
+  v1::ResultRow row;
+  row.set_arch(r.arch);
+  row.set_layers(r.layers);
+  row.set_d_model(r.d_model);
+  row.set_aspect_ratio(r.aspect_ratio);
+  row.set_params(r.params);
+  row.set_has_best(r.best_lr.has_value());
+  row.set_best_lr(r.best_lr.value_or(0));
+  row.set_best_val_loss(r.best_val_loss.value_or(0));
+  row.set_best_job_id(r.best_job_id);
+  row.set_diagnostics_json(r.diagnostics_json);
+  row.set_complete(r.complete);
+  nlohmann::json lrs = nlohmann::json::parse(r.lrs_json, nullptr, false);
+  if (lrs.is_array()) {
+    for (const auto& j : lrs) {
+      v1::LrLoss* l = row.add_lrs();
+      l->set_lr(j.value("lr", 0.0));
+      if (j.contains("val_loss") && j["val_loss"].is_number()) {
+        l->set_has_loss(true);
+        l->set_val_loss(j["val_loss"].get<double>());
+      }
+      l->set_diverged(j.value("diverged", false));
+      l->set_succeeded(j.value("succeeded", 0));
+      l->set_diverged_runs(j.value("diverged_runs", 0));
+      l->set_failed_runs(j.value("failed_runs", 0));
+    }
+  }
+  return row;
+}
+
+v1::RunSummary RunSummaryProto(const storage::RunRecord& job) {
+  v1::RunSummary run;
+  run.set_job_id(job.id);
+  run.set_arch(job.arch);
+  run.set_layers(job.layers);
+  run.set_d_model(job.d_model);
+  run.set_lr(job.lr);
+  run.set_seed(job.seed);
+  run.set_state(JobStateFromName(job.state));
+  run.set_has_val_loss(job.val_loss.has_value());
+  run.set_final_val_loss(job.val_loss.value_or(0));
+  run.set_final_step(job.final_step);
+  run.set_is_best(job.is_best);
+  return run;
+}
+
+absl::StatusOr<storage::SweepRecord> FindSweep(storage::Database* db,
+                                               const std::string& name) {
+  if (name.empty()) return absl::InvalidArgumentError("sweep: a sweep name is required");
+  storage::SweepStore sweeps(db);
+  ASSIGN_OR_RETURN(std::optional<storage::SweepRecord> sweep, sweeps.FindByName(name));
+  if (!sweep) return absl::NotFoundError(absl::StrCat("sweep \"", name, "\" not found"));
+  return *sweep;
+}
+
+absl::StatusOr<v1::SweepSpec> ParseSpec(const storage::SweepRecord& sweep) {
+  v1::SweepSpec spec;
+  if (!spec.ParseFromString(sweep.spec)) {
+    return absl::DataLossError(absl::StrCat("sweep ", sweep.id, ": stored spec is unreadable"));
+  }
+  return spec;
+}
+
+// The Sweep message of `s` with job counts read through `db`.
+absl::StatusOr<v1::Sweep> SweepProtoFrom(storage::Database* db, const storage::SweepRecord& s,
+                                         const v1::SweepSpec& spec) {
+  v1::Sweep out;
+  out.set_id(s.id);
+  out.set_name(s.name);
+  *out.mutable_spec() = spec;
+  out.set_created_ms(s.created_ms);
+  storage::JobStore jobs(db);
+  ASSIGN_OR_RETURN(auto counts, jobs.CountByState(s.id));
+  int64_t total = 0, done = 0;
+  for (const auto& [state, n] : counts) {
+    (*out.mutable_job_counts())[state] = n;
+    total += n;
+    if (IsTerminalState(state)) done += n;
+  }
+  out.set_total_jobs(total);
+  out.set_done_jobs(done);
+  if (done < total) {
+    out.set_state(v1::SWEEP_RUNNING);
+  } else {
+    out.set_state(s.cancelled ? v1::SWEEP_CANCELLED : v1::SWEEP_COMPLETED);
+  }
+  return out;
+}
+
+// Parses a page token (the last id of the previous page) of `method`.
+absl::StatusOr<int64_t> ParsePageToken(const std::string& token, const char* method) {
+  int64_t after_id = 0;
+  if (!token.empty() && (!absl::SimpleAtoi(token, &after_id) || after_id < 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "page_token: not a token from ", method, ": \"", token, "\""));
+  }
+  return after_id;
+}
+
+absl::StatusOr<int64_t> PageLimit(int32_t page_size) {
+  if (page_size < 0 || page_size > 1000) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "page_size: must be in 0..1000, got ", page_size));
+  }
+  return page_size == 0 ? 100 : page_size;
+}
+
 }  // namespace
+
+template <typename F>
+auto Scheduler::Read(F&& read) -> decltype(read(static_cast<storage::Database*>(nullptr))) {
+  if (readers_ != nullptr) {
+    ASSIGN_OR_RETURN(storage::ReaderPool::Snapshot snapshot, readers_->Begin());
+    return read(snapshot.db());
+  }
+  absl::MutexLock lock(&mu_);
+  return read(db_.get());
+}
 
 // A storage::Transaction that reports BEGIN..COMMIT (or ..ROLLBACK) time to
 // the observer. Measures a duration for reporting only, so it reads
@@ -188,8 +307,17 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(
   if (options.lease_ttl_ms <= 0) {
     return absl::InvalidArgumentError("lease_ttl_ms: must be positive");
   }
+  if (options.reader_connections < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("reader_connections: must be >= 1, got ", options.reader_connections));
+  }
   RETURN_IF_ERROR(storage::Migrate(db.get()));
+  std::unique_ptr<storage::ReaderPool> readers;
+  if (!storage::Database::IsInMemory(db->path()) && !db->exclusive_lock()) {
+    ASSIGN_OR_RETURN(readers, storage::ReaderPool::Open(db->path(), options.reader_connections));
+  }
   std::unique_ptr<Scheduler> s(new Scheduler(std::move(db), clock, options));
+  s->readers_ = std::move(readers);
   absl::MutexLock lock(&s->mu_);
   RETURN_IF_ERROR(s->LoadLeases());
   return s;
@@ -197,7 +325,10 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(
 
 absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Open(
     const std::string& path, Clock* clock, SchedulerOptions options) {
-  ASSIGN_OR_RETURN(std::unique_ptr<storage::Database> db, storage::Database::Open(path));
+  storage::DatabaseOptions db_options;
+  db_options.durability = options.durability;
+  ASSIGN_OR_RETURN(std::unique_ptr<storage::Database> db,
+                   storage::Database::Open(path, db_options));
   return Create(std::move(db), clock, options);
 }
 
@@ -227,8 +358,7 @@ void Scheduler::WaitForChange(uint64_t seen, absl::Duration timeout) {
 }
 
 absl::StatusOr<std::vector<storage::SweepStateCount>> Scheduler::CountJobsBySweepAndState() {
-  absl::MutexLock lock(&mu_);
-  return jobs_.CountBySweepAndState();
+  return Read([](storage::Database* db) { return storage::JobStore(db).CountBySweepAndState(); });
 }
 
 absl::Status Scheduler::CheckDatabase() {
@@ -257,42 +387,17 @@ absl::StatusOr<const v1::SweepSpec*> Scheduler::SpecFor(int64_t sweep_id) {
   if (it != spec_cache_.end()) return &it->second;
   ASSIGN_OR_RETURN(std::optional<storage::SweepRecord> sweep, sweeps_.Get(sweep_id));
   if (!sweep) return absl::NotFoundError(absl::StrCat("sweep ", sweep_id, " not found"));
-  v1::SweepSpec spec;
-  if (!spec.ParseFromString(sweep->spec)) {
-    return absl::DataLossError(absl::StrCat("sweep ", sweep_id, ": stored spec is unreadable"));
-  }
+  ASSIGN_OR_RETURN(v1::SweepSpec spec, ParseSpec(*sweep));
   return &(spec_cache_[sweep_id] = std::move(spec));
 }
 
 absl::StatusOr<storage::SweepRecord> Scheduler::SweepByName(const std::string& name) {
-  if (name.empty()) return absl::InvalidArgumentError("sweep: a sweep name is required");
-  ASSIGN_OR_RETURN(std::optional<storage::SweepRecord> sweep, sweeps_.FindByName(name));
-  if (!sweep) return absl::NotFoundError(absl::StrCat("sweep \"", name, "\" not found"));
-  return *sweep;
+  return FindSweep(db_.get(), name);
 }
 
 absl::StatusOr<v1::Sweep> Scheduler::SweepProto(const storage::SweepRecord& s) {
-  v1::Sweep out;
-  out.set_id(s.id);
-  out.set_name(s.name);
   ASSIGN_OR_RETURN(const v1::SweepSpec* spec, SpecFor(s.id));
-  *out.mutable_spec() = *spec;
-  out.set_created_ms(s.created_ms);
-  ASSIGN_OR_RETURN(auto counts, jobs_.CountByState(s.id));
-  int64_t total = 0, done = 0;
-  for (const auto& [state, n] : counts) {
-    (*out.mutable_job_counts())[state] = n;
-    total += n;
-    if (IsTerminalState(state)) done += n;
-  }
-  out.set_total_jobs(total);
-  out.set_done_jobs(done);
-  if (done < total) {
-    out.set_state(v1::SWEEP_RUNNING);
-  } else {
-    out.set_state(s.cancelled ? v1::SWEEP_CANCELLED : v1::SWEEP_COMPLETED);
-  }
-  return out;
+  return SweepProtoFrom(db_.get(), s, *spec);
 }
 
 // --- SweepService -----------------------------------------------------------
@@ -320,6 +425,7 @@ absl::StatusOr<v1::SubmitSweepResponse> Scheduler::SubmitSweep(const v1::SweepSp
   sweep.created_ms = now;
   ASSIGN_OR_RETURN(sweep.id, sweeps_.Insert(sweep));
   std::string labels = LabelsJson(spec.resources().labels());
+  ASSIGN_OR_RETURN(int64_t next_id, jobs_.MaxId());
   for (const PlannedJob& planned : expanded.jobs) {
     JobRecord job;
     job.sweep_id = sweep.id;
@@ -335,9 +441,22 @@ absl::StatusOr<v1::SubmitSweepResponse> Scheduler::SubmitSweep(const v1::SweepSp
     job.req_memory_mb = spec.resources().memory_mb();
     job.req_labels = labels;
     job.created_ms = job.updated_ms = now;
-    ASSIGN_OR_RETURN(job.id, jobs_.Insert(job));
+    // Ids chosen here (this transaction is the only writer) so that the
+    // checkpoint dir, named after the id, goes in with the row: one write
+    // per job rather than an insert and an update.
+    job.id = ++next_id;
     job.checkpoint_dir = absl::StrCat(sweep.name, "/", job.id);
-    RETURN_IF_ERROR(jobs_.Update(job));
+    RETURN_IF_ERROR(jobs_.Insert(job).status());
+  }
+  std::map<std::tuple<std::string, int64_t, int64_t, double>, int64_t> per_lr;
+  for (const PlannedJob& planned : expanded.jobs) {
+    ++per_lr[{planned.arch, planned.shape.layers, planned.shape.d_model, planned.lr}];
+  }
+  for (const auto& [key, count] : per_lr) {
+    storage::LrTally tally;
+    tally.sweep_id = sweep.id;
+    std::tie(tally.arch, tally.layers, tally.d_model, tally.lr) = key;
+    RETURN_IF_ERROR(results_.AddLrJobs(tally, count));
   }
   for (const PlannedGroup& group : expanded.groups) {
     storage::ResultRecord row;
@@ -368,19 +487,23 @@ absl::StatusOr<v1::SubmitSweepResponse> Scheduler::SubmitSweep(const v1::SweepSp
 }
 
 absl::StatusOr<v1::Sweep> Scheduler::GetSweep(const std::string& name) {
-  absl::MutexLock lock(&mu_);
-  ASSIGN_OR_RETURN(storage::SweepRecord sweep, SweepByName(name));
-  return SweepProto(sweep);
+  return Read([&](storage::Database* db) -> absl::StatusOr<v1::Sweep> {
+    ASSIGN_OR_RETURN(storage::SweepRecord sweep, FindSweep(db, name));
+    ASSIGN_OR_RETURN(v1::SweepSpec spec, ParseSpec(sweep));
+    return SweepProtoFrom(db, sweep, spec);
+  });
 }
 
 absl::StatusOr<v1::ListSweepsResponse> Scheduler::ListSweeps() {
-  absl::MutexLock lock(&mu_);
-  ASSIGN_OR_RETURN(std::vector<storage::SweepRecord> all, sweeps_.List());
-  v1::ListSweepsResponse out;
-  for (const auto& s : all) {
-    ASSIGN_OR_RETURN(*out.add_sweeps(), SweepProto(s));
-  }
-  return out;
+  return Read([&](storage::Database* db) -> absl::StatusOr<v1::ListSweepsResponse> {
+    ASSIGN_OR_RETURN(std::vector<storage::SweepRecord> all, storage::SweepStore(db).List());
+    v1::ListSweepsResponse out;
+    for (const auto& s : all) {
+      ASSIGN_OR_RETURN(v1::SweepSpec spec, ParseSpec(s));
+      ASSIGN_OR_RETURN(*out.add_sweeps(), SweepProtoFrom(db, s, spec));
+    }
+    return out;
+  });
 }
 
 absl::StatusOr<v1::CancelSweepResponse> Scheduler::CancelSweep(const std::string& name) {
@@ -391,8 +514,11 @@ absl::StatusOr<v1::CancelSweepResponse> Scheduler::CancelSweep(const std::string
   ASSIGN_OR_RETURN(TimedTransaction txn, BeginTransaction("cancel_sweep"));
   int64_t cancelled = 0;
   std::vector<int64_t> released;
-  for (JobRecord& job : jobs) {
+  std::vector<std::pair<size_t, std::string>> changed;  // (index, state before)
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    JobRecord& job = jobs[i];
     if (IsTerminalState(job.state)) continue;
+    changed.emplace_back(i, job.state);
     if (job.state == "leased" || job.state == "running") {
       RETURN_IF_ERROR(jobs_.EndAttempt(job.current_attempt_id, now, "cancelled",
                                        "sweep cancelled"));
@@ -407,8 +533,8 @@ absl::StatusOr<v1::CancelSweepResponse> Scheduler::CancelSweep(const std::string
     observer_->OnJobFinished("cancelled");
   }
   RETURN_IF_ERROR(sweeps_.SetCancelled(sweep.id, true));
-  for (JobRecord& job : jobs) {
-    if (job.kind == "train" && job.state == "cancelled") RETURN_IF_ERROR(UpdateGroup(job));
+  for (const auto& [i, from_state] : changed) {
+    if (jobs[i].kind == "train") RETURN_IF_ERROR(UpdateGroup(jobs[i], from_state));
   }
   RETURN_IF_ERROR(txn.Commit());
   for (int64_t id : released) leases_.Release(id);
@@ -420,16 +546,8 @@ absl::StatusOr<v1::CancelSweepResponse> Scheduler::CancelSweep(const std::string
 
 absl::StatusOr<v1::ListJobsResponse> Scheduler::ListJobs(const v1::ListJobsRequest& request) {
   storage::JobFilter filter;
-  if (request.page_size() < 0 || request.page_size() > 1000) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "page_size: must be in 0..1000, got ", request.page_size()));
-  }
-  filter.limit = request.page_size() == 0 ? 100 : request.page_size();
-  if (!request.page_token().empty() &&
-      (!absl::SimpleAtoi(request.page_token(), &filter.after_id) || filter.after_id < 0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "page_token: not a token from ListJobs: \"", request.page_token(), "\""));
-  }
+  ASSIGN_OR_RETURN(filter.limit, PageLimit(request.page_size()));
+  ASSIGN_OR_RETURN(filter.after_id, ParsePageToken(request.page_token(), "ListJobs"));
   if (request.state() != v1::JOB_STATE_UNSPECIFIED) {
     filter.state = JobStateName(request.state());
     if (filter.state.empty()) return absl::InvalidArgumentError("state: unknown job state");
@@ -439,43 +557,47 @@ absl::StatusOr<v1::ListJobsResponse> Scheduler::ListJobs(const v1::ListJobsReque
     if (!arch.ok()) return absl::InvalidArgumentError(absl::StrCat("arch: ", arch.status().message()));
     filter.arch = request.arch();
   }
-  absl::MutexLock lock(&mu_);
-  std::map<int64_t, std::string> names;
-  if (!request.sweep().empty()) {
-    ASSIGN_OR_RETURN(storage::SweepRecord sweep, SweepByName(request.sweep()));
-    filter.sweep_id = sweep.id;
-  }
-  ASSIGN_OR_RETURN(std::vector<storage::SweepRecord> all, sweeps_.List());
-  for (const auto& s : all) names[s.id] = s.name;
-  ++filter.limit;  // one extra row tells whether another page exists
-  ASSIGN_OR_RETURN(std::vector<JobRecord> jobs, jobs_.List(filter));
-  v1::ListJobsResponse out;
-  for (size_t i = 0; i < jobs.size() && static_cast<int64_t>(i) < filter.limit - 1; ++i) {
-    *out.add_jobs() = JobProto(jobs[i], names[jobs[i].sweep_id]);
-  }
-  if (static_cast<int64_t>(jobs.size()) == filter.limit) {
-    out.set_next_page_token(absl::StrCat(out.jobs(out.jobs_size() - 1).id()));
-  }
-  return out;
+  return Read([&](storage::Database* db) -> absl::StatusOr<v1::ListJobsResponse> {
+    std::map<int64_t, std::string> names;
+    if (!request.sweep().empty()) {
+      ASSIGN_OR_RETURN(storage::SweepRecord sweep, FindSweep(db, request.sweep()));
+      filter.sweep_id = sweep.id;
+    }
+    ASSIGN_OR_RETURN(std::vector<storage::SweepRecord> all, storage::SweepStore(db).List());
+    for (const auto& s : all) names[s.id] = s.name;
+    ++filter.limit;  // one extra row tells whether another page exists
+    ASSIGN_OR_RETURN(std::vector<JobRecord> jobs, storage::JobStore(db).List(filter));
+    v1::ListJobsResponse out;
+    for (size_t i = 0; i < jobs.size() && static_cast<int64_t>(i) < filter.limit - 1; ++i) {
+      *out.add_jobs() = JobProto(jobs[i], names[jobs[i].sweep_id]);
+    }
+    if (static_cast<int64_t>(jobs.size()) == filter.limit) {
+      out.set_next_page_token(absl::StrCat(out.jobs(out.jobs_size() - 1).id()));
+    }
+    return out;
+  });
 }
 
 absl::StatusOr<v1::Job> Scheduler::GetJob(int64_t job_id) {
-  absl::MutexLock lock(&mu_);
-  ASSIGN_OR_RETURN(JobRecord job, jobs_.Get(job_id));
-  ASSIGN_OR_RETURN(std::optional<storage::SweepRecord> sweep, sweeps_.Get(job.sweep_id));
-  v1::Job out = JobProto(job, sweep ? sweep->name : "");
-  ASSIGN_OR_RETURN(std::vector<AttemptRecord> attempts, jobs_.ListAttempts(job_id));
-  for (const AttemptRecord& a : attempts) {
-    v1::Attempt* p = out.add_attempts();
-    p->set_attempt_id(a.id);
-    p->set_number(static_cast<int32_t>(a.number));
-    p->set_worker_id(a.worker_id);
-    p->set_start_ms(a.start_ms);
-    p->set_end_ms(a.end_ms);
-    p->set_outcome(a.outcome);
-    p->set_reason(a.reason);
-  }
-  return out;
+  return Read([&](storage::Database* db) -> absl::StatusOr<v1::Job> {
+    storage::JobStore jobs(db);
+    ASSIGN_OR_RETURN(JobRecord job, jobs.Get(job_id));
+    ASSIGN_OR_RETURN(std::optional<storage::SweepRecord> sweep,
+                     storage::SweepStore(db).Get(job.sweep_id));
+    v1::Job out = JobProto(job, sweep ? sweep->name : "");
+    ASSIGN_OR_RETURN(std::vector<AttemptRecord> attempts, jobs.ListAttempts(job_id));
+    for (const AttemptRecord& a : attempts) {
+      v1::Attempt* p = out.add_attempts();
+      p->set_attempt_id(a.id);
+      p->set_number(static_cast<int32_t>(a.number));
+      p->set_worker_id(a.worker_id);
+      p->set_start_ms(a.start_ms);
+      p->set_end_ms(a.end_ms);
+      p->set_outcome(a.outcome);
+      p->set_reason(a.reason);
+    }
+    return out;
+  });
 }
 
 absl::StatusOr<v1::RetryJobResponse> Scheduler::RetryJob(const v1::RetryJobRequest& request) {
@@ -502,6 +624,7 @@ absl::StatusOr<v1::RetryJobResponse> Scheduler::RetryJob(const v1::RetryJobReque
   ASSIGN_OR_RETURN(TimedTransaction txn, BeginTransaction("retry_job"));
   v1::RetryJobResponse out;
   for (JobRecord& job : targets) {
+    const std::string from_state = job.state;
     job.state = "pending";
     job.attempts_used = 0;
     job.not_before_ms = 0;
@@ -510,7 +633,7 @@ absl::StatusOr<v1::RetryJobResponse> Scheduler::RetryJob(const v1::RetryJobReque
     job.updated_ms = now;
     RETURN_IF_ERROR(jobs_.Update(job));
     RETURN_IF_ERROR(sweeps_.SetCancelled(job.sweep_id, false));
-    if (job.kind == "train") RETURN_IF_ERROR(UpdateGroup(job));
+    if (job.kind == "train") RETURN_IF_ERROR(UpdateGroup(job, from_state));
     out.add_job_ids(job.id);
     observer_->OnJobRetried("manual");
   }
@@ -520,67 +643,47 @@ absl::StatusOr<v1::RetryJobResponse> Scheduler::RetryJob(const v1::RetryJobReque
 }
 
 absl::StatusOr<v1::QueryResultsResponse> Scheduler::QueryResults(const std::string& name) {
-  absl::MutexLock lock(&mu_);
-  ASSIGN_OR_RETURN(storage::SweepRecord sweep, SweepByName(name));
-  ASSIGN_OR_RETURN(std::vector<storage::ResultRecord> rows, results_.List(sweep.id));
-  v1::QueryResultsResponse out;
-  for (const storage::ResultRecord& r : rows) {
-    v1::ResultRow* row = out.add_rows();
-    row->set_arch(r.arch);
-    row->set_layers(r.layers);
-    row->set_d_model(r.d_model);
-    row->set_aspect_ratio(r.aspect_ratio);
-    row->set_params(r.params);
-    row->set_has_best(r.best_lr.has_value());
-    row->set_best_lr(r.best_lr.value_or(0));
-    row->set_best_val_loss(r.best_val_loss.value_or(0));
-    row->set_best_job_id(r.best_job_id);
-    row->set_diagnostics_json(r.diagnostics_json);
-    row->set_complete(r.complete);
-    nlohmann::json lrs = nlohmann::json::parse(r.lrs_json, nullptr, false);
-    if (lrs.is_array()) {
-      for (const auto& j : lrs) {
-        v1::LrLoss* l = row->add_lrs();
-        l->set_lr(j.value("lr", 0.0));
-        if (j.contains("val_loss") && j["val_loss"].is_number()) {
-          l->set_has_loss(true);
-          l->set_val_loss(j["val_loss"].get<double>());
-        }
-        l->set_diverged(j.value("diverged", false));
-        l->set_succeeded(j.value("succeeded", 0));
-        l->set_diverged_runs(j.value("diverged_runs", 0));
-        l->set_failed_runs(j.value("failed_runs", 0));
-      }
+  v1::QueryResultsRequest request;
+  request.set_sweep(name);
+  return QueryResults(request);
+}
+
+absl::StatusOr<v1::QueryResultsResponse> Scheduler::QueryResults(
+    const v1::QueryResultsRequest& request) {
+  ASSIGN_OR_RETURN(int64_t limit, PageLimit(request.page_size()));
+  ASSIGN_OR_RETURN(int64_t after_id, ParsePageToken(request.page_token(), "QueryResults"));
+  return Read([&](storage::Database* db) -> absl::StatusOr<v1::QueryResultsResponse> {
+    ASSIGN_OR_RETURN(storage::SweepRecord sweep, FindSweep(db, request.sweep()));
+    v1::QueryResultsResponse out;
+    if (request.page_token().empty()) {
+      ASSIGN_OR_RETURN(std::vector<storage::ResultRecord> rows,
+                       storage::ResultStore(db).List(sweep.id));
+      for (const storage::ResultRecord& r : rows) *out.add_rows() = ResultRowProto(r);
     }
-  }
-  ASSIGN_OR_RETURN(std::vector<JobRecord> jobs, jobs_.ListBySweep(sweep.id));
-  for (const JobRecord& job : jobs) {
-    if (job.kind != "train") continue;
-    v1::RunSummary* run = out.add_runs();
-    run->set_job_id(job.id);
-    run->set_arch(job.arch);
-    run->set_layers(job.layers);
-    run->set_d_model(job.d_model);
-    run->set_lr(job.lr);
-    run->set_seed(job.seed);
-    run->set_state(JobStateFromName(job.state));
-    run->set_has_val_loss(job.val_loss.has_value());
-    run->set_final_val_loss(job.val_loss.value_or(0));
-    run->set_final_step(job.final_step);
-    run->set_is_best(job.is_best);
-  }
-  return out;
+    // One extra row tells whether another page exists.
+    ASSIGN_OR_RETURN(std::vector<storage::RunRecord> runs,
+                     storage::JobStore(db).ListRuns(sweep.id, after_id, limit + 1));
+    for (size_t i = 0; i < runs.size() && static_cast<int64_t>(i) < limit; ++i) {
+      *out.add_runs() = RunSummaryProto(runs[i]);
+    }
+    if (static_cast<int64_t>(runs.size()) > limit) {
+      out.set_next_page_token(absl::StrCat(out.runs(out.runs_size() - 1).job_id()));
+    }
+    return out;
+  });
 }
 
 absl::StatusOr<WatchBatch> Scheduler::ReadWatch(int64_t job_id, int64_t after_row_id,
                                                 int64_t from_step, int64_t limit) {
-  absl::MutexLock lock(&mu_);
-  ASSIGN_OR_RETURN(JobRecord job, jobs_.Get(job_id));
-  WatchBatch batch;
-  batch.state = JobStateFromName(job.state);
-  batch.attempt_id = job.current_attempt_id;
-  ASSIGN_OR_RETURN(batch.points, metrics_.Read(job_id, after_row_id, from_step, limit));
-  return batch;
+  return Read([&](storage::Database* db) -> absl::StatusOr<WatchBatch> {
+    ASSIGN_OR_RETURN(JobRecord job, storage::JobStore(db).Get(job_id));
+    WatchBatch batch;
+    batch.state = JobStateFromName(job.state);
+    batch.attempt_id = job.current_attempt_id;
+    ASSIGN_OR_RETURN(batch.points,
+                     storage::MetricStore(db).Read(job_id, after_row_id, from_step, limit));
+    return batch;
+  });
 }
 
 // --- WorkerService ----------------------------------------------------------
@@ -772,6 +875,7 @@ absl::StatusOr<v1::ReportMetricsResponse> Scheduler::ReportMetrics(
 absl::Status Scheduler::RequeueOrFail(JobRecord& job, const std::string& reason,
                                       const std::string& retry_reason) {
   int64_t now = clock_->NowWallMs();
+  const std::string from_state = job.state;
   job.reason = reason;
   job.worker_id.clear();
   job.updated_ms = now;
@@ -782,7 +886,7 @@ absl::Status Scheduler::RequeueOrFail(JobRecord& job, const std::string& reason,
     counters_.jobs_failed++;
     observer_->OnJobFinished("failed");
     RETURN_IF_ERROR(jobs_.Update(job));
-    if (job.kind == "train") RETURN_IF_ERROR(UpdateGroup(job));
+    if (job.kind == "train") RETURN_IF_ERROR(UpdateGroup(job, from_state));
     return absl::OkStatus();
   }
   ASSIGN_OR_RETURN(const v1::SweepSpec* spec, SpecFor(job.sweep_id));
@@ -820,6 +924,7 @@ absl::StatusOr<v1::FinishJobResponse> Scheduler::FinishJob(const v1::FinishJobRe
         " does not hold a lease (expired, superseded, cancelled or finished)"));
   }
   ASSIGN_OR_RETURN(JobRecord job, jobs_.Get(request.job_id()));
+  const std::string from_state = job.state;
   int64_t now = clock_->NowWallMs();
   ASSIGN_OR_RETURN(TimedTransaction txn, BeginTransaction("finish_job"));
   if (request.points_size() > 0) {
@@ -846,7 +951,7 @@ absl::StatusOr<v1::FinishJobResponse> Scheduler::FinishJob(const v1::FinishJobRe
       observer_->OnJobFinished("succeeded");
       RETURN_IF_ERROR(jobs_.Update(job));
       if (job.kind == "train") {
-        RETURN_IF_ERROR(UpdateGroup(job));
+        RETURN_IF_ERROR(UpdateGroup(job, from_state));
       } else {
         RETURN_IF_ERROR(RecordDiagnostics(job, request));
       }
@@ -858,7 +963,7 @@ absl::StatusOr<v1::FinishJobResponse> Scheduler::FinishJob(const v1::FinishJobRe
       counters_.jobs_diverged++;
       observer_->OnJobFinished("diverged");
       RETURN_IF_ERROR(jobs_.Update(job));
-      if (job.kind == "train") RETURN_IF_ERROR(UpdateGroup(job));
+      if (job.kind == "train") RETURN_IF_ERROR(UpdateGroup(job, from_state));
       break;
     case v1::FINISH_FAILED: {
       std::string reason = request.reason().empty() ? "failed" : request.reason();
@@ -904,10 +1009,51 @@ absl::Status Scheduler::RecordDiagnostics(const JobRecord& job,
   return results_.Upsert(*row);
 }
 
-absl::Status Scheduler::UpdateGroup(const JobRecord& changed) {
+absl::Status Scheduler::RecountLr(const JobRecord& job) {
   ASSIGN_OR_RETURN(std::vector<storage::GroupMember> group,
-                   jobs_.ListGroup(changed.sweep_id, changed.arch, changed.layers, changed.d_model));
-  GroupSelection selection = SelectBest(group);
+                   jobs_.ListGroup(job.sweep_id, job.arch, job.layers, job.d_model));
+  storage::LrTally tally;
+  tally.sweep_id = job.sweep_id;
+  tally.arch = job.arch;
+  tally.layers = job.layers;
+  tally.d_model = job.d_model;
+  tally.lr = job.lr;
+  for (const storage::GroupMember& m : group) {  // by id: ties go to the lowest
+    if (m.lr != job.lr) continue;
+    ++tally.jobs;
+    Accumulate(&tally, TallyOf(m.state, m.val_loss, m.id));
+  }
+  return results_.SetLrTally(tally);
+}
+
+absl::Status Scheduler::UpdateGroup(const JobRecord& changed, const std::string& from_state) {
+  // The run's LR tally: what its new state adds less what its old one did.
+  // A success is final, so its loss never has to be taken back out; should
+  // one ever be left, the LR is recounted from its jobs.
+  if (from_state == "succeeded") {
+    RETURN_IF_ERROR(RecountLr(changed));
+  } else {
+    storage::LrTally delta = TallyOf(changed.state, changed.val_loss, changed.id);
+    storage::LrTally before = TallyOf(from_state, std::nullopt, 0);
+    delta.ended -= before.ended;
+    delta.succeeded -= before.succeeded;
+    delta.diverged -= before.diverged;
+    delta.failed -= before.failed;
+    delta.sweep_id = changed.sweep_id;
+    delta.arch = changed.arch;
+    delta.layers = changed.layers;
+    delta.d_model = changed.d_model;
+    delta.lr = changed.lr;
+    absl::Status applied = results_.ApplyLrDelta(delta);
+    if (absl::IsNotFound(applied)) {
+      applied = RecountLr(changed);
+    }
+    RETURN_IF_ERROR(applied);
+  }
+  ASSIGN_OR_RETURN(std::vector<storage::LrTally> tallies,
+                   results_.ListLrs(changed.sweep_id, changed.arch, changed.layers,
+                                    changed.d_model));
+  GroupSelection selection = SelectBestFromTallies(tallies);
   ASSIGN_OR_RETURN(std::optional<storage::ResultRecord> existing,
                    results_.Get(changed.sweep_id, changed.arch, changed.layers, changed.d_model));
   storage::ResultRecord row;
@@ -922,12 +1068,14 @@ absl::Status Scheduler::UpdateGroup(const JobRecord& changed) {
   row.best_lr = selection.complete ? selection.best_lr : std::nullopt;
   row.best_val_loss = selection.complete ? selection.best_val_loss : std::nullopt;
   int64_t best_job = selection.complete ? selection.best_job_id : 0;
-  if (row.best_job_id != best_job) row.diagnostics_json = "{}";
+  int64_t previous_best = row.best_job_id;
+  if (previous_best != best_job) row.diagnostics_json = "{}";
   row.best_job_id = best_job;
   RETURN_IF_ERROR(results_.Upsert(row));
-  for (const storage::GroupMember& member : group) {
-    bool best = member.id == best_job;
-    if (member.is_best != best) RETURN_IF_ERROR(jobs_.SetBest(member.id, best));
+  // The results row names the one run marked best; move the mark with it.
+  if (previous_best != best_job) {
+    if (previous_best != 0) RETURN_IF_ERROR(jobs_.SetBest(previous_best, false));
+    if (best_job != 0) RETURN_IF_ERROR(jobs_.SetBest(best_job, true));
   }
   if (best_job == 0) return absl::OkStatus();
   ASSIGN_OR_RETURN(const v1::SweepSpec* spec, SpecFor(changed.sweep_id));

@@ -15,9 +15,19 @@
 // fresh lease TTL; workers re-attach by listing their running attempts in
 // RegisterWorker/Heartbeat, and unclaimed leases expire normally.
 //
+// Reads (GetSweep, ListSweeps, ListJobs, GetJob, QueryResults, ReadWatch,
+// CountJobsBySweepAndState) run on read-only connections (storage::
+// ReaderPool), each on a WAL snapshot, and never take the mutex that the
+// lease path (AcquireJob, Heartbeat, ReportMetrics, FinishJob) and every
+// other state change hold; a read sees every change whose call returned
+// before it started. A database in memory, or one opened with an exclusive
+// lock (storage::DatabaseOptions), has no second connection: there reads
+// share the writer connection under the mutex.
+//
 // Thread safety: every public method is safe to call concurrently; one
-// mutex serialises access to the database and the lease table. Ownership:
-// owns the Database; borrows the Clock, which must outlive it.
+// mutex serialises state changes (the read-write connection and the lease
+// table). Ownership: owns the Database and the readers; borrows the Clock,
+// which must outlive it.
 #ifndef DEPTHBENCH_SCHEDULER_SCHEDULER_H_
 #define DEPTHBENCH_SCHEDULER_SCHEDULER_H_
 
@@ -36,6 +46,7 @@
 #include "depthbench/v1/sweep_service.pb.h"
 #include "depthbench/v1/worker_service.pb.h"
 #include "scheduler/lease_manager.h"
+#include "storage/reader_pool.h"
 #include "storage/sqlite.h"
 #include "storage/stores.h"
 
@@ -84,6 +95,12 @@ class SchedulerObserver {
 struct SchedulerOptions {
   int64_t lease_ttl_ms = 30000;
   int64_t heartbeat_interval_ms = 10000;
+  // For Open(): synchronous=NORMAL or FULL (storage/sqlite.h states what
+  // each keeps through a crash or a power loss).
+  storage::Durability durability = storage::Durability::kNormal;
+  // Read-only connections for the read methods (>= 1); unused for a
+  // database in memory.
+  int reader_connections = 4;
   // Borrowed; null for none. Must outlive the Scheduler.
   SchedulerObserver* observer = nullptr;
 };
@@ -139,6 +156,11 @@ class Scheduler {
   absl::StatusOr<depthbench::v1::Job> GetJob(int64_t job_id);
   absl::StatusOr<depthbench::v1::RetryJobResponse> RetryJob(
       const depthbench::v1::RetryJobRequest& request);
+  // Rows of every group (first page) and one page of runs; InvalidArgument
+  // names a bad page_size or page_token.
+  absl::StatusOr<depthbench::v1::QueryResultsResponse> QueryResults(
+      const depthbench::v1::QueryResultsRequest& request);
+  // The first page with the default page size.
   absl::StatusOr<depthbench::v1::QueryResultsResponse> QueryResults(
       const std::string& sweep);
   // Points of the job after `after_row_id` with step >= from_step, plus its
@@ -174,8 +196,8 @@ class Scheduler {
   // worker counts once it is heard from again.
   int64_t ConnectedWorkers() const;
 
-  // Jobs by (sweep name, state): one GROUP BY under the mutex (for the
-  // metrics exporter's scrape-time gauge).
+  // Jobs by (sweep name, state): one GROUP BY on a reader (for the metrics
+  // exporter's scrape-time gauge).
   absl::StatusOr<std::vector<storage::SweepStateCount>> CountJobsBySweepAndState();
   // OK when the database answers a query and its schema is at the version
   // this binary migrates to; Unavailable otherwise (for /readyz).
@@ -187,6 +209,11 @@ class Scheduler {
  private:
   Scheduler(std::unique_ptr<storage::Database> db, Clock* clock,
             SchedulerOptions options);
+
+  // Runs `read(storage::Database*)` on a reader snapshot, or under mu_ on
+  // the writer connection when there are no readers (in-memory database).
+  template <typename F>
+  auto Read(F&& read) -> decltype(read(static_cast<storage::Database*>(nullptr)));
 
   absl::Status LoadLeases() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<int64_t> ExpireLeasesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -219,11 +246,15 @@ class Scheduler {
   // Notes that `worker_id` was heard from now.
   void SawWorker(const std::string& worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t ConnectedWorkersLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Recomputes the results row of the job's (arch, shape) group, marks the
-  // best run and queues diagnostics once the group is complete. Caller holds
-  // a transaction.
-  absl::Status UpdateGroup(const storage::JobRecord& job)
+  // Called when train job `job` moved from `from_state` to job.state:
+  // updates its LR's tally (O(1)), then the results row of its (arch, shape)
+  // group from the group's tallies (O(LRs)), moves the best-run mark and
+  // queues diagnostics once the group is complete. Caller holds a
+  // transaction.
+  absl::Status UpdateGroup(const storage::JobRecord& job, const std::string& from_state)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Recounts the tally of the job's (group, lr) from its jobs.
+  absl::Status RecountLr(const storage::JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status RecordDiagnostics(const storage::JobRecord& job,
                                  const depthbench::v1::FinishJobRequest& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -233,6 +264,9 @@ class Scheduler {
   Clock* const clock_;
   const SchedulerOptions options_;
   SchedulerObserver* const observer_;  // options_.observer or a no-op
+
+  // Thread-safe on its own; null for a database in memory.
+  std::unique_ptr<storage::ReaderPool> readers_;
 
   mutable absl::Mutex mu_;
   std::unique_ptr<storage::Database> db_ ABSL_GUARDED_BY(mu_);

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "storage/views.h"
 
 namespace depthbench::storage {
 namespace {
@@ -121,6 +122,43 @@ CREATE INDEX jobs_pending
   ON jobs(state, id, not_before_ms, req_devices, req_memory_mb, req_labels)
   WHERE state = 'pending';
 )sql",
+      // 5: per-(group, LR) tallies kept up to date as each run ends, so a
+      // finished run updates its group's results row in O(LRs) instead of
+      // re-reading the group's runs (issue 14). Filled from the jobs of
+      // sweeps submitted before this version.
+      R"sql(
+CREATE TABLE result_lrs(
+  sweep_id INTEGER NOT NULL,
+  arch TEXT NOT NULL,
+  layers INTEGER NOT NULL,
+  d_model INTEGER NOT NULL,
+  lr REAL NOT NULL,
+  jobs INTEGER NOT NULL DEFAULT 0,
+  ended INTEGER NOT NULL DEFAULT 0,
+  succeeded INTEGER NOT NULL DEFAULT 0,
+  diverged INTEGER NOT NULL DEFAULT 0,
+  failed INTEGER NOT NULL DEFAULT 0,
+  loss_sum REAL NOT NULL DEFAULT 0,
+  best_job_id INTEGER NOT NULL DEFAULT 0,
+  best_val_loss REAL,
+  PRIMARY KEY(sweep_id, arch, layers, d_model, lr));
+INSERT INTO result_lrs(sweep_id, arch, layers, d_model, lr, jobs, ended,
+                       succeeded, diverged, failed, loss_sum, best_job_id,
+                       best_val_loss)
+SELECT sweep_id, arch, layers, d_model, lr, COUNT(*),
+  SUM(state IN ('succeeded', 'diverged', 'failed', 'cancelled')),
+  SUM(state = 'succeeded' AND val_loss IS NOT NULL),
+  SUM(state = 'diverged'),
+  SUM(state IN ('failed', 'cancelled') OR (state = 'succeeded' AND val_loss IS NULL)),
+  TOTAL(CASE WHEN state = 'succeeded' THEN val_loss END),
+  COALESCE((SELECT b.id FROM jobs b WHERE b.sweep_id = j.sweep_id AND
+            b.kind = 'train' AND b.arch = j.arch AND b.layers = j.layers AND
+            b.d_model = j.d_model AND b.lr = j.lr AND b.state = 'succeeded' AND
+            b.val_loss IS NOT NULL ORDER BY b.val_loss, b.id LIMIT 1), 0),
+  MIN(CASE WHEN state = 'succeeded' THEN val_loss END)
+FROM jobs j WHERE kind = 'train'
+GROUP BY sweep_id, arch, layers, d_model, lr;
+)sql",
   };
   return *migrations;
 }
@@ -146,6 +184,9 @@ absl::Status Migrate(Database* db, int64_t target) {
         "database ", db->path(), " has schema version ", version,
         " but this binary knows only up to ", LatestSchemaVersion()));
   }
+  // The public views (storage/views.h) name tables and columns; a
+  // migration that rebuilds a table must not find them in its way.
+  if (version < target) RETURN_IF_ERROR(DropViews(db));
   for (int64_t v = version; v < target; ++v) {
     ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db));
     absl::Status status = db->Exec(Migrations()[v]);
@@ -159,6 +200,7 @@ absl::Status Migrate(Database* db, int64_t target) {
     RETURN_IF_ERROR(bump.Bind(1, v + 1).Run());
     RETURN_IF_ERROR(txn.Commit());
   }
+  if (target == LatestSchemaVersion()) RETURN_IF_ERROR(InstallViews(db));
   return absl::OkStatus();
 }
 

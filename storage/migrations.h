@@ -23,6 +23,8 @@ absl::StatusOr<int64_t> SchemaVersion(Database* db);
 
 // Applies every migration above the file's version up to `target` (default:
 // the latest). FailedPrecondition when the file is newer than this binary.
+// Drops the public views (storage/views.h) before migrating and, when
+// `target` is the latest version, (re)creates them afterwards.
 absl::Status Migrate(Database* db, int64_t target = -1);
 
 }  // namespace depthbench::storage

@@ -106,6 +106,41 @@ struct ResultRecord {
   std::string diagnostics_json = "{}";
 };
 
+// One learning rate of one (arch, shape) group: how its train jobs stand
+// (table result_lrs, schema v5). A job counts in `ended` once terminal and
+// then in exactly one of succeeded (with a validation loss), diverged or
+// failed (failed, cancelled, or succeeded without a loss); loss_sum and the
+// best run are over the succeeded ones.
+struct LrTally {
+  int64_t sweep_id = 0;
+  std::string arch;
+  int64_t layers = 0;
+  int64_t d_model = 0;
+  double lr = 0;
+  int64_t jobs = 0;
+  int64_t ended = 0;
+  int64_t succeeded = 0;
+  int64_t diverged = 0;
+  int64_t failed = 0;
+  double loss_sum = 0;
+  int64_t best_job_id = 0;  // 0: none yet
+  std::optional<double> best_val_loss;
+};
+
+// The columns of a train job QueryResults lists per run.
+struct RunRecord {
+  int64_t id = 0;
+  std::string arch;
+  int64_t layers = 0;
+  int64_t d_model = 0;
+  double lr = 0;
+  int64_t seed = 0;
+  std::string state;
+  std::optional<double> val_loss;
+  int64_t final_step = 0;
+  bool is_best = false;
+};
+
 struct DiagnosticRecord {
   int64_t job_id = 0;
   std::string kind;

@@ -127,30 +127,63 @@ bool Query::ColumnIsNull(int col) const {
   return sqlite3_column_type(stmt_, col) == SQLITE_NULL;
 }
 
-absl::StatusOr<std::unique_ptr<Database>> Database::Open(const std::string& path) {
+absl::StatusOr<Durability> ParseDurability(const std::string& name,
+                                           const std::string& field) {
+  if (name == "normal") return Durability::kNormal;
+  if (name == "full") return Durability::kFull;
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, ": must be \"normal\" or \"full\", got \"", name, "\""));
+}
+
+std::string DurabilityName(Durability durability) {
+  return durability == Durability::kFull ? "full" : "normal";
+}
+
+bool Database::IsInMemory(const std::string& path) {
+  return path.empty() || path == ":memory:" ||
+         path.find(":memory:") != std::string::npos ||
+         path.find("mode=memory") != std::string::npos;
+}
+
+absl::StatusOr<std::unique_ptr<Database>> Database::Open(const std::string& path,
+                                                         const DatabaseOptions& options) {
+  if (options.read_only && IsInMemory(path)) {
+    return absl::InvalidArgumentError(
+        "read_only: an in-memory database cannot be opened a second time");
+  }
+  int flags = options.read_only ? SQLITE_OPEN_READONLY
+                                : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE;
   sqlite3* raw = nullptr;
-  int rc = sqlite3_open_v2(path.c_str(), &raw,
-                           SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE |
-                               SQLITE_OPEN_NOMUTEX,
-                           nullptr);
+  int rc = sqlite3_open_v2(path.c_str(), &raw, flags | SQLITE_OPEN_NOMUTEX, nullptr);
   if (rc != SQLITE_OK) {
     absl::Status status = SqliteStatus(rc, raw, absl::StrCat("open ", path));
     sqlite3_close(raw);
     return status;
   }
-  std::unique_ptr<Database> db(new Database(raw, path));
+  std::unique_ptr<Database> db(
+      new Database(raw, path, options.read_only, options.exclusive_lock && !options.read_only));
   sqlite3_busy_timeout(raw, 5000);
+  if (options.read_only) {
+    // query_only on top of SQLITE_OPEN_READONLY: even a statement that
+    // would only touch a temp table is refused.
+    RETURN_IF_ERROR(db->Exec("PRAGMA query_only=ON; PRAGMA temp_store=MEMORY;"));
+    return db;
+  }
   // wal_autocheckpoint: a checkpoint (two fsyncs, ~5 ms here, inside
   // whichever commit crosses the threshold, so under the scheduler's mutex)
   // every 4,000 WAL pages rather than SQLite's 1,000: a quarter of the
   // stalls for a WAL of up to 16 MB. 4,000 frames still fit the WAL index's
-  // first hash table (4,062), so page lookups cost the same; commits are as
-  // durable as before (synchronous=NORMAL: on disk at the next checkpoint,
-  // in the page cache, so surviving kill -9, at once).
-  RETURN_IF_ERROR(db->Exec(
-      "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; "
-      "PRAGMA foreign_keys=ON; PRAGMA temp_store=MEMORY; "
-      "PRAGMA locking_mode=EXCLUSIVE; PRAGMA wal_autocheckpoint=4000;"));
+  // first hash table (4,062), so page lookups cost the same.
+  //
+  // No locking_mode=EXCLUSIVE unless asked for (DatabaseOptions): it keeps
+  // every other process (the sqlite3 CLI included) out of the file;
+  // bench/RESULTS.md ("Result tables at scale") has what it saves.
+  RETURN_IF_ERROR(db->Exec(absl::StrCat(
+      "PRAGMA journal_mode=WAL; PRAGMA synchronous=",
+      options.durability == Durability::kFull ? "FULL" : "NORMAL",
+      "; PRAGMA foreign_keys=ON; PRAGMA temp_store=MEMORY; "
+      "PRAGMA wal_autocheckpoint=4000;",
+      options.exclusive_lock ? " PRAGMA locking_mode=EXCLUSIVE;" : "")));
   return db;
 }
 
@@ -187,6 +220,7 @@ absl::Status Database::Exec(const std::string& sql) {
 
 int64_t Database::LastInsertRowId() const { return sqlite3_last_insert_rowid(db_); }
 int64_t Database::Changes() const { return sqlite3_changes(db_); }
+bool Database::InTransaction() const { return sqlite3_get_autocommit(db_) == 0; }
 
 absl::StatusOr<Transaction> Transaction::Begin(Database* db) {
   ASSIGN_OR_RETURN(Query begin, db->Prepare("BEGIN IMMEDIATE"));

@@ -1,8 +1,19 @@
 // RAII over the sqlite3 C API: a Database connection (WAL, busy timeout,
-// synchronous=NORMAL, foreign keys, exclusive locking, a checkpoint every
-// 4,000 WAL pages), cached prepared statements borrowed as
+// synchronous=NORMAL or FULL, foreign keys, a checkpoint every 4,000 WAL
+// pages; or a read-only connection), cached prepared statements borrowed as
 // Query objects, and Transaction (BEGIN IMMEDIATE, rollback unless
 // committed). SQLite result codes become absl::Status here and nowhere else.
+//
+// The file is opened in SQLite's normal (shared) locking mode, so other
+// processes (the sqlite3 CLI, pandas) can read it while the scheduler
+// writes; see README.md "The database".
+//
+// Durability (WAL mode): with Durability::kNormal (synchronous=NORMAL) a
+// commit is in the WAL in the OS page cache when Commit() returns: it
+// survives the process being killed, but the last commits before a power
+// loss or kernel crash can be lost (the file stays consistent). With
+// Durability::kFull (synchronous=FULL) the WAL is fsynced on every commit, so
+// a returned commit survives power loss too, at one fsync per commit.
 //
 // Thread safety: none. A Database and everything borrowed from it must be
 // used by one thread at a time; the scheduler serialises access with its own
@@ -73,11 +84,32 @@ class Query {
   absl::Status bind_status_;
 };
 
+enum class Durability { kNormal, kFull };
+
+// "normal" or "full"; InvalidArgument naming `field` otherwise.
+absl::StatusOr<Durability> ParseDurability(const std::string& name,
+                                           const std::string& field = "durability");
+std::string DurabilityName(Durability durability);
+
+struct DatabaseOptions {
+  // Opens with SQLITE_OPEN_READONLY and PRAGMA query_only=ON: every write
+  // fails with PermissionDenied (SQLITE_READONLY). The file must exist.
+  bool read_only = false;
+  // For read-write connections: synchronous=NORMAL or FULL (see above).
+  Durability durability = Durability::kNormal;
+  // locking_mode=EXCLUSIVE: no other connection or process can open the
+  // file (the sqlite3 CLI gets "database is locked"), in exchange for no
+  // shared-memory WAL index locking per transaction. Off in the scheduler;
+  // scheduler_bench --exclusive-lock measures what it saves.
+  bool exclusive_lock = false;
+};
+
 class Database {
  public:
-  // Opens (creating if needed) the file at `path` (":memory:" works) and
-  // applies the connection settings above.
-  static absl::StatusOr<std::unique_ptr<Database>> Open(const std::string& path);
+  // Opens (creating if needed, unless read-only) the file at `path`
+  // (":memory:" works for read-write) and applies the settings above.
+  static absl::StatusOr<std::unique_ptr<Database>> Open(
+      const std::string& path, const DatabaseOptions& options = {});
 
   Database(const Database&) = delete;
   Database& operator=(const Database&) = delete;
@@ -89,13 +121,23 @@ class Database {
   absl::Status Exec(const std::string& sql);
   int64_t LastInsertRowId() const;
   int64_t Changes() const;  // rows changed by the last statement
+  bool InTransaction() const;  // inside BEGIN .. COMMIT/ROLLBACK
   sqlite3* raw() const { return db_; }
   const std::string& path() const { return path_; }
+  bool read_only() const { return read_only_; }
+  bool exclusive_lock() const { return exclusive_lock_; }
+  // Whether `path` names an in-memory database (":memory:", "" or a
+  // "file::memory:" URI), which no second connection can open.
+  static bool IsInMemory(const std::string& path);
 
  private:
-  Database(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}
+  Database(sqlite3* db, std::string path, bool read_only, bool exclusive_lock)
+      : db_(db), path_(std::move(path)), read_only_(read_only),
+        exclusive_lock_(exclusive_lock) {}
   sqlite3* db_;
   std::string path_;
+  bool read_only_;
+  bool exclusive_lock_;
   std::unordered_map<std::string, sqlite3_stmt*> cache_;
 };
 

@@ -144,12 +144,18 @@ absl::Status SweepStore::SetCancelled(int64_t id, bool cancelled) {
 // --- JobStore ---------------------------------------------------------------
 
 absl::StatusOr<int64_t> JobStore::Insert(const JobRecord& job) {
+  // Column 26, id: NULL lets SQLite pick the next one.
   ASSIGN_OR_RETURN(Query q, db_->Prepare(
       "INSERT INTO jobs(sweep_id, kind, state, arch, layers, d_model, lr, seed, "
       "config_json, attempts_used, max_attempts, current_attempt_id, worker_id, "
       "not_before_ms, val_loss, final_step, reason, checkpoint_dir, is_best, "
       "parent_job_id, req_devices, req_memory_mb, req_labels, created_ms, "
-      "updated_ms) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"));
+      "updated_ms, id) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"));
+  if (job.id > 0) {
+    q.Bind(26, job.id);
+  } else {
+    q.BindNull(26);
+  }
   q.Bind(1, job.sweep_id).Bind(2, job.kind).Bind(3, job.state).Bind(4, job.arch)
       .Bind(5, job.layers).Bind(6, job.d_model).Bind(7, job.lr).Bind(8, job.seed)
       .Bind(9, job.config_json).Bind(10, job.attempts_used)
@@ -161,6 +167,12 @@ absl::StatusOr<int64_t> JobStore::Insert(const JobRecord& job) {
       .Bind(23, job.req_labels).Bind(24, job.created_ms).Bind(25, job.updated_ms);
   RETURN_IF_ERROR(q.Run());
   return db_->LastInsertRowId();
+}
+
+absl::StatusOr<int64_t> JobStore::MaxId() {
+  ASSIGN_OR_RETURN(Query q, db_->Prepare("SELECT COALESCE(MAX(id), 0) FROM jobs"));
+  ASSIGN_OR_RETURN(bool row, q.Step());
+  return row ? q.ColumnInt(0) : 0;
 }
 
 absl::StatusOr<JobRecord> JobStore::Get(int64_t id) {
@@ -270,6 +282,34 @@ absl::StatusOr<std::vector<GroupMember>> JobStore::ListGroup(
     if (!q.ColumnIsNull(3)) m.val_loss = q.ColumnDouble(3);
     m.is_best = q.ColumnInt(4) != 0;
     out.push_back(std::move(m));
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<RunRecord>> JobStore::ListRuns(int64_t sweep_id,
+                                                          int64_t after_id,
+                                                          int64_t limit) {
+  ASSIGN_OR_RETURN(Query q, db_->Prepare(
+      "SELECT id, arch, layers, d_model, lr, seed, state, val_loss, final_step, "
+      "is_best FROM jobs WHERE sweep_id = ? AND id > ? AND kind = 'train' "
+      "ORDER BY id LIMIT ?"));
+  q.Bind(1, sweep_id).Bind(2, after_id).Bind(3, limit);
+  std::vector<RunRecord> out;
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, q.Step());
+    if (!row) break;
+    RunRecord r;
+    r.id = q.ColumnInt(0);
+    r.arch = q.ColumnText(1);
+    r.layers = q.ColumnInt(2);
+    r.d_model = q.ColumnInt(3);
+    r.lr = q.ColumnDouble(4);
+    r.seed = q.ColumnInt(5);
+    r.state = q.ColumnText(6);
+    if (!q.ColumnIsNull(7)) r.val_loss = q.ColumnDouble(7);
+    r.final_step = q.ColumnInt(8);
+    r.is_best = q.ColumnInt(9) != 0;
+    out.push_back(std::move(r));
   }
   return out;
 }
@@ -510,6 +550,83 @@ absl::StatusOr<std::vector<DiagnosticRecord>> ResultStore::ListDiagnostics(
     ASSIGN_OR_RETURN(bool row, q.Step());
     if (!row) break;
     out.push_back({q.ColumnInt(0), q.ColumnText(1), q.ColumnText(2), q.ColumnInt(3)});
+  }
+  return out;
+}
+
+absl::Status ResultStore::AddLrJobs(const LrTally& k, int64_t count) {
+  ASSIGN_OR_RETURN(Query q, db_->Prepare(
+      "INSERT INTO result_lrs(sweep_id, arch, layers, d_model, lr, jobs) "
+      "VALUES (?,?,?,?,?,?) ON CONFLICT(sweep_id, arch, layers, d_model, lr) "
+      "DO UPDATE SET jobs = jobs + excluded.jobs"));
+  return q.Bind(1, k.sweep_id).Bind(2, k.arch).Bind(3, k.layers).Bind(4, k.d_model)
+      .Bind(5, k.lr).Bind(6, count).Run();
+}
+
+absl::Status ResultStore::ApplyLrDelta(const LrTally& d) {
+  ASSIGN_OR_RETURN(Query q, db_->Prepare(
+      "UPDATE result_lrs SET ended = ended + ?1, succeeded = succeeded + ?2, "
+      "diverged = diverged + ?3, failed = failed + ?4, loss_sum = loss_sum + ?5, "
+      "best_job_id = CASE WHEN ?6 != 0 AND (best_val_loss IS NULL OR ?7 < best_val_loss "
+      "OR (?7 = best_val_loss AND ?6 < best_job_id)) THEN ?6 ELSE best_job_id END, "
+      "best_val_loss = CASE WHEN ?6 != 0 AND (best_val_loss IS NULL OR ?7 < best_val_loss "
+      "OR (?7 = best_val_loss AND ?6 < best_job_id)) THEN ?7 ELSE best_val_loss END "
+      "WHERE sweep_id = ?8 AND arch = ?9 AND layers = ?10 AND d_model = ?11 AND lr = ?12"));
+  q.Bind(1, d.ended).Bind(2, d.succeeded).Bind(3, d.diverged).Bind(4, d.failed)
+      .Bind(5, d.loss_sum).Bind(6, d.best_job_id).Bind(7, d.best_val_loss)
+      .Bind(8, d.sweep_id).Bind(9, d.arch).Bind(10, d.layers).Bind(11, d.d_model)
+      .Bind(12, d.lr);
+  RETURN_IF_ERROR(q.Run());
+  if (db_->Changes() != 1) {
+    return absl::NotFoundError(absl::StrCat("no result_lrs row for sweep ", d.sweep_id, " ",
+                                            d.arch, " ", d.layers, "x", d.d_model,
+                                            " lr ", d.lr));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ResultStore::SetLrTally(const LrTally& t) {
+  ASSIGN_OR_RETURN(Query q, db_->Prepare(
+      "INSERT INTO result_lrs(sweep_id, arch, layers, d_model, lr, jobs, ended, "
+      "succeeded, diverged, failed, loss_sum, best_job_id, best_val_loss) "
+      "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT(sweep_id, arch, layers, "
+      "d_model, lr) DO UPDATE SET jobs = excluded.jobs, ended = excluded.ended, "
+      "succeeded = excluded.succeeded, diverged = excluded.diverged, "
+      "failed = excluded.failed, loss_sum = excluded.loss_sum, "
+      "best_job_id = excluded.best_job_id, best_val_loss = excluded.best_val_loss"));
+  return q.Bind(1, t.sweep_id).Bind(2, t.arch).Bind(3, t.layers).Bind(4, t.d_model)
+      .Bind(5, t.lr).Bind(6, t.jobs).Bind(7, t.ended).Bind(8, t.succeeded)
+      .Bind(9, t.diverged).Bind(10, t.failed).Bind(11, t.loss_sum)
+      .Bind(12, t.best_job_id).Bind(13, t.best_val_loss).Run();
+}
+
+absl::StatusOr<std::vector<LrTally>> ResultStore::ListLrs(int64_t sweep_id,
+                                                          const std::string& arch,
+                                                          int64_t layers, int64_t d_model) {
+  ASSIGN_OR_RETURN(Query q, db_->Prepare(
+      "SELECT lr, jobs, ended, succeeded, diverged, failed, loss_sum, best_job_id, "
+      "best_val_loss FROM result_lrs WHERE sweep_id = ? AND arch = ? AND layers = ? "
+      "AND d_model = ? ORDER BY lr"));
+  q.Bind(1, sweep_id).Bind(2, arch).Bind(3, layers).Bind(4, d_model);
+  std::vector<LrTally> out;
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, q.Step());
+    if (!row) break;
+    LrTally t;
+    t.sweep_id = sweep_id;
+    t.arch = arch;
+    t.layers = layers;
+    t.d_model = d_model;
+    t.lr = q.ColumnDouble(0);
+    t.jobs = q.ColumnInt(1);
+    t.ended = q.ColumnInt(2);
+    t.succeeded = q.ColumnInt(3);
+    t.diverged = q.ColumnInt(4);
+    t.failed = q.ColumnInt(5);
+    t.loss_sum = q.ColumnDouble(6);
+    t.best_job_id = q.ColumnInt(7);
+    if (!q.ColumnIsNull(8)) t.best_val_loss = q.ColumnDouble(8);
+    out.push_back(std::move(t));
   }
   return out;
 }

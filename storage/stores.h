@@ -53,7 +53,11 @@ struct SweepStateCount {
 class JobStore {
  public:
   explicit JobStore(Database* db) : db_(db) {}
+  // Inserts with job.id when it is > 0 (AlreadyExists when taken), else
+  // with the next free id; returns the id.
   absl::StatusOr<int64_t> Insert(const JobRecord& job);
+  // The largest job id (0 when none).
+  absl::StatusOr<int64_t> MaxId();
   // NotFound names the id.
   absl::StatusOr<JobRecord> Get(int64_t id);
   // Writes every mutable column of `job` (matched by id).
@@ -78,6 +82,9 @@ class JobStore {
                                                      const std::string& arch,
                                                      int64_t layers,
                                                      int64_t d_model);
+  // Train jobs of a sweep with id > after_id, by id, at most `limit`.
+  absl::StatusOr<std::vector<RunRecord>> ListRuns(int64_t sweep_id, int64_t after_id,
+                                                  int64_t limit);
   // Whether any job names `parent_job_id` as its parent.
   absl::StatusOr<bool> HasChildren(int64_t parent_job_id);
   // Count of jobs by state for a sweep.
@@ -144,6 +151,19 @@ class ResultStore {
                                                   int64_t d_model);
   absl::StatusOr<std::vector<ResultRecord>> List(int64_t sweep_id);
   absl::Status InsertDiagnostic(const DiagnosticRecord& diagnostic);
+
+  // Per-LR tallies (table result_lrs). AddLrJobs counts `count` new train
+  // jobs at the tally's (group, lr), creating the row.
+  absl::Status AddLrJobs(const LrTally& key, int64_t count);
+  // Adds the counts and loss_sum of `delta` to its (group, lr) row and
+  // offers delta.best_job_id/best_val_loss as the LR's best run (kept when
+  // its loss is lower, or equal with a lower id). NotFound when no row.
+  absl::Status ApplyLrDelta(const LrTally& delta);
+  // Replaces the row's counts by `tally`'s (recomputation).
+  absl::Status SetLrTally(const LrTally& tally);
+  // The group's tallies, ascending LR.
+  absl::StatusOr<std::vector<LrTally>> ListLrs(int64_t sweep_id, const std::string& arch,
+                                               int64_t layers, int64_t d_model);
   absl::StatusOr<std::vector<DiagnosticRecord>> ListDiagnostics(int64_t job_id);
 
  private:

@@ -8,6 +8,10 @@
 // them out.
 // Usage: scheduler_bench [--workers 64] [--seconds 5] [--streams 8]
 //                        [--points 400000] [--chunk 1000] [--no-metrics]
+//                        [--exclusive-lock] [--durability normal|full]
+// --exclusive-lock opens the file as the scheduler did before issue 14
+// (locking_mode=EXCLUSIVE, reads under the mutex) to measure what the
+// shared lock costs; --durability full measures synchronous=FULL.
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -89,7 +93,11 @@ int main(int argc, char** argv) {
   app.add_option("--streams", streams)->capture_default_str();
   app.add_option("--points", total_points)->capture_default_str();
   app.add_option("--chunk", chunk)->capture_default_str();
-  bool no_metrics = false;
+  bool no_metrics = false, exclusive_lock = false;
+  std::string durability = "normal";
+  app.add_flag("--exclusive-lock", exclusive_lock,
+               "open the file with locking_mode=EXCLUSIVE (nothing else can read it)");
+  app.add_option("--durability", durability, "normal or full")->capture_default_str();
   app.add_flag("--no-metrics", no_metrics,
                "run without the metrics observer and RPC interceptor");
   CLI11_PARSE(app, argc, argv);
@@ -113,8 +121,23 @@ int main(int argc, char** argv) {
   depthbench::scheduler::SchedulerOptions options;
   options.lease_ttl_ms = 60000;
   if (!no_metrics) options.observer = &observer;
-  auto scheduler = depthbench::scheduler::Scheduler::Open(dir + "/bench.db",
-                                                          depthbench::RealClock::Default(), options);
+  depthbench::storage::DatabaseOptions db_options;
+  db_options.exclusive_lock = exclusive_lock;
+  auto parsed = depthbench::storage::ParseDurability(durability, "--durability");
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "%s\n", parsed.status().ToString().c_str());
+    return 2;
+  }
+  db_options.durability = *parsed;
+  std::printf("locking: %s, durability: %s\n", exclusive_lock ? "exclusive" : "shared",
+              durability.c_str());
+  auto db = depthbench::storage::Database::Open(dir + "/bench.db", db_options);
+  if (!db.ok()) {
+    std::fprintf(stderr, "%s\n", db.status().ToString().c_str());
+    return 1;
+  }
+  auto scheduler = depthbench::scheduler::Scheduler::Create(
+      std::move(*db), depthbench::RealClock::Default(), options);
   if (!scheduler.ok()) {
     std::fprintf(stderr, "%s\n", scheduler.status().ToString().c_str());
     return 1;

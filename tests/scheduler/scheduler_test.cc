@@ -1,10 +1,14 @@
 #include "scheduler/scheduler.h"
 
+#include <future>
+#include <random>
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "scheduler/best_lr.h"
 #include "scheduler/lease_manager.h"
+#include "storage/stores.h"
 #include "tests/scheduler/test_util.h"
 
 namespace depthbench::scheduler {
@@ -511,6 +515,213 @@ TEST_F(SchedulerTest, WatchReadsPointsFromAStep) {
   auto rest = scheduler_->ReadWatch(lease.job_id(), batch->points.back().row_id, 0, 100);
   EXPECT_TRUE(rest->points.empty());
   EXPECT_EQ(scheduler_->ReadWatch(12345, 0, 0, 10).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(SchedulerTest, QueryResultsPagesRunsAndNamesBadInput) {
+  ASSERT_TRUE(scheduler_->SubmitSweep(SmallSpec("s", {"hc"}, {1e-3, 2e-3, 3e-3, 4e-3, 5e-3})).ok());
+  v1::QueryResultsRequest req;
+  req.set_sweep("s");
+  req.set_page_size(2);
+  std::vector<int64_t> ids;
+  int rows = 0, pages = 0;
+  do {
+    auto page = scheduler_->QueryResults(req);
+    ASSERT_TRUE(page.ok()) << page.status();
+    rows += page->rows_size();
+    for (const auto& run : page->runs()) ids.push_back(run.job_id());
+    req.set_page_token(page->next_page_token());
+    ++pages;
+  } while (!req.page_token().empty() && pages < 10);
+  EXPECT_EQ(pages, 3);
+  EXPECT_EQ(rows, 1);  // rows come with the first page only
+  ASSERT_EQ(ids.size(), 5u);
+  EXPECT_TRUE(std::is_sorted(ids.begin(), ids.end()));
+  EXPECT_EQ(std::adjacent_find(ids.begin(), ids.end()), ids.end());
+
+  struct Bad {
+    int32_t page_size;
+    std::string token;
+    std::string sweep;
+    absl::StatusCode code;
+    std::string names;
+  };
+  for (const Bad& b : std::vector<Bad>{
+           {-1, "", "s", absl::StatusCode::kInvalidArgument, "page_size"},
+           {1001, "", "s", absl::StatusCode::kInvalidArgument, "page_size"},
+           {0, "abc", "s", absl::StatusCode::kInvalidArgument, "page_token"},
+           {0, "-5", "s", absl::StatusCode::kInvalidArgument, "page_token"},
+           {0, "", "", absl::StatusCode::kInvalidArgument, "sweep"},
+           {0, "", "nope", absl::StatusCode::kNotFound, "nope"},
+       }) {
+    v1::QueryResultsRequest bad;
+    bad.set_sweep(b.sweep);
+    bad.set_page_size(b.page_size);
+    bad.set_page_token(b.token);
+    auto r = scheduler_->QueryResults(bad);
+    EXPECT_EQ(r.status().code(), b.code) << b.names;
+    EXPECT_NE(r.status().message().find(b.names), std::string::npos) << r.status();
+  }
+}
+
+// The results rows kept up to date as each run ends (tallies, O(LRs) per
+// run) equal a recount of the group's jobs after every kind of ending:
+// success, divergence, failure after retries, cancellation and a manual
+// retry of the failed runs.
+TEST_F(SchedulerTest, IncrementalResultsEqualARecountOfTheJobs) {
+  auto spec = SmallSpec("s", {"pre_ln", "hc"}, {1e-3, 2e-3, 3e-3});
+  for (int seed = 0; seed < 4; ++seed) spec.add_seeds(seed);
+  spec.mutable_retry()->set_max_attempts(1);
+  ASSERT_TRUE(scheduler_->SubmitSweep(spec).ok());
+  storage::DatabaseOptions read_only;
+  read_only.read_only = true;
+  auto recount_db = storage::Database::Open(path_, read_only);  // a second connection
+  ASSERT_TRUE(recount_db.ok()) << recount_db.status();
+  storage::JobStore jobs((*recount_db).get());
+  auto check = [&](const std::string& when) {
+    auto results = scheduler_->QueryResults("s");
+    ASSERT_TRUE(results.ok()) << results.status();
+    ASSERT_EQ(results->rows_size(), 2) << when;
+    for (const v1::ResultRow& row : results->rows()) {
+      auto group = jobs.ListGroup(1, row.arch(), row.layers(), row.d_model());
+      ASSERT_TRUE(group.ok());
+      GroupSelection want = SelectBest(*group);
+      EXPECT_EQ(row.complete(), want.complete) << when << " " << row.arch();
+      EXPECT_EQ(row.has_best(), want.complete && want.best_lr.has_value()) << when;
+      if (row.has_best()) {
+        EXPECT_DOUBLE_EQ(row.best_lr(), *want.best_lr) << when;
+        EXPECT_NEAR(row.best_val_loss(), *want.best_val_loss, 1e-12) << when;
+        EXPECT_EQ(row.best_job_id(), want.best_job_id) << when;
+      }
+      ASSERT_EQ(row.lrs_size(), static_cast<int>(want.lrs.size())) << when;
+      for (int i = 0; i < row.lrs_size(); ++i) {
+        EXPECT_EQ(row.lrs(i).succeeded(), want.lrs[i].succeeded) << when;
+        EXPECT_EQ(row.lrs(i).diverged_runs(), want.lrs[i].diverged) << when;
+        EXPECT_EQ(row.lrs(i).failed_runs(), want.lrs[i].failed) << when;
+        EXPECT_EQ(row.lrs(i).has_loss(), want.lrs[i].mean_val_loss.has_value()) << when;
+        if (row.lrs(i).has_loss()) {
+          EXPECT_NEAR(row.lrs(i).val_loss(), *want.lrs[i].mean_val_loss, 1e-12) << when;
+        }
+      }
+      // Exactly the best run is marked.
+      for (const storage::GroupMember& m : *group) {
+        EXPECT_EQ(m.is_best, row.has_best() && m.id == row.best_job_id()) << when << " job " << m.id;
+      }
+    }
+  };
+  Register("w1", 100);
+  std::mt19937 rng(7);
+  std::vector<v1::AcquireJobResponse> leases;
+  for (auto lease = Acquire("w1"); lease.has_job(); lease = Acquire("w1")) leases.push_back(lease);
+  ASSERT_EQ(leases.size(), 24u);
+  std::shuffle(leases.begin(), leases.end(), rng);
+  for (size_t i = 0; i < leases.size(); ++i) {
+    const auto& lease = leases[i];
+    if (i == 20) {
+      // The last four stay running until the sweep is cancelled.
+      check("before cancel");
+      ASSERT_TRUE(scheduler_->CancelSweep("s").ok());
+      check("after cancel");
+      break;
+    }
+    double loss = 2.0 + std::uniform_real_distribution<double>(0, 1)(rng);
+    v1::FinishStatus status = i % 7 == 3   ? v1::FINISH_DIVERGED
+                              : i % 5 == 1 ? v1::FINISH_FAILED
+                                           : v1::FINISH_SUCCEEDED;
+    ASSERT_TRUE(Finish(lease, status, loss, /*has_loss=*/i != 2).ok());
+    check("after finish " + std::to_string(i));
+  }
+  v1::RetryJobRequest retry;
+  retry.set_sweep("s");
+  auto retried = scheduler_->RetryJob(retry);
+  ASSERT_TRUE(retried.ok()) << retried.status();
+  EXPECT_GT(retried->job_ids_size(), 0);
+  check("after retry");
+  for (auto lease = Acquire("w1"); lease.has_job(); lease = Acquire("w1")) {
+    ASSERT_TRUE(Finish(lease, v1::FINISH_SUCCEEDED, 1.5).ok());
+  }
+  check("after the retried runs");
+  auto results = scheduler_->QueryResults("s");
+  for (const auto& row : results->rows()) EXPECT_TRUE(row.complete());
+}
+
+// Reads run on their own connections: they answer while a state change
+// holds the scheduler's mutex, and see the last commit, not the change in
+// progress.
+TEST(SchedulerReadTest, ReadsAnswerWhileAStateChangeHoldsTheMutex) {
+  class Hook : public SchedulerObserver {
+   public:
+    void OnJobFinished(const std::string&) override {
+      if (during_finish) during_finish();
+    }
+    std::function<void()> during_finish;
+  };
+  Hook hook;
+  FakeClock clock;
+  SchedulerOptions options;
+  options.observer = &hook;
+  auto opened = Scheduler::Open(depthbench::testing::TempDb("reads_off_mutex.db"), &clock, options);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  Scheduler* scheduler = opened->get();
+  ASSERT_TRUE(scheduler->SubmitSweep(SmallSpec("s", {"hc"}, {1e-3})).ok());
+  v1::RegisterWorkerRequest reg;
+  reg.set_name("w1");
+  ASSERT_TRUE(scheduler->RegisterWorker(reg).ok());
+  v1::AcquireJobRequest acquire;
+  acquire.set_worker_id("w1");
+  auto lease = scheduler->AcquireJob(acquire);
+  ASSERT_TRUE(lease.ok() && lease->has_job());
+
+  bool answered = false;
+  v1::JobState seen = v1::JOB_STATE_UNSPECIFIED;
+  int rows = -1;
+  std::promise<void> read_done;
+  std::thread reader;
+  hook.during_finish = [&] {
+    // Inside FinishJob, under the mutex, before its commit. Were reads to
+    // need the mutex, this wait would time out (and the reader finish once
+    // FinishJob returns), so the test fails rather than hangs.
+    reader = std::thread([&] {
+      auto job = scheduler->GetJob(lease->job_id());
+      auto results = scheduler->QueryResults("s");
+      auto sweep = scheduler->GetSweep("s");
+      seen = job.ok() ? job->state() : v1::JOB_STATE_UNSPECIFIED;
+      rows = results.ok() && sweep.ok() ? results->rows_size() : -1;
+      read_done.set_value();
+    });
+    answered = read_done.get_future().wait_for(std::chrono::seconds(20)) ==
+               std::future_status::ready;
+  };
+  v1::FinishJobRequest finish;
+  finish.set_job_id(lease->job_id());
+  finish.set_attempt_id(lease->attempt_id());
+  finish.set_status(v1::FINISH_SUCCEEDED);
+  finish.set_has_val_loss(true);
+  finish.set_final_val_loss(2.5);
+  ASSERT_TRUE(scheduler->FinishJob(finish).ok());
+  ASSERT_TRUE(reader.joinable());
+  reader.join();
+  EXPECT_TRUE(answered) << "a read waited for the write mutex";
+  EXPECT_EQ(seen, v1::LEASED);  // the finish had not committed yet
+  EXPECT_EQ(rows, 1);
+  hook.during_finish = nullptr;
+  EXPECT_EQ(scheduler->GetJob(lease->job_id())->state(), v1::SUCCEEDED);
+}
+
+// A database in memory has no second connection: reads share the writer.
+TEST(SchedulerReadTest, InMemoryDatabaseReadsThroughTheWriter) {
+  FakeClock clock;
+  auto db = storage::Database::Open(":memory:");
+  ASSERT_TRUE(db.ok());
+  auto scheduler = Scheduler::Create(std::move(*db), &clock);
+  ASSERT_TRUE(scheduler.ok()) << scheduler.status();
+  ASSERT_TRUE((*scheduler)->SubmitSweep(SmallSpec("s", {"hc"}, {1e-3, 2e-3})).ok());
+  EXPECT_EQ((*scheduler)->GetSweep("s")->total_jobs(), 2);
+  EXPECT_EQ((*scheduler)->QueryResults("s")->runs_size(), 2);
+  SchedulerOptions bad;
+  bad.reader_connections = 0;
+  auto again = storage::Database::Open(":memory:");
+  EXPECT_EQ(Scheduler::Create(std::move(*again), &clock, bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

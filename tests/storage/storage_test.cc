@@ -7,8 +7,10 @@
 #include <gtest/gtest.h>
 
 #include "storage/migrations.h"
+#include "storage/reader_pool.h"
 #include "storage/sqlite.h"
 #include "storage/stores.h"
+#include "storage/views.h"
 
 namespace depthbench::storage {
 namespace {
@@ -354,6 +356,280 @@ TEST(MigrationTest, Version4IndexesPendingJobsOnly) {
   auto found = jobs.FindRunnable(0, 0, 0, [](const std::string&) { return true; }, 10);
   ASSERT_TRUE(found.ok()) << found.status();
   EXPECT_EQ(*found, 2);
+}
+
+std::string PragmaText(Database* db, const std::string& pragma) {
+  auto q = db->Prepare("PRAGMA " + pragma);
+  if (!q.ok()) return q.status().ToString();
+  auto row = q->Step();
+  return row.ok() && *row ? q->ColumnText(0) : "";
+}
+
+int64_t CountRows(Database* db, const std::string& sql) {
+  auto q = db->Prepare(sql);
+  EXPECT_TRUE(q.ok()) << q.status();
+  if (!q.ok()) return -1;
+  auto row = q->Step();
+  EXPECT_TRUE(row.ok() && *row);
+  return row.ok() && *row ? q->ColumnInt(0) : -1;
+}
+
+// The file is shared (no exclusive lock); durability is chosen, read-only
+// connections cannot write, and bad names are refused naming the field.
+TEST(DatabaseTest, DurabilityAndSharedLockingAreChosen) {
+  std::string path = TempDb("durability.db");
+  {
+    auto normal = Database::Open(path);
+    ASSERT_TRUE(normal.ok()) << normal.status();
+    EXPECT_EQ(PragmaText(normal->get(), "synchronous"), "1");  // NORMAL
+    EXPECT_EQ(PragmaText(normal->get(), "locking_mode"), "normal");
+  }
+  DatabaseOptions full;
+  full.durability = Durability::kFull;
+  auto db = Database::Open(path, full);
+  ASSERT_TRUE(db.ok()) << db.status();
+  EXPECT_EQ(PragmaText(db->get(), "synchronous"), "2");  // FULL
+  EXPECT_EQ(PragmaText(db->get(), "journal_mode"), "wal");
+
+  EXPECT_EQ(*ParseDurability("full"), Durability::kFull);
+  EXPECT_EQ(*ParseDurability("normal"), Durability::kNormal);
+  auto bad = ParseDurability("fast", "--durability");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("--durability"), std::string::npos);
+  EXPECT_NE(bad.status().message().find("\"fast\""), std::string::npos);
+
+  DatabaseOptions read_only;
+  read_only.read_only = true;
+  EXPECT_EQ(Database::Open(":memory:", read_only).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(Database::Open(TempDb("missing.db"), read_only).ok());
+}
+
+// Readers see the last commit made before their snapshot began, never a
+// later one, never block the writer, and cannot change the file.
+TEST(ReaderPoolTest, SnapshotsAreConsistentAndReadOnly) {
+  std::string path = TempDb("readers.db");
+  auto writer = Database::Open(path);
+  ASSERT_TRUE(writer.ok());
+  ASSERT_TRUE(Migrate(writer->get()).ok());
+  SweepStore sweeps(writer->get());
+  ASSERT_TRUE(sweeps.Insert({0, "a", "spec", 1, false}).ok());
+
+  auto pool = ReaderPool::Open(path, 2);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  EXPECT_EQ(ReaderPool::Open(path, 0).status().code(), absl::StatusCode::kInvalidArgument);
+  {
+    auto first = (*pool)->Begin();
+    ASSERT_TRUE(first.ok()) << first.status();
+    EXPECT_EQ(CountRows(first->db(), "SELECT COUNT(*) FROM sweeps"), 1);
+    // The writer commits while the snapshot is open: not blocked, not seen.
+    {
+      auto txn = Transaction::Begin(writer->get());
+      ASSERT_TRUE(txn.ok()) << txn.status();
+      ASSERT_TRUE(sweeps.Insert({0, "b", "spec", 2, false}).ok());
+      ASSERT_TRUE(txn->Commit().ok());
+    }
+    EXPECT_EQ(CountRows(first->db(), "SELECT COUNT(*) FROM sweeps"), 1);
+    auto second = (*pool)->Begin();
+    ASSERT_TRUE(second.ok());
+    EXPECT_EQ(CountRows(second->db(), "SELECT COUNT(*) FROM sweeps"), 2);
+
+    // No write gets through a reader, not even to a temp table.
+    EXPECT_EQ(second->db()->Exec("INSERT INTO sweeps(name, spec, created_ms) VALUES ('c', x'', 3)").code(),
+              absl::StatusCode::kPermissionDenied);
+    EXPECT_FALSE(second->db()->Exec("CREATE TEMP TABLE t(x)").ok());
+    EXPECT_FALSE(second->db()->Exec("PRAGMA query_only=OFF; DELETE FROM sweeps").ok());
+  }
+  // Both connections went back; a new snapshot sees everything.
+  auto again = (*pool)->Begin();
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(CountRows(again->db(), "SELECT COUNT(*) FROM sweeps"), 2);
+  EXPECT_EQ(CountRows(writer->get(), "SELECT COUNT(*) FROM sweeps"), 2);
+}
+
+// Each public view answers a SELECT of every documented column (README.md
+// "The database"); a renamed or missing column fails to prepare.
+TEST(ViewsTest, ContractViewsExposeTheDocumentedColumns) {
+  auto db = Database::Open(":memory:");
+  ASSERT_TRUE(db.ok());
+  ASSERT_TRUE(Migrate(db->get(), 4).ok());
+  EXPECT_EQ(CountRows(db->get(), "SELECT COUNT(*) FROM sqlite_master WHERE type = 'view'"), 0);
+  ASSERT_TRUE(Migrate(db->get()).ok());
+  EXPECT_EQ(CountRows(db->get(), "SELECT COUNT(*) FROM sqlite_master WHERE type = 'view'"),
+            static_cast<int64_t>(ViewNames().size()));
+
+  SweepStore sweeps(db->get());
+  auto sweep_id = sweeps.Insert({0, "s", "spec", 1, false});
+  ASSERT_TRUE(sweep_id.ok());
+  JobStore jobs(db->get());
+  JobRecord job;
+  job.sweep_id = *sweep_id;
+  job.arch = "hc";
+  job.layers = 4;
+  job.d_model = 96;
+  job.lr = 1e-3;
+  job.state = "succeeded";
+  job.val_loss = 2.5;
+  job.checkpoint_dir = "s/1";
+  auto train_id = jobs.Insert(job);
+  ASSERT_TRUE(train_id.ok());
+  job.kind = "diagnose";
+  job.parent_job_id = *train_id;
+  auto diag_id = jobs.Insert(job);
+  ASSERT_TRUE(diag_id.ok());
+  MetricStore metrics(db->get());
+  ASSERT_TRUE(metrics.Insert({{0, *train_id, 1, 10, "loss", 2.75, 100}}).ok());
+  ResultStore results(db->get());
+  ResultRecord row;
+  row.sweep_id = *sweep_id;
+  row.arch = "hc";
+  row.layers = 4;
+  row.d_model = 96;
+  row.aspect_ratio = 24;
+  row.params = 1000;
+  row.best_lr = 1e-3;
+  row.best_val_loss = 2.5;
+  row.best_job_id = *train_id;
+  row.complete = true;
+  ASSERT_TRUE(results.Upsert(row).ok());
+  LrTally tally;
+  tally.sweep_id = *sweep_id;
+  tally.arch = "hc";
+  tally.layers = 4;
+  tally.d_model = 96;
+  tally.lr = 1e-3;
+  tally.jobs = 1;
+  tally.ended = 1;
+  tally.succeeded = 1;
+  tally.loss_sum = 2.5;
+  tally.best_job_id = *train_id;
+  tally.best_val_loss = 2.5;
+  ASSERT_TRUE(results.SetLrTally(tally).ok());
+  ASSERT_TRUE(results.InsertDiagnostic({*diag_id, "deff", R"({"d_eff":1.5})", 5}).ok());
+
+  struct Case {
+    const char* sql;
+    int64_t rows;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"SELECT sweep, arch, layers, d_model, aspect_ratio, params, complete, best_lr, "
+            "best_val_loss, best_job_id, diagnostics_json FROM results_v1", 1},
+           {"SELECT sweep, arch, layers, d_model, lr, runs, ended, succeeded, diverged, "
+            "failed, mean_val_loss, best_job_id, best_val_loss FROM lrs_v1", 1},
+           {"SELECT sweep, job_id, arch, layers, d_model, lr, seed, state, val_loss, "
+            "final_step, is_best, attempts, reason, worker_id, checkpoint_dir, created_ms, "
+            "updated_ms FROM runs_v1", 1},
+           {"SELECT sweep, job_id, kind, attempt_id, step, name, value, wall_ms FROM metrics_v1", 1},
+           {"SELECT sweep, job_id, arch, layers, d_model, lr, kind, data_json, "
+            "diagnose_job_id, created_ms FROM diagnostics_v1", 1},
+           {"SELECT views_version, schema_version FROM contract", 1},
+       }) {
+    auto q = (*db)->Prepare(c.sql);
+    ASSERT_TRUE(q.ok()) << c.sql << ": " << q.status();
+    int64_t n = 0;
+    while (*q->Step()) ++n;
+    EXPECT_EQ(n, c.rows) << c.sql;
+  }
+  auto q = (*db)->Prepare(
+      "SELECT r.best_job_id, l.mean_val_loss, d.job_id, c.views_version, c.schema_version "
+      "FROM results_v1 r JOIN lrs_v1 l USING (sweep, arch, layers, d_model) "
+      "JOIN diagnostics_v1 d ON d.job_id = r.best_job_id, contract c");
+  ASSERT_TRUE(q.ok()) << q.status();
+  ASSERT_TRUE(*q->Step());
+  EXPECT_EQ(q->ColumnInt(0), *train_id);
+  EXPECT_DOUBLE_EQ(q->ColumnDouble(1), 2.5);
+  EXPECT_EQ(q->ColumnInt(2), *train_id);
+  EXPECT_EQ(q->ColumnInt(3), kViewsVersion);
+  EXPECT_EQ(q->ColumnInt(4), LatestSchemaVersion());
+  // runs_v1 lists train jobs only.
+  EXPECT_EQ(CountRows(db->get(), "SELECT COUNT(*) FROM runs_v1"), 1);
+}
+
+// Version 5 tallies the jobs of sweeps submitted before it.
+TEST(MigrationTest, Version5TalliesExistingJobs) {
+  auto db = Database::Open(":memory:");
+  ASSERT_TRUE(db.ok());
+  ASSERT_TRUE(Migrate(db->get(), 4).ok());
+  ASSERT_TRUE((*db)->Exec(
+      "INSERT INTO sweeps(name, spec, created_ms) VALUES ('s', x'', 1);"
+      "INSERT INTO jobs(id, sweep_id, kind, state, arch, layers, d_model, lr, seed, "
+      "config_json, max_attempts, checkpoint_dir, created_ms, updated_ms, val_loss) VALUES "
+      "(1, 1, 'train', 'succeeded', 'hc', 4, 96, 1e-3, 0, '{}', 3, 'c', 1, 1, 3.0),"
+      "(2, 1, 'train', 'succeeded', 'hc', 4, 96, 1e-3, 1, '{}', 3, 'c', 1, 1, 2.0),"
+      "(3, 1, 'train', 'succeeded', 'hc', 4, 96, 1e-3, 2, '{}', 3, 'c', 1, 1, 2.0),"
+      "(4, 1, 'train', 'failed', 'hc', 4, 96, 1e-3, 3, '{}', 3, 'c', 1, 1, NULL),"
+      "(5, 1, 'train', 'diverged', 'hc', 4, 96, 2e-3, 0, '{}', 3, 'c', 1, 1, NULL),"
+      "(6, 1, 'train', 'pending', 'hc', 4, 96, 2e-3, 1, '{}', 3, 'c', 1, 1, NULL),"
+      "(7, 1, 'diagnose', 'succeeded', 'hc', 4, 96, 1e-3, 0, '{}', 3, 'c', 1, 1, NULL);")
+                  .ok());
+  ASSERT_TRUE(Migrate(db->get()).ok());
+  ResultStore results(db->get());
+  auto lrs = results.ListLrs(1, "hc", 4, 96);
+  ASSERT_TRUE(lrs.ok()) << lrs.status();
+  ASSERT_EQ(lrs->size(), 2u);
+  const LrTally& a = (*lrs)[0];
+  EXPECT_DOUBLE_EQ(a.lr, 1e-3);
+  EXPECT_EQ(a.jobs, 4);
+  EXPECT_EQ(a.ended, 4);
+  EXPECT_EQ(a.succeeded, 3);
+  EXPECT_EQ(a.failed, 1);
+  EXPECT_DOUBLE_EQ(a.loss_sum, 7.0);
+  EXPECT_EQ(a.best_job_id, 2);  // 2.0 twice: the lower id
+  EXPECT_DOUBLE_EQ(*a.best_val_loss, 2.0);
+  const LrTally& b = (*lrs)[1];
+  EXPECT_EQ(b.jobs, 2);
+  EXPECT_EQ(b.ended, 1);
+  EXPECT_EQ(b.diverged, 1);
+  EXPECT_EQ(b.best_job_id, 0);
+  EXPECT_FALSE(b.best_val_loss.has_value());
+}
+
+TEST(ResultStoreTest, LrDeltasAccumulateAndKeepTheBestRun) {
+  auto db = Database::Open(":memory:");
+  ASSERT_TRUE(db.ok());
+  ASSERT_TRUE(Migrate(db->get()).ok());
+  ResultStore results(db->get());
+  LrTally key;
+  key.sweep_id = 1;
+  key.arch = "hc";
+  key.layers = 4;
+  key.d_model = 96;
+  key.lr = 1e-3;
+  ASSERT_TRUE(results.AddLrJobs(key, 3).ok());
+  ASSERT_TRUE(results.AddLrJobs(key, 1).ok());
+  LrTally d = key;
+  d.ended = 1;
+  d.succeeded = 1;
+  d.loss_sum = 2.5;
+  d.best_job_id = 9;
+  d.best_val_loss = 2.5;
+  ASSERT_TRUE(results.ApplyLrDelta(d).ok());
+  d.best_job_id = 7;  // same loss, lower id: takes over
+  ASSERT_TRUE(results.ApplyLrDelta(d).ok());
+  d.best_job_id = 5;
+  d.best_val_loss = 2.75;  // higher loss: counted, not best
+  d.loss_sum = 2.75;
+  ASSERT_TRUE(results.ApplyLrDelta(d).ok());
+  LrTally failed = key;
+  failed.ended = 1;
+  failed.failed = 1;
+  ASSERT_TRUE(results.ApplyLrDelta(failed).ok());
+  failed.ended = -1;  // retried
+  failed.failed = -1;
+  ASSERT_TRUE(results.ApplyLrDelta(failed).ok());
+  auto lrs = results.ListLrs(1, "hc", 4, 96);
+  ASSERT_TRUE(lrs.ok());
+  ASSERT_EQ(lrs->size(), 1u);
+  EXPECT_EQ((*lrs)[0].jobs, 4);
+  EXPECT_EQ((*lrs)[0].ended, 3);
+  EXPECT_EQ((*lrs)[0].succeeded, 3);
+  EXPECT_EQ((*lrs)[0].failed, 0);
+  EXPECT_DOUBLE_EQ((*lrs)[0].loss_sum, 7.75);
+  EXPECT_EQ((*lrs)[0].best_job_id, 7);
+  EXPECT_DOUBLE_EQ(*(*lrs)[0].best_val_loss, 2.5);
+  LrTally missing = key;
+  missing.lr = 5e-3;
+  EXPECT_EQ(results.ApplyLrDelta(missing).code(), absl::StatusCode::kNotFound);
 }
 
 }  // namespace
