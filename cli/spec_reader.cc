@@ -11,6 +11,7 @@
 #include <sstream>
 #include <vector>
 
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include "absl/strings/str_cat.h"

@@ -279,6 +279,13 @@ absl::StatusOr<ExpandedSweep> ExpandSweep(const SweepSpec& spec) {
         "spec: must be at most ", kMaxSpecBytes, " bytes serialized, got ", spec_bytes));
   }
   RETURN_IF_ERROR(BoundStrings(spec, ""));
+  // Labels are copied onto every job: bound them together too.
+  size_t label_bytes = 0;
+  for (const auto& [key, value] : spec.resources().labels()) label_bytes += key.size() + value.size();
+  if (label_bytes > kMaxSpecStringBytes) {
+    return Field("resources.labels", absl::StrCat("keys and values must total at most ",
+                                                  kMaxSpecStringBytes, " bytes, got ", label_bytes));
+  }
   if (!ValidName(spec.name())) {
     return Field("name", absl::StrCat(
         "must be 1-64 characters of [A-Za-z0-9._-], got \"", spec.name(), "\""));

@@ -232,6 +232,12 @@ TEST_F(SchedulerFaultTest, OversizedSpecStringsAreRefusedNamingTheField) {
   auto label = scheduler_->SubmitSweep(spec);
   EXPECT_EQ(label.status().message(),
             "spec.resources.labels[\"gpu\"]: must be at most 4096 bytes, got 5000");
+  spec = SmallSpec("s", {"pre_ln"}, {1e-3});
+  for (int l = 0; l < 3; ++l) {
+    (*spec.mutable_resources()->mutable_labels())["k" + std::to_string(l)] = std::string(2000, 'a');
+  }
+  EXPECT_EQ(scheduler_->SubmitSweep(spec).status().message(),
+            "spec.resources.labels: keys and values must total at most 4096 bytes, got 6006");
   EXPECT_EQ(scheduler_->ListSweeps()->sweeps_size(), 0);
 }
 
@@ -283,14 +289,14 @@ TEST_F(SchedulerFaultTest, ListResponsesArePagedByBytes) {
                                    {1e-3, 2e-3, 3e-3, 4e-3, 5e-3});
     for (int i = 0; i < 12; ++i) spec.add_seeds(i);
     spec.mutable_training()->set_data(std::string(4000, 'd'));
-    for (int l = 0; l < 50; ++l) {
-      (*spec.mutable_resources()->mutable_labels())["k" + std::to_string(l)] =
-          std::string(4000, 'v');
+    for (char k = 'a'; k < 'a' + 26; ++k) {  // ~100 KB of spec per sweep
+      spec.mutable_diagnostics()->add_kinds(std::string(3990, 'k') + k);
+      spec.mutable_diagnostics()->add_kinds(std::string(3990, 'q') + k);
     }
     auto r = scheduler_->SubmitSweep(spec);
     ASSERT_TRUE(r.ok()) << r.status();
   }
-  // 6 sweeps x 120 jobs of ~4 KB config each; sweeps of ~200 KB each.
+  // 6 sweeps x 120 jobs of ~4 KB config each; sweeps of ~210 KB each.
   v1::ListJobsRequest req;
   req.set_page_size(1000);
   int64_t seen = 0, pages = 0, last_id = 0;
