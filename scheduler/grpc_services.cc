@@ -94,7 +94,8 @@ grpc::Status SweepServiceImpl::WatchJob(grpc::ServerContext* ctx, const v1::Watc
   while (!ctx->IsCancelled()) {
     absl::StatusOr<WatchBatch> batch = watch->Next(kBatch, absl::Milliseconds(500));
     if (!batch.ok()) return ToGrpcStatus(batch.status());
-    for (const storage::MetricRecord& p : batch->points) {
+    for (size_t i = 0; i < batch->points.size(); ++i) {
+      const storage::MetricRecord& p = batch->points[i];
       v1::WatchJobEvent event;
       event.set_attempt_id(p.attempt_id);
       v1::MetricPoint* point = event.mutable_point();
@@ -102,7 +103,10 @@ grpc::Status SweepServiceImpl::WatchJob(grpc::ServerContext* ctx, const v1::Watc
       point->set_name(p.name);
       point->set_value(p.value);
       point->set_wall_ms(p.wall_ms);
-      if (!writer->Write(event)) return grpc::Status::OK;
+      // One flush per batch rather than per point.
+      grpc::WriteOptions options;
+      if (i + 1 < batch->points.size()) options.set_buffer_hint();
+      if (!writer->Write(event, options)) return grpc::Status::OK;
     }
     if (batch->state != last_state) {
       v1::WatchJobEvent event;

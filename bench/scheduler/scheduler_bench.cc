@@ -11,7 +11,7 @@
 // them out.
 // Usage: scheduler_bench [--workers 64] [--seconds 5] [--streams 8]
 //                        [--points 400000] [--chunk 1000] [--no-metrics]
-//                        [--watchers 0]
+//                        [--watchers 0] [--rounds 3] [--watch-idle-only]
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -96,6 +96,12 @@ int main(int argc, char** argv) {
   int watchers = 0;
   app.add_option("--watchers", watchers, "WatchJob streams for part 3 (0: skip it)")
       ->capture_default_str();
+  int rounds = 3;
+  app.add_option("--rounds", rounds, "part 3: alternating rounds (median reported)")
+      ->capture_default_str();
+  bool watch_idle_only = false;
+  app.add_flag("--watch-idle-only", watch_idle_only,
+               "part 3: watch only jobs that receive no points (the cost of fan-out alone)");
   bool no_metrics = false;
   app.add_flag("--no-metrics", no_metrics,
                "run without the metrics observer and RPC interceptor");
@@ -253,8 +259,8 @@ int main(int argc, char** argv) {
   int64_t per_stream = total_points / streams;
   // Streams total_points over `streams` ReportMetrics streams into `held`;
   // returns points/s.
-  auto ingest = [&](const std::vector<v1::AcquireJobResponse>& held,
-                    const char* label) -> double {
+  auto ingest = [&](const std::vector<v1::AcquireJobResponse>& held, const char* label,
+                    double* cpu_per_point = nullptr) -> double {
     std::atomic<int64_t> accepted{0};
     std::vector<std::thread> streamers;
     auto t0 = Clock::now();
@@ -293,6 +299,7 @@ int main(int argc, char** argv) {
                 accepted.load() / secs);
     std::printf("  CPU (client + server, user + sys): %.2f s = %.2f us per point\n", used,
                 1e6 * used / std::max<int64_t>(1, accepted.load()));
+    if (cpu_per_point != nullptr) *cpu_per_point = used / std::max<int64_t>(1, accepted.load());
     return accepted.load() / secs;
   };
   std::vector<v1::AcquireJobResponse> held;
@@ -300,52 +307,77 @@ int main(int argc, char** argv) {
   ingest(held, "ingestion");
 
   // --- 3. ingestion with watchers ---------------------------------------
+  // Rounds alternate: ingest into fresh unwatched jobs with no stream open,
+  // then open the W streams and ingest into the jobs they watch. Medians of
+  // the per-round ratios (points/s and CPU per point) damp a busy machine.
   if (watchers > 0) {
-    std::vector<v1::AcquireJobResponse> quiet, watched;
-    if (!lease_jobs(&quiet) || !lease_jobs(&watched)) return 1;
-    double alone = ingest(quiet, "ingestion, 0 watchers");
-    // W streams on W distinct jobs: the ingesting ones first, then others
-    // (pending jobs of the sweeps; ids 1..24000).
-    std::vector<int64_t> targets;
-    for (const auto& lease : watched) targets.push_back(lease.job_id());
-    for (int64_t id = 1; static_cast<int>(targets.size()) < watchers; ++id) {
-      if (std::find(targets.begin(), targets.end(), id) == targets.end()) targets.push_back(id);
-    }
-    std::atomic<int64_t> events{0};
-    std::atomic<int> open{0};
-    std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
-    for (int w = 0; w < watchers; ++w) {
-      auto ctx = std::make_unique<grpc::ClientContext>();
-      ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(10));
-      contexts.push_back(std::move(ctx));
-    }
-    std::vector<std::thread> readers;
-    for (int w = 0; w < watchers; ++w) {
-      readers.emplace_back([&, w] {
-        auto stub = v1::SweepService::NewStub(channels[w % channels.size()]);
-        v1::WatchJobRequest req;
-        req.set_job_id(targets[w]);
-        auto reader = stub->WatchJob(contexts[w].get(), req);
-        v1::WatchJobEvent event;
-        bool first = true;
-        while (reader->Read(&event)) {
-          if (first) open.fetch_add(1);
-          first = false;
-          events.fetch_add(1);
+    std::vector<double> rate_ratios, cpu_ratios;
+    for (int round = 0; round < rounds; ++round) {
+      std::vector<v1::AcquireJobResponse> quiet, watched;
+      if (!lease_jobs(&quiet) || !lease_jobs(&watched)) return 1;
+      double cpu_alone = 0, cpu_with = 0;
+      double alone = ingest(quiet, "ingestion, 0 watchers", &cpu_alone);
+      // W streams on W distinct jobs: the ingesting ones first (unless
+      // --watch-idle-only), then jobs that get no points.
+      std::vector<int64_t> targets;
+      if (!watch_idle_only) {
+        for (const auto& lease : watched) targets.push_back(lease.job_id());
+      }
+      auto busy = [&](int64_t id) {
+        for (const auto* set : {&quiet, &watched, &held}) {
+          for (const auto& lease : *set) {
+            if (lease.job_id() == id) return true;
+          }
         }
-        reader->Finish();
-      });
+        return false;
+      };
+      for (int64_t id = 1; static_cast<int>(targets.size()) < watchers; ++id) {
+        if (std::find(targets.begin(), targets.end(), id) == targets.end() && !busy(id)) {
+          targets.push_back(id);
+        }
+      }
+      std::atomic<int64_t> events{0};
+      std::atomic<int> open{0};
+      std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+      for (int w = 0; w < watchers; ++w) {
+        auto ctx = std::make_unique<grpc::ClientContext>();
+        ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(10));
+        contexts.push_back(std::move(ctx));
+      }
+      std::vector<std::thread> readers;
+      for (int w = 0; w < watchers; ++w) {
+        readers.emplace_back([&, w] {
+          auto stub = v1::SweepService::NewStub(channels[w % channels.size()]);
+          v1::WatchJobRequest req;
+          req.set_job_id(targets[w]);
+          auto reader = stub->WatchJob(contexts[w].get(), req);
+          v1::WatchJobEvent event;
+          bool first = true;
+          while (reader->Read(&event)) {
+            if (first) open.fetch_add(1);
+            first = false;
+            events.fetch_add(1);
+          }
+          reader->Finish();
+        });
+      }
+      // Every stream has its first event (the job's state) before timing.
+      while (open.load() < watchers) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      int64_t events_before = events.load();
+      double with = ingest(watched, "ingestion, watchers open", &cpu_with);
+      std::printf("  round %d: %d WatchJob streams (%d on ingesting jobs) received %lld events; "
+                  "rate ratio %.3f, CPU-per-point ratio %.3f\n",
+                  round + 1, watchers, watch_idle_only ? 0 : std::min(watchers, streams),
+                  static_cast<long long>(events.load() - events_before), with / alone,
+                  cpu_with / cpu_alone);
+      rate_ratios.push_back(with / alone);
+      cpu_ratios.push_back(cpu_with / cpu_alone);
+      for (auto& ctx : contexts) ctx->TryCancel();
+      for (auto& t : readers) t.join();
     }
-    // Every stream has its first event (the job's state) before timing.
-    while (open.load() < watchers) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    int64_t events_before = events.load();
-    double with = ingest(watched, "ingestion, watchers open");
-    std::printf("watchers: %d WatchJob streams (%d on ingesting jobs) received %lld events\n",
-                watchers, std::min(watchers, streams),
-                static_cast<long long>(events.load() - events_before));
-    std::printf("ratio: ingestion with %d watchers / without = %.3f\n", watchers, with / alone);
-    for (auto& ctx : contexts) ctx->TryCancel();
-    for (auto& t : readers) t.join();
+    std::printf("ratio (median of %d rounds): ingestion points/s with %d watchers / without = "
+                "%.3f; CPU per point with / without = %.3f\n",
+                rounds, watchers, Percentile(rate_ratios, 0.5), Percentile(cpu_ratios, 0.5));
   }
   server.Shutdown();
   scheduler->reset();
