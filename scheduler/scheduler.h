@@ -96,7 +96,7 @@ struct SchedulerOptions {
   SchedulerObserver* observer = nullptr;
   // Live points kept per watched job for WatchJob streams (watch_hub.h); a
   // stream further behind reads SQLite.
-  size_t watch_ring_points = 4096;
+  size_t watch_ring_points = 2048;  // ~150 KB per watched job
 };
 
 // Monotonic counters, read with Scheduler::Counters(). The metrics exporter

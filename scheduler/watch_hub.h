@@ -33,7 +33,7 @@ class WatchHub {
  public:
   class Channel;
 
-  explicit WatchHub(size_t ring_capacity = 4096) : ring_capacity_(ring_capacity) {}
+  explicit WatchHub(size_t ring_capacity = 2048) : ring_capacity_(ring_capacity) {}
   WatchHub(const WatchHub&) = delete;
   WatchHub& operator=(const WatchHub&) = delete;
 

@@ -5,7 +5,10 @@
 // message and exit code 2 rather than an abort.
 #include <sys/wait.h>
 
+#include <atomic>
 #include <cstdio>
+#include <thread>
+#include <vector>
 #include <fstream>
 #include <string>
 
@@ -147,6 +150,105 @@ TEST(SchedulerFaultsIntegrationTest, BoundedSpecsListsDeleteAndCliErrors) {
   EXPECT_EQ(utf8.code, 2) << utf8.text;
   EXPECT_NE(utf8.text.find("spec.training.data: not valid UTF-8"), std::string::npos)
       << utf8.text;
+  server.Stop(SIGTERM);
+}
+
+// Item 12 over gRPC: streams watching a job while it is written get every
+// live point once, then the final state, from the WatchHub ring.
+TEST(SchedulerFaultsIntegrationTest, LiveWatchersGetEveryPointThenTheFinalState) {
+  std::string dir = MakeTempDir("watch");
+  SchedulerProcess server(dir + "/s.db", dir);
+  ASSERT_TRUE(server.Start());
+  auto channel = grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials());
+  auto sweeps = v1::SweepService::NewStub(channel);
+  auto workers = v1::WorkerService::NewStub(channel);
+  v1::SubmitSweepRequest submit;
+  submit.mutable_spec()->set_name("w");
+  submit.mutable_spec()->add_architectures("pre_ln");
+  submit.mutable_spec()->mutable_shapes()->add_explicit_shapes()->set_layers(2);
+  submit.mutable_spec()->mutable_shapes()->mutable_explicit_shapes(0)->set_d_model(64);
+  (*submit.mutable_spec()->mutable_lr_grids())["pre_ln"].add_lrs(1e-3);
+  submit.mutable_spec()->mutable_training()->set_steps(5);
+  v1::SubmitSweepResponse created;
+  ASSERT_TRUE(sweeps->SubmitSweep(Ctx().get(), submit, &created).ok());
+  v1::RegisterWorkerRequest reg;
+  reg.set_name("w1");
+  v1::RegisterWorkerResponse reg_resp;
+  ASSERT_TRUE(workers->RegisterWorker(Ctx().get(), reg, &reg_resp).ok());
+  v1::AcquireJobRequest acq;
+  acq.set_worker_id("w1");
+  v1::AcquireJobResponse lease;
+  ASSERT_TRUE(workers->AcquireJob(Ctx().get(), acq, &lease).ok());
+  ASSERT_TRUE(lease.has_job());
+
+  constexpr int kWatchers = 8;
+  constexpr int kSteps = 3000;
+  std::vector<int> points(kWatchers, 0), disorder(kWatchers, 0);
+  std::vector<v1::JobState> last(kWatchers, v1::JOB_STATE_UNSPECIFIED);
+  std::atomic<int> open{0};
+  std::vector<std::thread> readers;
+  for (int w = 0; w < kWatchers; ++w) {
+    readers.emplace_back([&, w] {
+      v1::WatchJobRequest req;
+      req.set_job_id(lease.job_id());
+      auto ctx = Ctx(60000);
+      auto reader = sweeps->WatchJob(ctx.get(), req);
+      v1::WatchJobEvent event;
+      int64_t step = 0;
+      bool first = true;
+      while (reader->Read(&event)) {
+        if (first) open.fetch_add(1);
+        first = false;
+        if (event.has_point()) {
+          if (event.point().step() <= step) ++disorder[w];
+          step = event.point().step();
+          ++points[w];
+        } else {
+          last[w] = event.state();
+        }
+      }
+      reader->Finish();
+    });
+  }
+  while (open.load() < kWatchers) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  v1::ReportMetricsResponse reported;
+  {
+    auto ctx = Ctx(60000);
+    auto writer = workers->ReportMetrics(ctx.get(), &reported);
+    for (int s = 1; s <= kSteps; s += 50) {
+      v1::ReportMetricsRequest chunk;
+      chunk.set_job_id(lease.job_id());
+      chunk.set_attempt_id(lease.attempt_id());
+      for (int i = s; i < s + 50; ++i) {
+        auto* p = chunk.add_points();
+        p->set_step(i);
+        p->set_name("loss");
+        p->set_value(1.0 / i);
+      }
+      ASSERT_TRUE(writer->Write(chunk));
+    }
+    writer->WritesDone();
+    ASSERT_TRUE(writer->Finish().ok());
+  }
+  EXPECT_EQ(reported.accepted(), kSteps);
+  v1::FinishJobRequest fin;
+  fin.set_job_id(lease.job_id());
+  fin.set_attempt_id(lease.attempt_id());
+  fin.set_status(v1::FINISH_SUCCEEDED);
+  fin.set_has_val_loss(true);
+  fin.set_final_val_loss(2.0);
+  auto* final_point = fin.add_points();
+  final_point->set_step(kSteps + 1);
+  final_point->set_name("val_loss");
+  final_point->set_value(2.0);
+  v1::FinishJobResponse finished;
+  ASSERT_TRUE(workers->FinishJob(Ctx().get(), fin, &finished).ok());
+  for (auto& t : readers) t.join();
+  for (int w = 0; w < kWatchers; ++w) {
+    EXPECT_EQ(points[w], kSteps + 1) << "watcher " << w;
+    EXPECT_EQ(disorder[w], 0) << "watcher " << w;
+    EXPECT_EQ(last[w], v1::SUCCEEDED) << "watcher " << w;
+  }
   server.Stop(SIGTERM);
 }
 
