@@ -11,6 +11,13 @@
 // count. Reports from an attempt that no longer holds its job's lease are
 // refused with FailedPrecondition.
 //
+// Failed commits (disk full, I/O error): memory (leases, caches), counters
+// and observer events change only after a transaction commits, so a failed
+// one changes nothing; its RPC fails and may be re-sent, and lease expiry is
+// retried by the next ExpireLeases(). CheckDatabase() reports the database
+// unwritable (and the log says so) until a commit succeeds again;
+// ExpireLeases() probes for that while nothing else writes.
+//
 // Restart: Create() on an existing file re-grants every leased/running job a
 // fresh lease TTL; workers re-attach by listing their running attempts in
 // RegisterWorker/Heartbeat, and unclaimed leases expire normally.
