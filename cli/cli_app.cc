@@ -18,8 +18,13 @@ absl::StatusOr<SchedulerClient*> CommandEnv::Client() {
 }
 
 int CommandEnv::Fail(const absl::Status& status) {
-  *err << "error: " << status.message() << " [" << absl::StatusCodeToString(status.code())
-       << "]\n";
+  std::string message(status.message());
+  if (message.empty()) {  // every error says something (e.g. a bare gRPC code)
+    message = absl::StrCat("the scheduler or the connection failed with ",
+                           absl::StatusCodeToString(status.code()),
+                           " and gave no detail; check the scheduler's log");
+  }
+  *err << "error: " << message << " [" << absl::StatusCodeToString(status.code()) << "]\n";
   return status.code() == absl::StatusCode::kInvalidArgument ? kExitUsage : kExitFailure;
 }
 

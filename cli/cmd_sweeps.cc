@@ -1,4 +1,4 @@
-// depthbench sweeps | status SWEEP | cancel SWEEP
+// depthbench sweeps | status SWEEP | cancel SWEEP | delete SWEEP [--force]
 #include <ctime>
 
 #include "absl/strings/str_cat.h"
@@ -38,10 +38,18 @@ void AddSweepCommands(CLI::App& app, CommandEnv& env) {
     env.run = [](CommandEnv& env) -> int {
       auto client = env.Client();
       if (!client.ok()) return env.Fail(client.status());
+      // Every page (the scheduler pages by count and by bytes).
       v1::ListSweepsResponse resp;
-      auto ctx = (*client)->Context();
-      auto status = FromGrpc((*client)->sweeps()->ListSweeps(ctx.get(), {}, &resp));
-      if (!status.ok()) return env.Fail(status);
+      v1::ListSweepsRequest req;
+      while (true) {
+        v1::ListSweepsResponse page;
+        auto ctx = (*client)->Context();
+        auto status = FromGrpc((*client)->sweeps()->ListSweeps(ctx.get(), req, &page));
+        if (!status.ok()) return env.Fail(status);
+        for (auto& s : *page.mutable_sweeps()) *resp.add_sweeps() = std::move(s);
+        if (page.next_page_token().empty()) break;
+        req.set_page_token(page.next_page_token());
+      }
       if (env.json) {
         *env.out << ToJson(resp) << "\n";
         return kExitOk;
@@ -102,6 +110,37 @@ void AddSweepCommands(CLI::App& app, CommandEnv& env) {
         *env.out << ToJson(resp) << "\n";
       } else {
         *env.out << "cancelled " << resp.cancelled_jobs() << " job(s) of " << *cancel_name << "\n";
+      }
+      return kExitOk;
+    };
+  });
+
+  auto* delete_cmd = app.add_subcommand(
+      "delete", "delete a sweep with its jobs, points and results (refused while jobs run)");
+  auto delete_name = std::make_shared<std::string>();
+  auto force = std::make_shared<bool>(false);
+  delete_cmd->add_option("sweep", *delete_name, "sweep name")->required();
+  delete_cmd->add_flag("--force", *force, "cancel the sweep's leased and running jobs first");
+  delete_cmd->callback([&env, delete_name, force] {
+    env.run = [delete_name, force](CommandEnv& env) -> int {
+      auto client = env.Client();
+      if (!client.ok()) return env.Fail(client.status());
+      v1::DeleteSweepRequest req;
+      req.set_name(*delete_name);
+      req.set_force(*force);
+      v1::DeleteSweepResponse resp;
+      auto ctx = (*client)->Context();
+      auto status = FromGrpc((*client)->sweeps()->DeleteSweep(ctx.get(), req, &resp));
+      if (!status.ok()) return env.Fail(status);
+      if (env.json) {
+        *env.out << ToJson(resp) << "\n";
+      } else {
+        *env.out << "deleted sweep " << *delete_name << " and its " << resp.deleted_jobs()
+                 << " job(s)";
+        if (resp.cancelled_jobs() > 0) {
+          *env.out << " (" << resp.cancelled_jobs() << " leased or running job(s) cancelled)";
+        }
+        *env.out << "\n";
       }
       return kExitOk;
     };

@@ -6,10 +6,12 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <vector>
 
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include "absl/strings/str_cat.h"
@@ -35,6 +37,10 @@ std::string Kind(const json& j) {
 }
 
 absl::StatusOr<int64_t> Int(const json& j, const std::string& path) {
+  if (j.is_number_unsigned() &&
+      j.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+    return Err(path, absl::StrCat(j.get<uint64_t>(), " is out of the 64-bit integer range"));
+  }
   if (j.is_number_integer()) return j.get<int64_t>();
   if (j.is_number_float()) {
     double d = j.get<double>();
@@ -53,6 +59,9 @@ absl::StatusOr<int32_t> Int32(const json& j, const std::string& path) {
 }
 
 absl::StatusOr<double> Double(const json& j, const std::string& path) {
+  if (j.is_number_float() && !std::isfinite(j.get<double>())) {
+    return Err(path, "must be a finite number (out of range or infinite)");
+  }
   if (j.is_number()) return j.get<double>();
   return Err(path, absl::StrCat("expected a number, got ", Kind(j), " ", j.dump()));
 }
@@ -228,6 +237,71 @@ absl::Status Training(const json& j, const std::string& path, v1::TrainingSettin
   });
 }
 
+// Whether `text` is well-formed UTF-8 (no overlong forms, surrogates or
+// code points above U+10FFFF): spec strings travel in proto3 string fields,
+// which must hold UTF-8.
+bool ValidUtf8(const std::string& text) {
+  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
+  const unsigned char* end = p + text.size();
+  while (p < end) {
+    unsigned char c = *p;
+    int extra = 0;
+    uint32_t cp = 0;
+    if (c < 0x80) {
+      ++p;
+      continue;
+    } else if ((c & 0xE0) == 0xC0) {
+      extra = 1;
+      cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      extra = 2;
+      cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      extra = 3;
+      cp = c & 0x07;
+    } else {
+      return false;
+    }
+    if (end - p <= extra) return false;
+    for (int i = 1; i <= extra; ++i) {
+      if ((p[i] & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (p[i] & 0x3F);
+    }
+    static constexpr uint32_t kMin[] = {0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[extra] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    p += extra + 1;
+  }
+  return true;
+}
+
+// Refuses YAML aliases (`*name`): each one repeats its anchored node, so a
+// few hundred bytes of nested aliases expand to gigabytes (a "billion
+// laughs" document). A sweep spec never needs them. Runs on parse events,
+// before any node is built.
+class AliasRefuser final : public YAML::EventHandler {
+ public:
+  void OnDocumentStart(const YAML::Mark&) override {}
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark& mark, YAML::anchor_t) override {
+    if (!alias_) alias_ = mark;
+  }
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+
+  // Where the first alias is, if any.
+  const std::optional<YAML::Mark>& alias() const { return alias_; }
+
+ private:
+  std::optional<YAML::Mark> alias_;
+};
+
 // YAML -> JSON. Unquoted scalars become integers, floats, booleans or null
 // when they parse as such; quoted scalars stay strings.
 absl::StatusOr<json> YamlToJson(const YAML::Node& node, const std::string& path) {
@@ -237,6 +311,7 @@ absl::StatusOr<json> YamlToJson(const YAML::Node& node, const std::string& path)
       return json(nullptr);
     case YAML::NodeType::Scalar: {
       const std::string& text = node.Scalar();
+      if (!ValidUtf8(text)) return Err(path, "not valid UTF-8");
       if (node.Tag() == "!") return json(text);  // quoted
       int64_t i = 0;
       double d = 0;
@@ -264,6 +339,7 @@ absl::StatusOr<json> YamlToJson(const YAML::Node& node, const std::string& path)
           return Err(path, "keys must be plain strings, not lists, mappings or null");
         }
         std::string key = it->first.Scalar();
+        if (!ValidUtf8(key)) return Err(path, "a key is not valid UTF-8");
         std::string field = absl::StrCat(path, ".", key);
         if (obj.contains(key)) return Err(field, "duplicate key");
         ASSIGN_OR_RETURN(json v, YamlToJson(it->second, field));
@@ -311,13 +387,21 @@ class DuplicateKeyFinder final : public nlohmann::json_sax<json> {
     frames_.pop_back();
     return Value();
   }
-  bool parse_error(std::size_t, const std::string&,
-                   const nlohmann::detail::exception&) override {
+  bool parse_error(std::size_t, const std::string& token,
+                   const nlohmann::detail::exception& e) override {
+    // A number too large for a double (e.g. 1e400, id 406) fails the parse
+    // here: name the field it was given for.
+    if (e.id == 406) {
+      overflow_ = absl::StrCat(ValuePath(), ": the number ", token,
+                               " is out of range (must be a finite number)");
+    }
     return false;
   }
 
   // "spec.<path>" of the first repeated key; empty when there is none.
   const std::string& duplicate() const { return duplicate_; }
+  // "spec.<path>: ..." when the parse stopped at an out-of-range number.
+  const std::string& overflow() const { return overflow_; }
 
  private:
   struct Frame {
@@ -341,9 +425,25 @@ class DuplicateKeyFinder final : public nlohmann::json_sax<json> {
     return path;
   }
 
+  // The path of the value being read.
+  std::string ValuePath() const {
+    std::string path = "spec";
+    for (const Frame& frame : frames_) {
+      path += frame.object ? absl::StrCat(".", frame.key) : absl::StrCat("[", frame.index, "]");
+    }
+    return path;
+  }
+
   std::vector<Frame> frames_;
   std::string duplicate_;
+  std::string overflow_;
 };
+
+absl::Status TooLarge(size_t size) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "spec: the file is ", size, " bytes; a spec may be at most ", kMaxSpecFileBytes,
+      " bytes"));
+}
 
 }  // namespace
 
@@ -441,36 +541,59 @@ absl::StatusOr<v1::SweepSpec> SpecFromJson(const json& root) {
 }
 
 absl::StatusOr<v1::SweepSpec> ParseSpecJson(const std::string& text) {
+  if (text.size() > kMaxSpecFileBytes) return TooLarge(text.size());
+  DuplicateKeyFinder finder;
+  json::sax_parse(text, &finder, json::input_format_t::json, /*strict=*/true);
+  if (!finder.overflow().empty()) return absl::InvalidArgumentError(finder.overflow());
   json root;
   try {
     root = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, out_of_range, ...
     return absl::InvalidArgumentError(absl::StrCat("spec: not valid JSON: ", e.what()));
   }
-  DuplicateKeyFinder duplicates;
-  json::sax_parse(text, &duplicates);
-  if (!duplicates.duplicate().empty()) return Err(duplicates.duplicate(), "duplicate key");
+  if (!finder.duplicate().empty()) return Err(finder.duplicate(), "duplicate key");
   return SpecFromJson(root);
 }
 
 absl::StatusOr<v1::SweepSpec> ParseSpecYaml(const std::string& text) {
+  if (text.size() > kMaxSpecFileBytes) return TooLarge(text.size());
   YAML::Node node;
   try {
+    std::stringstream in(text);
+    YAML::Parser parser(in);
+    AliasRefuser aliases;
+    while (parser.HandleNextDocument(aliases)) {
+      if (aliases.alias()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "spec: YAML aliases (*name) are not supported (line ", aliases.alias()->line + 1,
+            ", column ", aliases.alias()->column + 1, "); write the value out"));
+      }
+    }
     node = YAML::Load(text);
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("spec: not valid YAML: ", e.what()));
   }
-  ASSIGN_OR_RETURN(json root, YamlToJson(node, "spec"));
-  return SpecFromJson(root);
+  try {
+    ASSIGN_OR_RETURN(json root, YamlToJson(node, "spec"));
+    return SpecFromJson(root);
+  } catch (const std::exception& e) {  // a last resort: never abort on input
+    return absl::InvalidArgumentError(absl::StrCat("spec: cannot read: ", e.what()));
+  }
 }
 
 absl::StatusOr<v1::SweepSpec> ReadSpecFile(const std::string& path) {
-  std::ifstream in(path);
+  std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read spec file ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
+  // Read at most one byte past the limit: a huge file is refused unread.
+  std::string text(kMaxSpecFileBytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (text.size() > kMaxSpecFileBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spec: ", path, " is larger than ", kMaxSpecFileBytes, " bytes, the limit for a spec"));
+  }
   bool is_json = path.size() >= 5 && path.substr(path.size() - 5) == ".json";
-  return is_json ? ParseSpecJson(ss.str()) : ParseSpecYaml(ss.str());
+  return is_json ? ParseSpecJson(text) : ParseSpecYaml(text);
 }
 
 }  // namespace depthbench::cli

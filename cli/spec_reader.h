@@ -21,6 +21,11 @@
 
 namespace depthbench::cli {
 
+// Largest spec text the reader accepts (the scheduler bounds the parsed spec
+// further). YAML aliases are refused: they could expand a small file
+// without bound.
+inline constexpr size_t kMaxSpecFileBytes = 1 << 20;
+
 // Reads the file; ".json" is parsed as JSON, anything else as YAML (a JSON
 // document is valid YAML too).
 absl::StatusOr<depthbench::v1::SweepSpec> ReadSpecFile(const std::string& path);

@@ -53,9 +53,13 @@ grpc::Status SweepServiceImpl::GetSweep(grpc::ServerContext* ctx, const v1::GetS
                                         v1::Sweep* resp) {
   return Handle(ctx, token_, resp, [&] { return scheduler_->GetSweep(req->name()); });
 }
-grpc::Status SweepServiceImpl::ListSweeps(grpc::ServerContext* ctx, const v1::ListSweepsRequest*,
+grpc::Status SweepServiceImpl::ListSweeps(grpc::ServerContext* ctx, const v1::ListSweepsRequest* req,
                                           v1::ListSweepsResponse* resp) {
-  return Handle(ctx, token_, resp, [&] { return scheduler_->ListSweeps(); });
+  return Handle(ctx, token_, resp, [&] { return scheduler_->ListSweeps(*req); });
+}
+grpc::Status SweepServiceImpl::DeleteSweep(grpc::ServerContext* ctx, const v1::DeleteSweepRequest* req,
+                                           v1::DeleteSweepResponse* resp) {
+  return Handle(ctx, token_, resp, [&] { return scheduler_->DeleteSweep(*req); });
 }
 grpc::Status SweepServiceImpl::CancelSweep(grpc::ServerContext* ctx, const v1::CancelSweepRequest* req,
                                            v1::CancelSweepResponse* resp) {
@@ -82,14 +86,16 @@ grpc::Status SweepServiceImpl::WatchJob(grpc::ServerContext* ctx, const v1::Watc
                                         grpc::ServerWriter<v1::WatchJobEvent>* writer) {
   grpc::Status auth = CheckAuth(ctx, token_);
   if (!auth.ok()) return auth;
-  int64_t cursor = 0;
+  // Stored points, then live ones from the scheduler's WatchHub: ingestion
+  // never waits for this stream (scheduler/watch_hub.h).
+  constexpr int64_t kBatch = 1000;
+  std::unique_ptr<JobWatch> watch = scheduler_->Watch(req->job_id(), req->from_step());
   v1::JobState last_state = v1::JOB_STATE_UNSPECIFIED;
   while (!ctx->IsCancelled()) {
-    uint64_t version = scheduler_->ChangeVersion();
-    absl::StatusOr<WatchBatch> batch =
-        scheduler_->ReadWatch(req->job_id(), cursor, req->from_step(), 1000);
+    absl::StatusOr<WatchBatch> batch = watch->Next(kBatch, absl::Milliseconds(500));
     if (!batch.ok()) return ToGrpcStatus(batch.status());
-    for (const storage::MetricRecord& p : batch->points) {
+    for (size_t i = 0; i < batch->points.size(); ++i) {
+      const storage::MetricRecord& p = batch->points[i];
       v1::WatchJobEvent event;
       event.set_attempt_id(p.attempt_id);
       v1::MetricPoint* point = event.mutable_point();
@@ -97,8 +103,10 @@ grpc::Status SweepServiceImpl::WatchJob(grpc::ServerContext* ctx, const v1::Watc
       point->set_name(p.name);
       point->set_value(p.value);
       point->set_wall_ms(p.wall_ms);
-      if (!writer->Write(event)) return grpc::Status::OK;
-      cursor = p.row_id;
+      // One flush per batch rather than per point.
+      grpc::WriteOptions options;
+      if (i + 1 < batch->points.size()) options.set_buffer_hint();
+      if (!writer->Write(event, options)) return grpc::Status::OK;
     }
     if (batch->state != last_state) {
       v1::WatchJobEvent event;
@@ -109,9 +117,8 @@ grpc::Status SweepServiceImpl::WatchJob(grpc::ServerContext* ctx, const v1::Watc
     }
     bool terminal = batch->state == v1::SUCCEEDED || batch->state == v1::DIVERGED ||
                     batch->state == v1::FAILED || batch->state == v1::CANCELLED;
-    if (batch->points.size() == 1000) continue;  // more stored points to send
+    if (static_cast<int64_t>(batch->points.size()) == kBatch) continue;  // more to send
     if (terminal) return grpc::Status::OK;
-    scheduler_->WaitForChange(version, absl::Milliseconds(500));
   }
   return grpc::Status(grpc::StatusCode::CANCELLED, "client cancelled the watch");
 }

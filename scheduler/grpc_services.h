@@ -37,6 +37,8 @@ class SweepServiceImpl final : public depthbench::v1::SweepService::Service {
                           depthbench::v1::ListSweepsResponse* resp) override;
   grpc::Status CancelSweep(grpc::ServerContext* ctx, const depthbench::v1::CancelSweepRequest* req,
                            depthbench::v1::CancelSweepResponse* resp) override;
+  grpc::Status DeleteSweep(grpc::ServerContext* ctx, const depthbench::v1::DeleteSweepRequest* req,
+                           depthbench::v1::DeleteSweepResponse* resp) override;
   grpc::Status ListJobs(grpc::ServerContext* ctx, const depthbench::v1::ListJobsRequest* req,
                         depthbench::v1::ListJobsResponse* resp) override;
   grpc::Status GetJob(grpc::ServerContext* ctx, const depthbench::v1::GetJobRequest* req,

@@ -26,15 +26,15 @@ bool LeaseManager::Renew(int64_t job_id, int64_t attempt_id, int64_t now_ms) {
 
 void LeaseManager::Release(int64_t job_id) { leases_.erase(job_id); }
 
-std::vector<Lease> LeaseManager::TakeExpired(int64_t now_ms) {
+void LeaseManager::ReleaseAttempt(int64_t job_id, int64_t attempt_id) {
+  auto it = leases_.find(job_id);
+  if (it != leases_.end() && it->second.attempt_id == attempt_id) leases_.erase(it);
+}
+
+std::vector<Lease> LeaseManager::Expired(int64_t now_ms) const {
   std::vector<Lease> out;
-  for (auto it = leases_.begin(); it != leases_.end();) {
-    if (it->second.expiry_ms <= now_ms) {
-      out.push_back(it->second);
-      it = leases_.erase(it);
-    } else {
-      ++it;
-    }
+  for (const auto& [id, lease] : leases_) {
+    if (lease.expiry_ms <= now_ms) out.push_back(lease);
   }
   return out;
 }

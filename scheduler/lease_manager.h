@@ -38,8 +38,11 @@ class LeaseManager {
   // Extends the lease to now + TTL; false when the attempt holds none.
   bool Renew(int64_t job_id, int64_t attempt_id, int64_t now_ms);
   void Release(int64_t job_id);
-  // Removes and returns every lease whose expiry is <= now.
-  std::vector<Lease> TakeExpired(int64_t now_ms);
+  // Releases the lease of `job_id` only while `attempt_id` holds it.
+  void ReleaseAttempt(int64_t job_id, int64_t attempt_id);
+  // Copies of every lease whose expiry is <= now; they stay held until
+  // released (the scheduler releases them once the expiry is committed).
+  std::vector<Lease> Expired(int64_t now_ms) const;
   int64_t CountForWorker(const std::string& worker_id) const;
   size_t size() const { return leases_.size(); }
 

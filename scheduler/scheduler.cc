@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <optional>
 #include <tuple>
 #include <utility>
 
 #include <google/protobuf/util/message_differencer.h>
 #include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -225,13 +227,20 @@ auto Scheduler::Read(F&& read) -> decltype(read(static_cast<storage::Database*>(
 // A storage::Transaction that reports BEGIN..COMMIT (or ..ROLLBACK) time to
 // the observer. Measures a duration for reporting only, so it reads
 // steady_clock rather than the injected Clock (milliseconds only).
+//
+// It also owns the transaction's effects on memory and metrics (leases,
+// caches, counters, observer events) queued with Scheduler::AfterCommit():
+// they run only once COMMIT succeeded, and are dropped on rollback, so a
+// failed commit (full disk) changes nothing but the database's health.
 class Scheduler::TimedTransaction {
  public:
-  TimedTransaction(storage::Transaction txn, SchedulerObserver* observer,
+  TimedTransaction(storage::Transaction txn, Scheduler* scheduler,
                    const char* name, std::chrono::steady_clock::time_point start)
-      : txn_(std::move(txn)), observer_(observer), name_(name), start_(start) {}
+      : txn_(std::move(txn)), scheduler_(scheduler), observer_(scheduler->observer_),
+        name_(name), start_(start) {}
   TimedTransaction(TimedTransaction&& other) noexcept
       : txn_(std::move(other.txn_)),
+        scheduler_(std::exchange(other.scheduler_, nullptr)),
         observer_(std::exchange(other.observer_, nullptr)),
         name_(other.name_),
         start_(other.start_) {
@@ -240,14 +249,26 @@ class Scheduler::TimedTransaction {
   TimedTransaction& operator=(TimedTransaction&&) = delete;
   TimedTransaction(const TimedTransaction&) = delete;
   ~TimedTransaction() {
+    bool open = txn_.has_value();
     txn_.reset();  // rolls back unless committed
     Report();
+    if (open && scheduler_ != nullptr) {
+      scheduler_->after_commit_.clear();
+      scheduler_->NoteStorageHealth();
+    }
   }
 
   absl::Status Commit() {
     absl::Status status = txn_->Commit();
     txn_.reset();
     Report();
+    if (scheduler_ == nullptr) return status;
+    std::vector<std::function<void()>> effects;
+    effects.swap(scheduler_->after_commit_);
+    if (status.ok()) {
+      for (auto& effect : effects) effect();
+    }
+    scheduler_->NoteStorageHealth();
     return status;
   }
 
@@ -260,6 +281,7 @@ class Scheduler::TimedTransaction {
   }
 
   std::optional<storage::Transaction> txn_;
+  Scheduler* scheduler_;         // null once moved from
   SchedulerObserver* observer_;  // null once reported or moved from
   const char* name_;
   std::chrono::steady_clock::time_point start_;
@@ -267,8 +289,32 @@ class Scheduler::TimedTransaction {
 
 absl::StatusOr<Scheduler::TimedTransaction> Scheduler::BeginTransaction(const char* txn) {
   auto start = std::chrono::steady_clock::now();
-  ASSIGN_OR_RETURN(Transaction t, Transaction::Begin(db_.get()));
-  return TimedTransaction(std::move(t), observer_, txn, start);
+  absl::StatusOr<Transaction> t = Transaction::Begin(db_.get());
+  if (!t.ok()) {
+    NoteStorageHealth();
+    return t.status();
+  }
+  after_commit_.clear();
+  return TimedTransaction(std::move(*t), this, txn, start);
+}
+
+void Scheduler::AfterCommit(std::function<void()> effect) {
+  after_commit_.push_back(std::move(effect));
+}
+
+void Scheduler::NoteStorageHealth() {
+  const absl::Status& health = db_->WriteHealth();
+  if (health.ok() == storage_writable_) return;
+  storage_writable_ = health.ok();
+  if (storage_writable_) {
+    spdlog::info("database writable again: commits succeed");
+  } else {
+    counters_.storage_failures++;
+    spdlog::error("database not writable (disk full or I/O error?): {}; state changes are "
+                  "refused and retried, /readyz reports unready until a commit succeeds",
+                  health.ToString());
+  }
+  observer_->OnStorageWritable(storage_writable_);
 }
 
 void Scheduler::SawWorker(const std::string& worker_id) {
@@ -300,7 +346,8 @@ Scheduler::Scheduler(std::unique_ptr<storage::Database> db, Clock* clock,
       workers_(db_.get()),
       metrics_(db_.get()),
       results_(db_.get()),
-      leases_(options.lease_ttl_ms) {}
+      leases_(options.lease_ttl_ms),
+      hub_(std::max<size_t>(1, options.watch_ring_points)) {}
 
 absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(
     std::unique_ptr<storage::Database> db, Clock* clock, SchedulerOptions options) {
@@ -343,7 +390,8 @@ absl::Status Scheduler::LoadLeases() {
   return absl::OkStatus();
 }
 
-void Scheduler::Bump() {
+void Scheduler::Bump(bool state_changed) {
+  if (state_changed) hub_.StateChanged();
   absl::MutexLock lock(&change_mu_);
   change_version_.fetch_add(1);
   change_cv_.SignalAll();
@@ -371,6 +419,10 @@ absl::Status Scheduler::CheckDatabase() {
   if (*version != storage::LatestSchemaVersion()) {
     return absl::UnavailableError(absl::StrCat("database schema at version ", *version,
                                                ", expected ", storage::LatestSchemaVersion()));
+  }
+  if (!db_->WriteHealth().ok()) {
+    return absl::UnavailableError(absl::StrCat("database not writable: ",
+                                               db_->WriteHealth().message()));
   }
   return absl::OkStatus();
 }
@@ -494,16 +546,75 @@ absl::StatusOr<v1::Sweep> Scheduler::GetSweep(const std::string& name) {
   });
 }
 
-absl::StatusOr<v1::ListSweepsResponse> Scheduler::ListSweeps() {
+absl::StatusOr<v1::ListSweepsResponse> Scheduler::ListSweeps(
+    const v1::ListSweepsRequest& request) {
+  if (request.page_size() < 0 || request.page_size() > 1000) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "page_size: must be in 0..1000, got ", request.page_size()));
+  }
+  int64_t limit = request.page_size() == 0 ? 100 : request.page_size();
+  int64_t after_id = 0;
+  if (!request.page_token().empty() &&
+      (!absl::SimpleAtoi(request.page_token(), &after_id) || after_id < 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "page_token: not a token from ListSweeps: \"", request.page_token(), "\""));
+  }
   return Read([&](storage::Database* db) -> absl::StatusOr<v1::ListSweepsResponse> {
-    ASSIGN_OR_RETURN(std::vector<storage::SweepRecord> all, storage::SweepStore(db).List());
+    // One extra row tells whether another page exists.
+    ASSIGN_OR_RETURN(std::vector<storage::SweepRecord> page,
+                     storage::SweepStore(db).ListPage(after_id, limit + 1));
     v1::ListSweepsResponse out;
-    for (const auto& s : all) {
-      ASSIGN_OR_RETURN(v1::SweepSpec spec, ParseSpec(s));
-      ASSIGN_OR_RETURN(*out.add_sweeps(), SweepProtoFrom(db, s, spec));
+    size_t bytes = 0;
+    for (size_t i = 0; i < page.size(); ++i) {
+      if (static_cast<int64_t>(i) == limit) {
+        out.set_next_page_token(absl::StrCat(page[i - 1].id));
+        break;
+      }
+      ASSIGN_OR_RETURN(v1::SweepSpec spec, ParseSpec(page[i]));
+      ASSIGN_OR_RETURN(v1::Sweep sweep, SweepProtoFrom(db, page[i], spec));
+      size_t size = sweep.ByteSizeLong();
+      if (i > 0 && bytes + size > kListPageBytes) {
+        out.set_next_page_token(absl::StrCat(page[i - 1].id));
+        break;
+      }
+      bytes += size;
+      *out.add_sweeps() = std::move(sweep);
     }
     return out;
   });
+}
+
+absl::StatusOr<v1::DeleteSweepResponse> Scheduler::DeleteSweep(
+    const v1::DeleteSweepRequest& request) {
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(storage::SweepRecord sweep, SweepByName(request.name()));
+  ASSIGN_OR_RETURN(std::vector<JobRecord> jobs, jobs_.ListBySweep(sweep.id));
+  std::vector<int64_t> active;
+  for (const JobRecord& job : jobs) {
+    if (job.state == "leased" || job.state == "running") active.push_back(job.id);
+  }
+  if (!active.empty() && !request.force()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "sweep \"", sweep.name, "\" has ", active.size(),
+        " leased or running job(s); cancel it first or delete with force (--force)"));
+  }
+  ASSIGN_OR_RETURN(TimedTransaction txn, BeginTransaction("delete_sweep"));
+  RETURN_IF_ERROR(sweeps_.Delete(sweep.id));
+  int64_t cancelled = static_cast<int64_t>(active.size());
+  AfterCommit([this, active, id = sweep.id] {
+    for (int64_t job : active) {
+      leases_.Release(job);
+      counters_.jobs_cancelled++;
+      observer_->OnJobFinished("cancelled");
+    }
+    spec_cache_.erase(id);
+  });
+  RETURN_IF_ERROR(txn.Commit());
+  Bump();
+  v1::DeleteSweepResponse out;
+  out.set_deleted_jobs(static_cast<int64_t>(jobs.size()));
+  out.set_cancelled_jobs(cancelled);
+  return out;
 }
 
 absl::StatusOr<v1::CancelSweepResponse> Scheduler::CancelSweep(const std::string& name) {
@@ -529,8 +640,10 @@ absl::StatusOr<v1::CancelSweepResponse> Scheduler::CancelSweep(const std::string
     job.updated_ms = now;
     RETURN_IF_ERROR(jobs_.Update(job));
     ++cancelled;
-    counters_.jobs_cancelled++;
-    observer_->OnJobFinished("cancelled");
+    AfterCommit([this] {
+      counters_.jobs_cancelled++;
+      observer_->OnJobFinished("cancelled");
+    });
   }
   RETURN_IF_ERROR(sweeps_.SetCancelled(sweep.id, true));
   for (const auto& [i, from_state] : changed) {
@@ -568,11 +681,20 @@ absl::StatusOr<v1::ListJobsResponse> Scheduler::ListJobs(const v1::ListJobsReque
     ++filter.limit;  // one extra row tells whether another page exists
     ASSIGN_OR_RETURN(std::vector<JobRecord> jobs, storage::JobStore(db).List(filter));
     v1::ListJobsResponse out;
-    for (size_t i = 0; i < jobs.size() && static_cast<int64_t>(i) < filter.limit - 1; ++i) {
-      *out.add_jobs() = JobProto(jobs[i], names[jobs[i].sweep_id]);
-    }
-    if (static_cast<int64_t>(jobs.size()) == filter.limit) {
-      out.set_next_page_token(absl::StrCat(out.jobs(out.jobs_size() - 1).id()));
+    size_t bytes = 0;
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      if (static_cast<int64_t>(i) == filter.limit - 1) {
+        out.set_next_page_token(absl::StrCat(jobs[i - 1].id));
+        break;
+      }
+      v1::Job job = JobProto(jobs[i], names[jobs[i].sweep_id]);
+      size_t size = job.ByteSizeLong();
+      if (i > 0 && bytes + size > kListPageBytes) {  // page early, by bytes
+        out.set_next_page_token(absl::StrCat(jobs[i - 1].id));
+        break;
+      }
+      bytes += size;
+      *out.add_jobs() = std::move(job);
     }
     return out;
   });
@@ -635,7 +757,7 @@ absl::StatusOr<v1::RetryJobResponse> Scheduler::RetryJob(const v1::RetryJobReque
     RETURN_IF_ERROR(sweeps_.SetCancelled(job.sweep_id, false));
     if (job.kind == "train") RETURN_IF_ERROR(UpdateGroup(job, from_state));
     out.add_job_ids(job.id);
-    observer_->OnJobRetried("manual");
+    AfterCommit([this] { observer_->OnJobRetried("manual"); });
   }
   RETURN_IF_ERROR(txn.Commit());
   Bump();
@@ -684,6 +806,57 @@ absl::StatusOr<WatchBatch> Scheduler::ReadWatch(int64_t job_id, int64_t after_ro
                      storage::MetricStore(db).Read(job_id, after_row_id, from_step, limit));
     return batch;
   });
+}
+
+std::unique_ptr<JobWatch> Scheduler::Watch(int64_t job_id, int64_t from_step) {
+  return std::unique_ptr<JobWatch>(new JobWatch(this, job_id, from_step));
+}
+
+absl::StatusOr<WatchBatch> JobWatch::Next(int64_t limit, absl::Duration wait) {
+  Scheduler* s = scheduler_;
+  while (!live_) {
+    // From storage. Under the scheduler's mutex, so every point committed
+    // later is published to the channel subscribed here.
+    WatchBatch batch;
+    {
+      absl::MutexLock lock(&s->mu_);
+      seen_epoch_ = s->hub_.state_epoch();
+      ASSIGN_OR_RETURN(JobRecord job, s->jobs_.Get(job_id_));
+      batch.state = JobStateFromName(job.state);
+      batch.attempt_id = job.current_attempt_id;
+      ASSIGN_OR_RETURN(batch.points, s->metrics_.Read(job_id_, cursor_, from_step_, limit));
+      if (channel_ == nullptr) channel_ = s->hub_.Subscribe(job_id_);
+      // Rows skipped by from_step still move the cursor.
+      if (static_cast<int64_t>(batch.points.size()) < limit) live_ = true;
+    }
+    if (!batch.points.empty()) cursor_ = batch.points.back().row_id;
+    state_ = batch.state;
+    attempt_id_ = batch.attempt_id;
+    return batch;
+  }
+  WatchHub::Taken taken = s->hub_.Wait(*channel_, cursor_, from_step_, limit, seen_epoch_, wait);
+  if (taken.epoch != seen_epoch_) {
+    // A state changed somewhere: read this job's state first, then take
+    // the ring again, so that points committed with the state come along.
+    {
+      absl::MutexLock lock(&s->mu_);
+      seen_epoch_ = s->hub_.state_epoch();
+      ASSIGN_OR_RETURN(JobRecord job, s->jobs_.Get(job_id_));
+      state_ = JobStateFromName(job.state);
+      attempt_id_ = job.current_attempt_id;
+    }
+    taken = s->hub_.Wait(*channel_, cursor_, from_step_, limit, taken.epoch, absl::ZeroDuration());
+  }
+  if (taken.lost) {  // fell behind the ring: catch up from storage
+    live_ = false;
+    return Next(limit, wait);
+  }
+  cursor_ = taken.cursor;
+  WatchBatch batch;
+  batch.points = std::move(taken.points);
+  batch.state = state_;
+  batch.attempt_id = attempt_id_;
+  return batch;
 }
 
 // --- WorkerService ----------------------------------------------------------
@@ -769,7 +942,11 @@ absl::StatusOr<v1::HeartbeatResponse> Scheduler::Heartbeat(const v1::HeartbeatRe
   // Renew first: a heartbeat that arrives in time must not lose to expiry.
   v1::HeartbeatResponse out;
   for (auto& c : Reattach(worker.id, request.running())) *out.add_cancellations() = c;
-  RETURN_IF_ERROR(ExpireLeasesLocked().status());
+  // A heartbeat writes nothing itself: when the expiry of others' leases
+  // cannot be committed (disk full; reported by CheckDatabase), the renewal
+  // above still stands and the expiry is retried later.
+  absl::Status expiry = ExpireLeasesLocked().status();
+  if (!expiry.ok() && db_->WriteHealth().ok()) return expiry;
   out.set_lease_ttl_ms(options_.lease_ttl_ms);
   return out;
 }
@@ -849,7 +1026,8 @@ absl::StatusOr<v1::ReportMetricsResponse> Scheduler::ReportMetrics(
   }
   leases_.Renew(request.job_id(), request.attempt_id(), clock_->NowMonotonicMs());
   ASSIGN_OR_RETURN(TimedTransaction txn, BeginTransaction("report_metrics"));
-  ASSIGN_OR_RETURN(storage::InsertCounts counts, metrics_.Insert(points));
+  std::vector<storage::MetricRecord> stored;
+  ASSIGN_OR_RETURN(storage::InsertCounts counts, metrics_.Insert(points, &stored));
   bool became_running = false;
   if (!lease->running) {
     ASSIGN_OR_RETURN(JobRecord job, jobs_.Get(request.job_id()));
@@ -865,7 +1043,8 @@ absl::StatusOr<v1::ReportMetricsResponse> Scheduler::ReportMetrics(
   counters_.points_accepted += counts.accepted;
   counters_.points_duplicate += counts.duplicates;
   observer_->OnMetricPoints(counts.accepted, counts.duplicates);
-  Bump();
+  hub_.Publish(request.job_id(), stored);  // one copy; wakes this job's watchers only
+  Bump(/*state_changed=*/became_running);
   v1::ReportMetricsResponse out;
   out.set_accepted(counts.accepted);
   out.set_duplicates(counts.duplicates);
@@ -883,8 +1062,10 @@ absl::Status Scheduler::RequeueOrFail(JobRecord& job, const std::string& reason,
     job.state = "failed";
     job.reason = absl::StrCat(reason, " (attempts exhausted: ", job.attempts_used,
                               " of ", job.max_attempts, ")");
-    counters_.jobs_failed++;
-    observer_->OnJobFinished("failed");
+    AfterCommit([this] {
+      counters_.jobs_failed++;
+      observer_->OnJobFinished("failed");
+    });
     RETURN_IF_ERROR(jobs_.Update(job));
     if (job.kind == "train") RETURN_IF_ERROR(UpdateGroup(job, from_state));
     return absl::OkStatus();
@@ -894,8 +1075,10 @@ absl::Status Scheduler::RequeueOrFail(JobRecord& job, const std::string& reason,
   job.state = "pending";
   job.not_before_ms = now + BackoffMs(job.attempts_used, retry.initial_backoff_ms,
                                       retry.backoff_multiplier, retry.max_backoff_ms);
-  counters_.attempts_retried++;
-  observer_->OnJobRetried(retry_reason);
+  AfterCommit([this, retry_reason] {
+    counters_.attempts_retried++;
+    observer_->OnJobRetried(retry_reason);
+  });
   return jobs_.Update(job);
 }
 
@@ -933,10 +1116,14 @@ absl::StatusOr<v1::FinishJobResponse> Scheduler::FinishJob(const v1::FinishJobRe
       points.push_back({0, job.id, request.attempt_id(), p.step(), p.name(), p.value(),
                         p.wall_ms() != 0 ? p.wall_ms() : now});
     }
-    ASSIGN_OR_RETURN(storage::InsertCounts counts, metrics_.Insert(points));
-    counters_.points_accepted += counts.accepted;
-    counters_.points_duplicate += counts.duplicates;
-    observer_->OnMetricPoints(counts.accepted, counts.duplicates);
+    auto stored = std::make_shared<std::vector<storage::MetricRecord>>();
+    ASSIGN_OR_RETURN(storage::InsertCounts counts, metrics_.Insert(points, stored.get()));
+    AfterCommit([this, counts, stored, job_id = job.id] {
+      hub_.Publish(job_id, *stored);
+      counters_.points_accepted += counts.accepted;
+      counters_.points_duplicate += counts.duplicates;
+      observer_->OnMetricPoints(counts.accepted, counts.duplicates);
+    });
   }
   job.updated_ms = now;
   job.worker_id.clear();
@@ -947,8 +1134,10 @@ absl::StatusOr<v1::FinishJobResponse> Scheduler::FinishJob(const v1::FinishJobRe
       RETURN_IF_ERROR(jobs_.EndAttempt(request.attempt_id(), now, "succeeded", request.reason()));
       job.state = "succeeded";
       job.reason = request.reason();
-      counters_.jobs_succeeded++;
-      observer_->OnJobFinished("succeeded");
+      AfterCommit([this] {
+        counters_.jobs_succeeded++;
+        observer_->OnJobFinished("succeeded");
+      });
       RETURN_IF_ERROR(jobs_.Update(job));
       if (job.kind == "train") {
         RETURN_IF_ERROR(UpdateGroup(job, from_state));
@@ -960,8 +1149,10 @@ absl::StatusOr<v1::FinishJobResponse> Scheduler::FinishJob(const v1::FinishJobRe
       RETURN_IF_ERROR(jobs_.EndAttempt(request.attempt_id(), now, "diverged", request.reason()));
       job.state = "diverged";
       job.reason = request.reason().empty() ? "diverged" : request.reason();
-      counters_.jobs_diverged++;
-      observer_->OnJobFinished("diverged");
+      AfterCommit([this] {
+        counters_.jobs_diverged++;
+        observer_->OnJobFinished("diverged");
+      });
       RETURN_IF_ERROR(jobs_.Update(job));
       if (job.kind == "train") RETURN_IF_ERROR(UpdateGroup(job, from_state));
       break;
@@ -976,8 +1167,10 @@ absl::StatusOr<v1::FinishJobResponse> Scheduler::FinishJob(const v1::FinishJobRe
       job.state = "pending";
       job.attempts_used = std::max<int64_t>(0, job.attempts_used - 1);
       job.not_before_ms = 0;
-      counters_.attempts_interrupted++;
-      observer_->OnJobRetried("interrupted");
+      AfterCommit([this] {
+        counters_.attempts_interrupted++;
+        observer_->OnJobRetried("interrupted");
+      });
       RETURN_IF_ERROR(jobs_.Update(job));
       break;
     default:
@@ -1106,19 +1299,28 @@ absl::Status Scheduler::UpdateGroup(const JobRecord& changed, const std::string&
   ASSIGN_OR_RETURN(diag.id, jobs_.Insert(diag));
   diag.checkpoint_dir = absl::StrCat(sweep->name, "/", diag.id);
   RETURN_IF_ERROR(jobs_.Update(diag));
-  counters_.jobs_created++;
+  AfterCommit([this] { counters_.jobs_created++; });
   return absl::OkStatus();
 }
 
 absl::StatusOr<int64_t> Scheduler::ExpireLeases() {
   absl::MutexLock lock(&mu_);
   absl::StatusOr<int64_t> expired = ExpireLeasesLocked();
+  if (expired.ok() && !db_->WriteHealth().ok()) {
+    // Nothing else to write: probe whether space came back, so that
+    // readiness recovers without waiting for the next state change.
+    absl::StatusOr<TimedTransaction> txn = BeginTransaction("write_probe");
+    if (txn.ok() && metrics_.ProbeWrite().ok()) txn->Commit().IgnoreError();
+  }
   observer_->OnWorkersConnected(ConnectedWorkersLocked());
   return expired;
 }
 
 absl::StatusOr<int64_t> Scheduler::ExpireLeasesLocked() {
-  std::vector<Lease> expired = leases_.TakeExpired(clock_->NowMonotonicMs());
+  // Leases leave memory only once the expiry is committed: after a failed
+  // commit (disk full) they are still here, expired, and the next call
+  // retries them.
+  std::vector<Lease> expired = leases_.Expired(clock_->NowMonotonicMs());
   if (expired.empty()) return 0;
   int64_t now = clock_->NowWallMs();
   ASSIGN_OR_RETURN(TimedTransaction txn, BeginTransaction("expire_leases"));
@@ -1134,9 +1336,12 @@ absl::StatusOr<int64_t> Scheduler::ExpireLeasesLocked() {
     RETURN_IF_ERROR(RequeueOrFail(job, "lease expired: no heartbeat", "lease_expired"));
     ++count;
   }
+  AfterCommit([this, expired, count] {
+    for (const Lease& lease : expired) leases_.ReleaseAttempt(lease.job_id, lease.attempt_id);
+    counters_.leases_expired += count;
+    if (count > 0) observer_->OnLeasesExpired(count);
+  });
   RETURN_IF_ERROR(txn.Commit());
-  counters_.leases_expired += count;
-  if (count > 0) observer_->OnLeasesExpired(count);
   Bump();
   return count;
 }

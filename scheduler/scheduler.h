@@ -11,6 +11,13 @@
 // count. Reports from an attempt that no longer holds its job's lease are
 // refused with FailedPrecondition.
 //
+// Failed commits (disk full, I/O error): memory (leases, caches), counters
+// and observer events change only after a transaction commits, so a failed
+// one changes nothing; its RPC fails and may be re-sent, and lease expiry is
+// retried by the next ExpireLeases(). CheckDatabase() reports the database
+// unwritable (and the log says so) until a commit succeeds again;
+// ExpireLeases() probes for that while nothing else writes.
+//
 // Restart: Create() on an existing file re-grants every leased/running job a
 // fresh lease TTL; workers re-attach by listing their running attempts in
 // RegisterWorker/Heartbeat, and unclaimed leases expire normally.
@@ -33,6 +40,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -46,6 +54,7 @@
 #include "depthbench/v1/sweep_service.pb.h"
 #include "depthbench/v1/worker_service.pb.h"
 #include "scheduler/lease_manager.h"
+#include "scheduler/watch_hub.h"
 #include "storage/reader_pool.h"
 #include "storage/sqlite.h"
 #include "storage/stores.h"
@@ -60,9 +69,8 @@ namespace depthbench::scheduler {
 // Thread safety: the Scheduler calls these with its mutex held, from any of
 // its callers' threads. Implementations must be thread-safe, fast and
 // non-blocking (atomic increments), and must not call back into the
-// Scheduler. Events of a state change are reported just before its
-// transaction commits; a failed commit (rare: disk full, I/O error) can
-// therefore over-count by that change.
+// Scheduler. Events of a state change are reported once its transaction
+// has committed; a failed commit (disk full, I/O error) reports none.
 class SchedulerObserver {
  public:
   virtual ~SchedulerObserver() = default;
@@ -90,7 +98,14 @@ class SchedulerObserver {
   // Workers heard from (RegisterWorker, Heartbeat, AcquireJob) within the
   // last lease TTL; reported by every ExpireLeases() call.
   virtual void OnWorkersConnected(int64_t count) { (void)count; }
+  // The database stopped (false) or started again (true) accepting writes
+  // (disk full, I/O error; see Scheduler::CheckDatabase).
+  virtual void OnStorageWritable(bool writable) { (void)writable; }
 };
+
+// List responses (ListJobs, ListSweeps) end their page before the next item
+// would take them past this many bytes (gRPC's default limit is 4 MiB).
+inline constexpr size_t kListPageBytes = 1 << 20;
 
 struct SchedulerOptions {
   int64_t lease_ttl_ms = 30000;
@@ -103,6 +118,9 @@ struct SchedulerOptions {
   int reader_connections = 4;
   // Borrowed; null for none. Must outlive the Scheduler.
   SchedulerObserver* observer = nullptr;
+  // Live points kept per watched job for WatchJob streams (watch_hub.h); a
+  // stream further behind reads SQLite.
+  size_t watch_ring_points = 2048;  // ~150 KB per watched job
 };
 
 // Monotonic counters, read with Scheduler::Counters(). The metrics exporter
@@ -121,6 +139,7 @@ struct SchedulerCounters {
   int64_t points_accepted = 0;
   int64_t points_duplicate = 0;
   int64_t stale_reports = 0;     // refused: attempt not current
+  int64_t storage_failures = 0;  // times the database stopped accepting writes
   int64_t active_leases = 0;     // gauge
 };
 
@@ -129,6 +148,45 @@ struct WatchBatch {
   std::vector<storage::MetricRecord> points;
   depthbench::v1::JobState state = depthbench::v1::JOB_STATE_UNSPECIFIED;
   int64_t attempt_id = 0;
+};
+
+class Scheduler;
+
+// One WatchJob stream: the job's stored points first (SQLite, under the
+// scheduler's mutex, in pages), then live points from the WatchHub ring
+// that ingestion fills after each commit, so that watchers cost ingestion
+// one copy per batch and no lock wait; back to SQLite if the stream falls
+// behind the ring. A state read takes the scheduler's mutex only after a
+// state change.
+//
+// Thread safety: one thread at a time per JobWatch. Ownership: borrows the
+// Scheduler, which must outlive it.
+class JobWatch {
+ public:
+  JobWatch(const JobWatch&) = delete;
+  JobWatch& operator=(const JobWatch&) = delete;
+
+  // The next points (at most `limit`) and the job's current state; when
+  // caught up, waits up to `wait` (real time) for a new point or state
+  // change first. A job's points committed with a state change (e.g. the
+  // final points of FinishJob) come no later than that state. NotFound for
+  // an unknown (or deleted) job.
+  absl::StatusOr<WatchBatch> Next(int64_t limit, absl::Duration wait);
+
+ private:
+  friend class Scheduler;
+  JobWatch(Scheduler* scheduler, int64_t job_id, int64_t from_step)
+      : scheduler_(scheduler), job_id_(job_id), from_step_(from_step) {}
+
+  Scheduler* const scheduler_;
+  const int64_t job_id_;
+  const int64_t from_step_;
+  int64_t cursor_ = 0;  // row id of the last point seen
+  bool live_ = false;   // caught up with storage: reading the ring
+  uint64_t seen_epoch_ = 0;
+  depthbench::v1::JobState state_ = depthbench::v1::JOB_STATE_UNSPECIFIED;
+  int64_t attempt_id_ = 0;
+  std::shared_ptr<WatchHub::Channel> channel_;
 };
 
 class Scheduler {
@@ -148,9 +206,17 @@ class Scheduler {
   absl::StatusOr<depthbench::v1::SubmitSweepResponse> SubmitSweep(
       const depthbench::v1::SweepSpec& spec);
   absl::StatusOr<depthbench::v1::Sweep> GetSweep(const std::string& name);
-  absl::StatusOr<depthbench::v1::ListSweepsResponse> ListSweeps();
+  // Pages by page_size and by bytes (kListPageBytes).
+  absl::StatusOr<depthbench::v1::ListSweepsResponse> ListSweeps(
+      const depthbench::v1::ListSweepsRequest& request = {});
   absl::StatusOr<depthbench::v1::CancelSweepResponse> CancelSweep(
       const std::string& name);
+  // Deletes the sweep, its jobs, attempts, points and results in one
+  // transaction. FailedPrecondition while any job is leased or running,
+  // unless `force`, which cancels them (their workers are told by the next
+  // heartbeat) in the same transaction.
+  absl::StatusOr<depthbench::v1::DeleteSweepResponse> DeleteSweep(
+      const depthbench::v1::DeleteSweepRequest& request);
   absl::StatusOr<depthbench::v1::ListJobsResponse> ListJobs(
       const depthbench::v1::ListJobsRequest& request);
   absl::StatusOr<depthbench::v1::Job> GetJob(int64_t job_id);
@@ -167,6 +233,8 @@ class Scheduler {
   // state. NotFound for an unknown job.
   absl::StatusOr<WatchBatch> ReadWatch(int64_t job_id, int64_t after_row_id,
                                        int64_t from_step, int64_t limit);
+  // A reader for one WatchJob stream (points with step >= from_step).
+  std::unique_ptr<JobWatch> Watch(int64_t job_id, int64_t from_step);
   // A counter bumped on every metric insert and state change.
   uint64_t ChangeVersion() const { return change_version_.load(); }
   // Blocks until ChangeVersion() != seen or the timeout passes (real time;
@@ -199,8 +267,10 @@ class Scheduler {
   // Jobs by (sweep name, state): one GROUP BY on a reader (for the metrics
   // exporter's scrape-time gauge).
   absl::StatusOr<std::vector<storage::SweepStateCount>> CountJobsBySweepAndState();
-  // OK when the database answers a query and its schema is at the version
-  // this binary migrates to; Unavailable otherwise (for /readyz).
+  // OK when the database answers a query, its schema is at the version
+  // this binary migrates to, and its last write did not fail for want of
+  // space or I/O (until a later commit succeeds); Unavailable otherwise (for
+  // /readyz).
   absl::Status CheckDatabase();
 
   SchedulerCounters Counters() const;
@@ -243,6 +313,11 @@ class Scheduler {
   class TimedTransaction;
   absl::StatusOr<TimedTransaction> BeginTransaction(const char* txn)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues an effect on memory or metrics of the open transaction's change;
+  // it runs after the commit succeeds, never after a rollback.
+  void AfterCommit(std::function<void()> effect) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Logs and reports a change of the database's write health.
+  void NoteStorageHealth() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Notes that `worker_id` was heard from now.
   void SawWorker(const std::string& worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t ConnectedWorkersLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -258,8 +333,11 @@ class Scheduler {
   absl::Status RecordDiagnostics(const storage::JobRecord& job,
                                  const depthbench::v1::FinishJobRequest& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Bumps ChangeVersion() and wakes WaitForChange().
-  void Bump();
+  // Bumps ChangeVersion() and wakes WaitForChange(); unless only metric
+  // points were added, also tells the WatchHub that a state changed.
+  void Bump(bool state_changed = true);
+
+  friend class JobWatch;
 
   Clock* const clock_;
   const SchedulerOptions options_;
@@ -281,7 +359,11 @@ class Scheduler {
   SchedulerCounters counters_ ABSL_GUARDED_BY(mu_);
   // Worker id -> monotonic ms it was last heard from.
   std::map<std::string, int64_t> last_contact_ms_ ABSL_GUARDED_BY(mu_);
+  // AfterCommit() effects of the open transaction.
+  std::vector<std::function<void()>> after_commit_ ABSL_GUARDED_BY(mu_);
+  bool storage_writable_ ABSL_GUARDED_BY(mu_) = true;
 
+  WatchHub hub_;  // its own lock; Publish/StateChanged run under mu_
   std::atomic<uint64_t> change_version_{0};
   absl::Mutex change_mu_;
   absl::CondVar change_cv_;

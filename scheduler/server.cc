@@ -44,12 +44,19 @@ absl::Status SchedulerServer::Start() {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options_.listen));
   }
   ticker_ = std::thread([this] {
+    std::string last_error;  // logged once while it repeats (e.g. disk full)
     while (!stop_.WaitForNotificationWithTimeout(
         absl::Milliseconds(options_.expiry_interval_ms))) {
       absl::StatusOr<int64_t> expired = scheduler_->ExpireLeases();
       if (!expired.ok()) {
-        spdlog::error("lease expiry: {}", expired.status().ToString());
-      } else if (*expired > 0) {
+        std::string error = expired.status().ToString();
+        if (error != last_error) spdlog::error("lease expiry (retried every tick): {}", error);
+        last_error = error;
+        continue;
+      }
+      if (!last_error.empty()) spdlog::info("lease expiry succeeds again");
+      last_error.clear();
+      if (*expired > 0) {
         spdlog::info("expired {} lease(s)", *expired);
       }
     }

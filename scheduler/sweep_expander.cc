@@ -50,6 +50,62 @@ absl::Status TrainerRefused(const absl::Status& status, const std::string& arch,
       shape.d_model, " lr ", lr, " seed ", seed, ": ", message));
 }
 
+absl::Status BoundedString(const std::string& value, const std::string& path) {
+  if (value.size() > kMaxSpecStringBytes) {
+    return Field(path, absl::StrCat("must be at most ", kMaxSpecStringBytes,
+                                    " bytes, got ", value.size()));
+  }
+  return absl::OkStatus();
+}
+
+// Checks every string set anywhere in `message` (repeated fields and map
+// keys/values included) against kMaxSpecStringBytes; `path` is relative to
+// `spec.` ("" for the root).
+absl::Status BoundStrings(const google::protobuf::Message& message, const std::string& path) {
+  using google::protobuf::FieldDescriptor;
+  const google::protobuf::Reflection* reflection = message.GetReflection();
+  std::vector<const FieldDescriptor*> fields;
+  reflection->ListFields(message, &fields);
+  for (const FieldDescriptor* field : fields) {
+    std::string fpath = path.empty() ? field->name() : absl::StrCat(path, ".", field->name());
+    if (field->is_map()) {
+      const FieldDescriptor* key_field = field->message_type()->map_key();
+      const FieldDescriptor* value_field = field->message_type()->map_value();
+      for (int i = 0; i < reflection->FieldSize(message, field); ++i) {
+        const google::protobuf::Message& entry = reflection->GetRepeatedMessage(message, field, i);
+        const google::protobuf::Reflection* er = entry.GetReflection();
+        std::string key = key_field->cpp_type() == FieldDescriptor::CPPTYPE_STRING
+                              ? er->GetString(entry, key_field)
+                              : "";
+        if (key.size() > kMaxSpecStringBytes) {
+          return Field(fpath, absl::StrCat("a key must be at most ", kMaxSpecStringBytes,
+                                           " bytes, got ", key.size()));
+        }
+        std::string epath = absl::StrCat(fpath, "[\"", key, "\"]");
+        if (value_field->cpp_type() == FieldDescriptor::CPPTYPE_STRING) {
+          RETURN_IF_ERROR(BoundedString(er->GetString(entry, value_field), epath));
+        } else if (value_field->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
+          RETURN_IF_ERROR(BoundStrings(er->GetMessage(entry, value_field), epath));
+        }
+      }
+    } else if (field->is_repeated()) {
+      for (int i = 0; i < reflection->FieldSize(message, field); ++i) {
+        std::string ipath = absl::StrCat(fpath, "[", i, "]");
+        if (field->cpp_type() == FieldDescriptor::CPPTYPE_STRING) {
+          RETURN_IF_ERROR(BoundedString(reflection->GetRepeatedString(message, field, i), ipath));
+        } else if (field->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
+          RETURN_IF_ERROR(BoundStrings(reflection->GetRepeatedMessage(message, field, i), ipath));
+        }
+      }
+    } else if (field->cpp_type() == FieldDescriptor::CPPTYPE_STRING) {
+      RETURN_IF_ERROR(BoundedString(reflection->GetString(message, field), fpath));
+    } else if (field->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
+      RETURN_IF_ERROR(BoundStrings(reflection->GetMessage(message, field), fpath));
+    }
+  }
+  return absl::OkStatus();
+}
+
 bool ValidName(const std::string& name) {
   if (name.empty() || name.size() > 64) return false;
   for (char c : name) {
@@ -217,6 +273,19 @@ absl::StatusOr<std::vector<ModelShape>> SpecShapes(const SweepSpec& spec) {
 }
 
 absl::StatusOr<ExpandedSweep> ExpandSweep(const SweepSpec& spec) {
+  size_t spec_bytes = spec.ByteSizeLong();
+  if (spec_bytes > kMaxSpecBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spec: must be at most ", kMaxSpecBytes, " bytes serialized, got ", spec_bytes));
+  }
+  RETURN_IF_ERROR(BoundStrings(spec, ""));
+  // Labels are copied onto every job: bound them together too.
+  size_t label_bytes = 0;
+  for (const auto& [key, value] : spec.resources().labels()) label_bytes += key.size() + value.size();
+  if (label_bytes > kMaxSpecStringBytes) {
+    return Field("resources.labels", absl::StrCat("keys and values must total at most ",
+                                                  kMaxSpecStringBytes, " bytes, got ", label_bytes));
+  }
   if (!ValidName(spec.name())) {
     return Field("name", absl::StrCat(
         "must be 1-64 characters of [A-Za-z0-9._-], got \"", spec.name(), "\""));

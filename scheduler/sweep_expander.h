@@ -23,6 +23,11 @@ namespace depthbench::scheduler {
 
 // Upper bound on jobs one spec may create.
 inline constexpr int64_t kMaxJobsPerSweep = 100000;
+// Upper bounds on any one string of a spec (names, paths, labels, map keys)
+// and on the whole serialized spec: a sweep's spec and its jobs' configs are
+// stored, listed and sent to workers, so they must stay small.
+inline constexpr size_t kMaxSpecStringBytes = 4096;
+inline constexpr size_t kMaxSpecBytes = 256 * 1024;
 
 struct PlannedJob {
   std::string arch;

@@ -40,11 +40,12 @@ absl::Status SqliteStatus(int code, sqlite3* db, const std::string& context) {
   }
 }
 
-Query::Query(sqlite3* db, sqlite3_stmt* stmt) : db_(db), stmt_(stmt) {}
+Query::Query(sqlite3* db, sqlite3_stmt* stmt, Database* owner)
+    : db_(db), stmt_(stmt), owner_(owner) {}
 
 Query::Query(Query&& other) noexcept
     : db_(other.db_), stmt_(std::exchange(other.stmt_, nullptr)),
-      bind_status_(std::move(other.bind_status_)) {}
+      owner_(other.owner_), bind_status_(std::move(other.bind_status_)) {}
 
 Query::~Query() {
   if (stmt_ != nullptr) {
@@ -93,7 +94,9 @@ absl::StatusOr<bool> Query::Step() {
   int rc = sqlite3_step(stmt_);
   if (rc == SQLITE_ROW) return true;
   if (rc == SQLITE_DONE) return false;
-  return SqliteStatus(rc, db_, sqlite3_sql(stmt_));
+  absl::Status status = SqliteStatus(rc, db_, sqlite3_sql(stmt_));
+  if (owner_ != nullptr) owner_->NoteFailure(rc, status);
+  return status;
 }
 
 absl::Status Query::Run() {
@@ -204,7 +207,21 @@ absl::StatusOr<Query> Database::Prepare(const std::string& sql) {
     }
     it = cache_.emplace(sql, stmt).first;
   }
-  return Query(db_, it->second);
+  return Query(db_, it->second, this);
+}
+
+void Database::NoteFailure(int code, const absl::Status& status) {
+  switch (code & 0xff) {
+    case SQLITE_FULL:
+    case SQLITE_IOERR:
+    case SQLITE_NOMEM:
+    case SQLITE_READONLY:
+    case SQLITE_CANTOPEN:
+      write_error_ = status;
+      break;
+    default:  // BUSY, CONSTRAINT, ...: not a storage failure
+      break;
+  }
 }
 
 absl::Status Database::Exec(const std::string& sql) {
@@ -213,7 +230,9 @@ absl::Status Database::Exec(const std::string& sql) {
   if (rc != SQLITE_OK) {
     std::string message = error != nullptr ? error : "";
     sqlite3_free(error);
-    return SqliteStatus(rc, db_, absl::StrCat("exec: ", message));
+    absl::Status status = SqliteStatus(rc, db_, absl::StrCat("exec: ", message));
+    NoteFailure(rc, status);
+    return status;
   }
   return absl::OkStatus();
 }
@@ -239,9 +258,17 @@ Transaction::~Transaction() {
 
 absl::Status Transaction::Commit() {
   if (db_ == nullptr) return absl::FailedPreconditionError("transaction already ended");
+  if (!db_->commit_fault().ok()) {
+    absl::Status fault = db_->commit_fault();
+    db_->NoteFailure(SQLITE_FULL, fault);
+    return fault;  // the destructor rolls back
+  }
   ASSIGN_OR_RETURN(Query commit, db_->Prepare("COMMIT"));
   absl::Status status = commit.Run();
-  if (status.ok()) db_ = nullptr;
+  if (status.ok()) {
+    db_->NoteCommitted();
+    db_ = nullptr;
+  }
   return status;
 }
 

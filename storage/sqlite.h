@@ -43,12 +43,15 @@ namespace depthbench::storage {
 // PermissionDenied-or-Unavailable, others -> Internal.
 absl::Status SqliteStatus(int code, sqlite3* db, const std::string& context);
 
+class Database;
+
 // A borrowed prepared statement. Bind* indexes are 1-based (SQLite's);
 // Column* indexes are 0-based. A failed bind is remembered and returned by
 // the next Step/Run.
 class Query {
  public:
-  Query(sqlite3* db, sqlite3_stmt* stmt);
+  // `owner` (may be null) is told about failed steps (Database::WriteHealth).
+  Query(sqlite3* db, sqlite3_stmt* stmt, Database* owner = nullptr);
   Query(Query&& other) noexcept;
   Query& operator=(Query&&) = delete;
   Query(const Query&) = delete;
@@ -81,6 +84,7 @@ class Query {
  private:
   sqlite3* db_;
   sqlite3_stmt* stmt_;
+  Database* owner_;
   absl::Status bind_status_;
 };
 
@@ -130,6 +134,25 @@ class Database {
   // "file::memory:" URI), which no second connection can open.
   static bool IsInMemory(const std::string& path);
 
+  // OK, or the error of the last statement or commit that failed because
+  // the file could not be written (disk or max_page_count full, I/O error,
+  // read-only file): ResourceExhausted / Unavailable / PermissionDenied. It
+  // stays until a later commit succeeds (space came back).
+  const absl::Status& WriteHealth() const { return write_error_; }
+  // Records `status` (of SQLite result `code`) for WriteHealth() when the
+  // code is a storage failure (above); called by Query and Transaction.
+  void NoteFailure(int code, const absl::Status& status);
+  void NoteCommitted() { write_error_ = absl::OkStatus(); }
+
+  // Fault injection for tests: while `status` is not OK, every
+  // Transaction::Commit rolls the transaction back and returns `status`
+  // (recorded for WriteHealth() as a full disk), as a commit on a full disk
+  // does. OK turns it off.
+  void InjectCommitFaultForTesting(absl::Status status) {
+    commit_fault_ = std::move(status);
+  }
+  const absl::Status& commit_fault() const { return commit_fault_; }
+
  private:
   Database(sqlite3* db, std::string path, bool read_only, bool exclusive_lock)
       : db_(db), path_(std::move(path)), read_only_(read_only),
@@ -139,6 +162,8 @@ class Database {
   bool read_only_;
   bool exclusive_lock_;
   std::unordered_map<std::string, sqlite3_stmt*> cache_;
+  absl::Status write_error_;
+  absl::Status commit_fault_;
 };
 
 // BEGIN IMMEDIATE on construction (via Begin); ROLLBACK on destruction unless

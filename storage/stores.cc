@@ -136,6 +136,36 @@ absl::StatusOr<std::vector<SweepRecord>> SweepStore::List() {
   return out;
 }
 
+absl::StatusOr<std::vector<SweepRecord>> SweepStore::ListPage(int64_t after_id,
+                                                             int64_t limit) {
+  ASSIGN_OR_RETURN(Query q, db_->Prepare(absl::StrCat(
+      "SELECT ", kSweepColumns, " FROM sweeps WHERE id > ? ORDER BY id LIMIT ?")));
+  q.Bind(1, after_id).Bind(2, limit);
+  std::vector<SweepRecord> out;
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, q.Step());
+    if (!row) break;
+    out.push_back(SweepFromRow(q));
+  }
+  return out;
+}
+
+absl::Status SweepStore::Delete(int64_t id) {
+  // Children first (attempts and jobs reference their parents).
+  for (const char* sql : {
+           "DELETE FROM metric_points WHERE job_id IN (SELECT id FROM jobs WHERE sweep_id = ?)",
+           "DELETE FROM diagnostics WHERE job_id IN (SELECT id FROM jobs WHERE sweep_id = ?)",
+           "DELETE FROM attempts WHERE job_id IN (SELECT id FROM jobs WHERE sweep_id = ?)",
+           "DELETE FROM results WHERE sweep_id = ?",
+           "DELETE FROM result_lrs WHERE sweep_id = ?",
+           "DELETE FROM jobs WHERE sweep_id = ?",
+           "DELETE FROM sweeps WHERE id = ?"}) {
+    ASSIGN_OR_RETURN(Query q, db_->Prepare(sql));
+    RETURN_IF_ERROR(q.Bind(1, id).Run());
+  }
+  return absl::OkStatus();
+}
+
 absl::Status SweepStore::SetCancelled(int64_t id, bool cancelled) {
   ASSIGN_OR_RETURN(Query q, db_->Prepare("UPDATE sweeps SET cancelled = ? WHERE id = ?"));
   return q.Bind(1, static_cast<int64_t>(cancelled)).Bind(2, id).Run();
@@ -435,7 +465,7 @@ absl::Status WorkerStore::Touch(const std::string& id, int64_t now_ms) {
 // --- MetricStore ------------------------------------------------------------
 
 absl::StatusOr<InsertCounts> MetricStore::Insert(
-    const std::vector<MetricRecord>& points) {
+    const std::vector<MetricRecord>& points, std::vector<MetricRecord>* stored) {
   ASSIGN_OR_RETURN(Query q, db_->Prepare(
       "INSERT OR IGNORE INTO metric_points(job_id, attempt_id, step, name, "
       "value, wall_ms) VALUES (?,?,?,?,?,?)"));
@@ -447,6 +477,10 @@ absl::StatusOr<InsertCounts> MetricStore::Insert(
     RETURN_IF_ERROR(q.Run());
     if (db_->Changes() == 1) {
       ++counts.accepted;
+      if (stored != nullptr) {
+        stored->push_back(p);
+        stored->back().row_id = db_->LastInsertRowId();
+      }
     } else {
       ++counts.duplicates;
     }
@@ -484,6 +518,16 @@ absl::StatusOr<int64_t> MetricStore::Count(int64_t job_id, int64_t attempt_id) {
   q.Bind(1, job_id).Bind(2, attempt_id);
   ASSIGN_OR_RETURN(bool row, q.Step());
   return row ? q.ColumnInt(0) : 0;
+}
+
+absl::Status MetricStore::ProbeWrite() {
+  // Job id 0 never exists (ids start at 1).
+  ASSIGN_OR_RETURN(Query insert, db_->Prepare(
+      "INSERT INTO metric_points(job_id, attempt_id, step, name, value, wall_ms) "
+      "VALUES (0, 0, 0, zeroblob(65536), 0, 0)"));
+  RETURN_IF_ERROR(insert.Run());
+  ASSIGN_OR_RETURN(Query remove, db_->Prepare("DELETE FROM metric_points WHERE job_id = 0"));
+  return remove.Run();
 }
 
 // --- ResultStore ------------------------------------------------------------

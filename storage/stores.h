@@ -30,7 +30,13 @@ class SweepStore {
   absl::StatusOr<std::optional<SweepRecord>> FindByName(const std::string& name);
   absl::StatusOr<std::optional<SweepRecord>> Get(int64_t id);
   absl::StatusOr<std::vector<SweepRecord>> List();
+  // Up to `limit` sweeps with id > after_id, by id (ListSweeps paging).
+  absl::StatusOr<std::vector<SweepRecord>> ListPage(int64_t after_id, int64_t limit);
   absl::Status SetCancelled(int64_t id, bool cancelled);
+  // Deletes the sweep and everything of its jobs: metric points,
+  // diagnostics, attempts, results rows, the jobs, the sweep row. The caller
+  // holds the transaction that makes this all-or-nothing.
+  absl::Status Delete(int64_t id);
 
  private:
   Database* db_;
@@ -125,8 +131,10 @@ class MetricStore {
  public:
   explicit MetricStore(Database* db) : db_(db) {}
   // Idempotent on (job, attempt, step, name): a point already stored is
-  // counted as a duplicate and left unchanged.
-  absl::StatusOr<InsertCounts> Insert(const std::vector<MetricRecord>& points);
+  // counted as a duplicate and left unchanged. `stored`, when given, gets
+  // the points inserted (not the duplicates) with their row ids.
+  absl::StatusOr<InsertCounts> Insert(const std::vector<MetricRecord>& points,
+                                      std::vector<MetricRecord>* stored = nullptr);
   // Points of `job_id` with row_id > after_row_id and step >= from_step, in
   // insertion order.
   absl::StatusOr<std::vector<MetricRecord>> Read(int64_t job_id,
@@ -134,6 +142,10 @@ class MetricStore {
                                                  int64_t from_step,
                                                  int64_t limit);
   absl::StatusOr<int64_t> Count(int64_t job_id, int64_t attempt_id);
+  // Writes and removes a 64 KiB row inside the caller's transaction: new
+  // pages that a full disk (or max_page_count) refuses. Committing it tells
+  // whether writes succeed again; it leaves no row behind.
+  absl::Status ProbeWrite();
 
  private:
   Database* db_;

@@ -1,6 +1,7 @@
 #include "trainer_core/train_config.h"
 
 #include <cmath>
+#include <limits>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -18,13 +19,26 @@ absl::Status TypeError(const std::string& key, const char* expected) {
 absl::Status GetInt(const json& j, const std::string& key, int64_t* out) {
   if (!j.contains(key)) return absl::OkStatus();
   const json& v = j.at(key);
-  if (v.is_number_integer() || v.is_number_unsigned()) {
+  if (v.is_number_unsigned() &&
+      v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config.", key, ": ", v.get<uint64_t>(), " is out of the 64-bit integer range"));
+  }
+  if (v.is_number_integer()) {  // signed or unsigned within range
     *out = v.get<int64_t>();
     return absl::OkStatus();
   }
-  if (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>()) {
-    *out = static_cast<int64_t>(v.get<double>());
-    return absl::OkStatus();
+  if (v.is_number_float()) {
+    double d = v.get<double>();
+    // 2^63 itself is out of range: the largest double below it is the limit.
+    if (std::isfinite(d) && std::floor(d) == d && std::abs(d) < 9.2e18) {
+      *out = static_cast<int64_t>(d);
+      return absl::OkStatus();
+    }
+    if (std::floor(d) == d || !std::isfinite(d)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config.", key, ": ", d, " is out of the 64-bit integer range"));
+    }
   }
   return TypeError(key, "an integer");
 }
@@ -156,6 +170,32 @@ absl::Status ValidateTrainConfig(const TrainConfig& c) {
     if (!(v >= 0)) return absl::InvalidArgumentError(absl::StrCat("config.", key, ": must be >= 0, got ", v));
     return absl::OkStatus();
   };
+  // Upper bounds: far above any real run, low enough that products such as
+  // batch * seq_len and step counts cannot overflow, and a value that
+  // overflowed to infinity in a spec is refused here rather than stored (as
+  // JSON null) for every job to fail on.
+  auto at_most = [](const char* key, double v, double max) -> absl::Status {
+    if (!(v <= max)) return absl::InvalidArgumentError(absl::StrCat("config.", key, ": must be at most ", max, ", got ", v));
+    return absl::OkStatus();
+  };
+  constexpr double kMaxSize = 1 << 20;   // seq_len, batch, eval_batches
+  constexpr double kMaxCount = 1e12;     // steps and intervals
+  RETURN_IF_ERROR(at_most("seq_len", static_cast<double>(c.seq_len), kMaxSize));
+  RETURN_IF_ERROR(at_most("batch", static_cast<double>(c.batch), kMaxSize));
+  RETURN_IF_ERROR(at_most("eval_batches", static_cast<double>(c.eval_batches), kMaxSize));
+  if (c.steps) RETURN_IF_ERROR(at_most("steps", static_cast<double>(*c.steps), kMaxCount));
+  if (c.tokens) RETURN_IF_ERROR(at_most("tokens", static_cast<double>(*c.tokens), 1e18));
+  RETURN_IF_ERROR(at_most("tokens_per_param", c.tokens_per_param, 1e6));
+  RETURN_IF_ERROR(at_most("lr", c.lr, 1e3));
+  RETURN_IF_ERROR(at_most("threads", static_cast<double>(c.threads), 4096));
+  RETURN_IF_ERROR(at_most("eval_interval", static_cast<double>(c.eval_interval), kMaxCount));
+  RETURN_IF_ERROR(at_most("checkpoint_interval", static_cast<double>(c.checkpoint_interval), kMaxCount));
+  RETURN_IF_ERROR(at_most("log_interval", static_cast<double>(c.log_interval), kMaxCount));
+  RETURN_IF_ERROR(at_most("weight_decay", c.weight_decay, 1e6));
+  RETURN_IF_ERROR(at_most("grad_clip", c.grad_clip, 1e30));
+  RETURN_IF_ERROR(at_most("explode_threshold", c.explode_threshold, 1e30));
+  RETURN_IF_ERROR(at_most("hc_streams", static_cast<double>(c.hc_streams), 1024));
+  RETURN_IF_ERROR(at_most("world_size", static_cast<double>(c.world_size), 1 << 16));
   absl::Status shape = ValidateShape(c.shape);
   if (!shape.ok()) return absl::InvalidArgumentError(absl::StrCat("config.", shape.message()));
   RETURN_IF_ERROR(positive("seq_len", static_cast<double>(c.seq_len)));

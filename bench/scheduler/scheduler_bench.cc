@@ -3,12 +3,16 @@
 //   1. AcquireJob + FinishJob with N concurrent simulated workers: leases/s
 //      and p50/p99 latency of each RPC.
 //   2. ReportMetrics ingestion: points/s over S concurrent streams.
+//   3. (--watchers W) ingestion again, on fresh jobs, without and then with
+//      W WatchJob streams open (on W distinct jobs, the S ingesting ones
+//      among them): the ratio shows what watchers cost ingestion.
 // The scheduler runs with the same metrics observer and RPC interceptor as
 // depthbench-scheduler (which always installs them); --no-metrics leaves
 // them out.
 // Usage: scheduler_bench [--workers 64] [--seconds 5] [--streams 8]
 //                        [--points 400000] [--chunk 1000] [--no-metrics]
 //                        [--exclusive-lock] [--durability normal|full]
+//                        [--watchers 0] [--rounds 3] [--watch-idle-only]
 // --exclusive-lock opens the file as the scheduler did before issue 14
 // (locking_mode=EXCLUSIVE, reads under the mutex) to measure what the
 // shared lock costs; --durability full measures synchronous=FULL.
@@ -98,6 +102,15 @@ int main(int argc, char** argv) {
   app.add_flag("--exclusive-lock", exclusive_lock,
                "open the file with locking_mode=EXCLUSIVE (nothing else can read it)");
   app.add_option("--durability", durability, "normal or full")->capture_default_str();
+  int watchers = 0;
+  app.add_option("--watchers", watchers, "WatchJob streams for part 3 (0: skip it)")
+      ->capture_default_str();
+  int rounds = 3;
+  app.add_option("--rounds", rounds, "part 3: alternating rounds (median reported)")
+      ->capture_default_str();
+  bool watch_idle_only = false;
+  app.add_flag("--watch-idle-only", watch_idle_only,
+               "part 3: watch only jobs that receive no points (the cost of fan-out alone)");
   app.add_flag("--no-metrics", no_metrics,
                "run without the metrics observer and RPC interceptor");
   CLI11_PARSE(app, argc, argv);
@@ -243,65 +256,152 @@ int main(int argc, char** argv) {
               Percentile(pair_ms, 0.99));
 
   // --- 2. metric ingestion ----------------------------------------------
-  std::vector<v1::AcquireJobResponse> held;
-  {
+  // Leases `streams` fresh jobs for one ingestion run.
+  int ingest_runs = 0;
+  auto lease_jobs = [&](std::vector<v1::AcquireJobResponse>* held) -> bool {
     auto stub = v1::WorkerService::NewStub(channels[0]);
+    std::string name = "ingest" + std::to_string(ingest_runs++);
     v1::RegisterWorkerRequest reg;
-    reg.set_name("ingest");
+    reg.set_name(name);
     reg.mutable_resources()->set_slots(streams);
     v1::RegisterWorkerResponse reg_resp;
     stub->RegisterWorker(Ctx().get(), reg, &reg_resp);
     for (int i = 0; i < streams; ++i) {
       v1::AcquireJobRequest acq;
-      acq.set_worker_id("ingest");
+      acq.set_worker_id(name);
       v1::AcquireJobResponse lease;
       if (!stub->AcquireJob(Ctx().get(), acq, &lease).ok() || !lease.has_job()) {
         std::fprintf(stderr, "no job left for ingestion stream %d\n", i);
-        return 1;
+        return false;
       }
-      held.push_back(lease);
+      held->push_back(lease);
     }
-  }
+    return true;
+  };
   const char* names[] = {"loss", "lr", "grad_norm", "tokens_per_s"};
   int64_t per_stream = total_points / streams;
-  std::atomic<int64_t> accepted{0};
-  threads.clear();
-  start = Clock::now();
-  cpu_start = ProcessCpuSeconds();
-  for (int s = 0; s < streams; ++s) {
-    threads.emplace_back([&, s] {
-      auto stub = v1::WorkerService::NewStub(channels[s % channels.size()]);
-      v1::ReportMetricsResponse resp;
-      auto ctx = Ctx();
-      auto writer = stub->ReportMetrics(ctx.get(), &resp);
-      int64_t sent = 0, step = 1;
-      while (sent < per_stream) {
-        v1::ReportMetricsRequest req;
-        req.set_job_id(held[s].job_id());
-        req.set_attempt_id(held[s].attempt_id());
-        for (int i = 0; i < chunk && sent < per_stream; ++i, ++sent) {
-          auto* p = req.add_points();
-          p->set_step(step);
-          p->set_name(names[i % 4]);
-          p->set_value(1.0 / step);
-          if (i % 4 == 3) ++step;
+  // Streams total_points over `streams` ReportMetrics streams into `held`;
+  // returns points/s.
+  auto ingest = [&](const std::vector<v1::AcquireJobResponse>& held, const char* label,
+                    double* cpu_per_point = nullptr) -> double {
+    std::atomic<int64_t> accepted{0};
+    std::vector<std::thread> streamers;
+    auto t0 = Clock::now();
+    double cpu0 = ProcessCpuSeconds();
+    for (int s = 0; s < streams; ++s) {
+      streamers.emplace_back([&, s] {
+        auto stub = v1::WorkerService::NewStub(channels[s % channels.size()]);
+        v1::ReportMetricsResponse resp;
+        auto ctx = Ctx();
+        auto writer = stub->ReportMetrics(ctx.get(), &resp);
+        int64_t sent = 0, step = 1;
+        while (sent < per_stream) {
+          v1::ReportMetricsRequest req;
+          req.set_job_id(held[s].job_id());
+          req.set_attempt_id(held[s].attempt_id());
+          for (int i = 0; i < chunk && sent < per_stream; ++i, ++sent) {
+            auto* p = req.add_points();
+            p->set_step(step);
+            p->set_name(names[i % 4]);
+            p->set_value(1.0 / step);
+            if (i % 4 == 3) ++step;
+          }
+          if (!writer->Write(req)) break;
         }
-        if (!writer->Write(req)) break;
+        writer->WritesDone();
+        grpc::Status st = writer->Finish();
+        if (!st.ok()) std::fprintf(stderr, "stream %d: %s\n", s, st.error_message().c_str());
+        accepted.fetch_add(resp.accepted());
+      });
+    }
+    for (auto& t : streamers) t.join();
+    double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+    double used = ProcessCpuSeconds() - cpu0;
+    std::printf("%s: %d streams, %lld points (chunks of %d) in %.2f s = %.0f points/s\n", label,
+                streams, static_cast<long long>(accepted.load()), chunk, secs,
+                accepted.load() / secs);
+    std::printf("  CPU (client + server, user + sys): %.2f s = %.2f us per point\n", used,
+                1e6 * used / std::max<int64_t>(1, accepted.load()));
+    if (cpu_per_point != nullptr) *cpu_per_point = used / std::max<int64_t>(1, accepted.load());
+    return accepted.load() / secs;
+  };
+  std::vector<v1::AcquireJobResponse> held;
+  if (!lease_jobs(&held)) return 1;
+  ingest(held, "ingestion");
+
+  // --- 3. ingestion with watchers ---------------------------------------
+  // Rounds alternate: ingest into fresh unwatched jobs with no stream open,
+  // then open the W streams and ingest into the jobs they watch. Medians of
+  // the per-round ratios (points/s and CPU per point) damp a busy machine.
+  if (watchers > 0) {
+    std::vector<double> rate_ratios, cpu_ratios;
+    for (int round = 0; round < rounds; ++round) {
+      std::vector<v1::AcquireJobResponse> quiet, watched;
+      if (!lease_jobs(&quiet) || !lease_jobs(&watched)) return 1;
+      double cpu_alone = 0, cpu_with = 0;
+      double alone = ingest(quiet, "ingestion, 0 watchers", &cpu_alone);
+      // W streams on W distinct jobs: the ingesting ones first (unless
+      // --watch-idle-only), then jobs that get no points.
+      std::vector<int64_t> targets;
+      if (!watch_idle_only) {
+        for (const auto& lease : watched) targets.push_back(lease.job_id());
       }
-      writer->WritesDone();
-      grpc::Status st = writer->Finish();
-      if (!st.ok()) std::fprintf(stderr, "stream %d: %s\n", s, st.error_message().c_str());
-      accepted.fetch_add(resp.accepted());
-    });
+      auto busy = [&](int64_t id) {
+        for (const auto* set : {&quiet, &watched, &held}) {
+          for (const auto& lease : *set) {
+            if (lease.job_id() == id) return true;
+          }
+        }
+        return false;
+      };
+      for (int64_t id = 1; static_cast<int>(targets.size()) < watchers; ++id) {
+        if (std::find(targets.begin(), targets.end(), id) == targets.end() && !busy(id)) {
+          targets.push_back(id);
+        }
+      }
+      std::atomic<int64_t> events{0};
+      std::atomic<int> open{0};
+      std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+      for (int w = 0; w < watchers; ++w) {
+        auto ctx = std::make_unique<grpc::ClientContext>();
+        ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(10));
+        contexts.push_back(std::move(ctx));
+      }
+      std::vector<std::thread> readers;
+      for (int w = 0; w < watchers; ++w) {
+        readers.emplace_back([&, w] {
+          auto stub = v1::SweepService::NewStub(channels[w % channels.size()]);
+          v1::WatchJobRequest req;
+          req.set_job_id(targets[w]);
+          auto reader = stub->WatchJob(contexts[w].get(), req);
+          v1::WatchJobEvent event;
+          bool first = true;
+          while (reader->Read(&event)) {
+            if (first) open.fetch_add(1);
+            first = false;
+            events.fetch_add(1);
+          }
+          reader->Finish();
+        });
+      }
+      // Every stream has its first event (the job's state) before timing.
+      while (open.load() < watchers) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      int64_t events_before = events.load();
+      double with = ingest(watched, "ingestion, watchers open", &cpu_with);
+      std::printf("  round %d: %d WatchJob streams (%d on ingesting jobs) received %lld events; "
+                  "rate ratio %.3f, CPU-per-point ratio %.3f\n",
+                  round + 1, watchers, watch_idle_only ? 0 : std::min(watchers, streams),
+                  static_cast<long long>(events.load() - events_before), with / alone,
+                  cpu_with / cpu_alone);
+      rate_ratios.push_back(with / alone);
+      cpu_ratios.push_back(cpu_with / cpu_alone);
+      for (auto& ctx : contexts) ctx->TryCancel();
+      for (auto& t : readers) t.join();
+    }
+    std::printf("ratio (median of %d rounds): ingestion points/s with %d watchers / without = "
+                "%.3f; CPU per point with / without = %.3f\n",
+                rounds, watchers, Percentile(rate_ratios, 0.5), Percentile(cpu_ratios, 0.5));
   }
-  for (auto& t : threads) t.join();
-  elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-  cpu = ProcessCpuSeconds() - cpu_start;
-  std::printf("ingestion: %d streams, %lld points (chunks of %d) in %.2f s = %.0f points/s\n",
-              streams, static_cast<long long>(accepted.load()), chunk, elapsed,
-              accepted.load() / elapsed);
-  std::printf("  CPU (client + server, user + sys): %.2f s = %.2f us per point\n", cpu,
-              1e6 * cpu / std::max<int64_t>(1, accepted.load()));
   server.Shutdown();
   scheduler->reset();
   std::filesystem::remove_all(dir);
