@@ -677,9 +677,10 @@ TEST(SchedulerReadTest, ReadsAnswerWhileAStateChangeHoldsTheMutex) {
   std::promise<void> read_done;
   std::thread reader;
   hook.during_finish = [&] {
-    // Inside FinishJob, under the mutex, before its commit. Were reads to
-    // need the mutex, this wait would time out (and the reader finish once
-    // FinishJob returns), so the test fails rather than hangs.
+    // Inside FinishJob, under the mutex, just after its commit (observer
+    // events run only once a commit succeeded). Were reads to need the
+    // mutex, this wait would time out (and the reader finish once FinishJob
+    // returns), so the test fails rather than hangs.
     reader = std::thread([&] {
       auto job = scheduler->GetJob(lease->job_id());
       auto results = scheduler->QueryResults("s");
@@ -701,7 +702,7 @@ TEST(SchedulerReadTest, ReadsAnswerWhileAStateChangeHoldsTheMutex) {
   ASSERT_TRUE(reader.joinable());
   reader.join();
   EXPECT_TRUE(answered) << "a read waited for the write mutex";
-  EXPECT_EQ(seen, v1::LEASED);  // the finish had not committed yet
+  EXPECT_EQ(seen, v1::SUCCEEDED);  // committed, though FinishJob still holds the mutex
   EXPECT_EQ(rows, 1);
   hook.during_finish = nullptr;
   EXPECT_EQ(scheduler->GetJob(lease->job_id())->state(), v1::SUCCEEDED);
