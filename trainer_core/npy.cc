@@ -270,6 +270,42 @@ absl::StatusOr<Preamble> ParsePreamble(std::string_view head, int64_t file_size,
   return pre;
 }
 
+// Checks the 'shape' tuple (non-negative ints, expect.ndim dimensions) and
+// sets layout->shape and layout->count (layout->dtype must be set).
+absl::Status ReadShape(const PyValue& shape, const std::string& source,
+                       const NpyExpectation& expect, NpyLayout* layout) {
+  if (shape.kind != PyValue::Kind::kTuple) {
+    return Bad(source,
+               absl::StrCat("'shape' is ", PyRepr(shape), ", not a tuple"));
+  }
+  for (const PyValue& dim : shape.items) {
+    if (dim.kind != PyValue::Kind::kInt || dim.integer < 0) {
+      return Bad(source, absl::StrCat("bad shape ", PyRepr(shape)));
+    }
+    layout->shape.push_back(dim.integer);
+  }
+  if (expect.ndim >= 0 &&
+      static_cast<int>(layout->shape.size()) != expect.ndim) {
+    return Bad(source,
+               absl::StrCat("array is ", layout->shape.size(), "-D with shape ",
+                            PyRepr(shape), "; ", expect.ndim_help));
+  }
+  const bool empty = std::find(layout->shape.begin(), layout->shape.end(), 0) !=
+                     layout->shape.end();
+  layout->count = empty ? 0 : 1;
+  const int64_t max_count =
+      std::numeric_limits<int64_t>::max() / layout->dtype.item_size;
+  for (int64_t d : layout->shape) {
+    if (empty) break;
+    if (layout->count > max_count / d) {
+      return Bad(source,
+                 absl::StrCat("shape ", PyRepr(shape), " is too large"));
+    }
+    layout->count *= d;
+  }
+  return absl::OkStatus();
+}
+
 // Parses the header dict and checks dtype, order and shape against expect.
 absl::StatusOr<NpyLayout> ParseHeader(std::string_view text,
                                       const Preamble& pre,
@@ -319,35 +355,7 @@ absl::StatusOr<NpyLayout> ParseHeader(std::string_view text,
                "fortran_order is True (a Fortran-order array); only C-order "
                "arrays are supported");
   }
-  if (shape->kind != PyValue::Kind::kTuple) {
-    return Bad(source,
-               absl::StrCat("'shape' is ", PyRepr(*shape), ", not a tuple"));
-  }
-  for (const PyValue& dim : shape->items) {
-    if (dim.kind != PyValue::Kind::kInt || dim.integer < 0) {
-      return Bad(source, absl::StrCat("bad shape ", PyRepr(*shape)));
-    }
-    layout.shape.push_back(dim.integer);
-  }
-  if (expect.ndim >= 0 &&
-      static_cast<int>(layout.shape.size()) != expect.ndim) {
-    return Bad(source,
-               absl::StrCat("array is ", layout.shape.size(), "-D with shape ",
-                            PyRepr(*shape), "; ", expect.ndim_help));
-  }
-  const bool empty = std::find(layout.shape.begin(), layout.shape.end(), 0) !=
-                     layout.shape.end();
-  layout.count = empty ? 0 : 1;
-  const int64_t max_count =
-      std::numeric_limits<int64_t>::max() / layout.dtype.item_size;
-  for (int64_t d : layout.shape) {
-    if (empty) break;
-    if (layout.count > max_count / d) {
-      return Bad(source,
-                 absl::StrCat("shape ", PyRepr(*shape), " is too large"));
-    }
-    layout.count *= d;
-  }
+  RETURN_IF_ERROR(ReadShape(*shape, source, expect, &layout));
   return layout;
 }
 
