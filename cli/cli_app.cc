@@ -48,6 +48,11 @@ int RunCli(int argc, char** argv, std::ostream& out, std::ostream& err) {
   app.add_option("--timeout-ms", env.client.timeout_ms, "deadline of each RPC")
       ->capture_default_str()->check(CLI::PositiveNumber);
   app.add_flag("--json", env.json, "machine-readable JSON output");
+  // The global options above work before or after the subcommand
+  // (`depthbench --json sweeps` and `depthbench sweeps --json`): an option a
+  // subcommand does not know falls through to the app. Subcommands inherit
+  // this setting, so it must precede their registration.
+  app.fallthrough();
   AddSubmitCommand(app, env);
   AddSweepCommands(app, env);
   AddJobCommands(app, env);

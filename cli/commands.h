@@ -50,7 +50,9 @@ void AddResultsCommand(CLI::App& app, CommandEnv& env);  // results
 void AddReportCommand(CLI::App& app, CommandEnv& env);   // report
 void AddDemoCommand(CLI::App& app, CommandEnv& env);     // demo (cmd_demo.cc)
 
-// Runs the CLI (argv as given to main); returns the exit code.
+// Runs the CLI (argv as given to main); returns the exit code. The global
+// options (--scheduler, --token-file, --tls-ca, --timeout-ms, --json) may
+// come before or after the subcommand.
 int RunCli(int argc, char** argv, std::ostream& out, std::ostream& err);
 
 }  // namespace depthbench::cli

@@ -10,7 +10,7 @@ named by prometheus.yml. --substitute replaces Grafana variables so that
 Prometheus's /api/v1/query can evaluate the expression ($__rate_interval,
 $__interval, $__range -> RANGE; other $vars -> ".*").
 
-Same listing, same order, as ExtractAllExpressions() in common/promql_refs.h
+Same listing, same order, as ExtractAllExpressions() in tests/common/promql_refs.h
 (tests/common/dashboards_test.cc checks that they agree).
 """
 import argparse

@@ -1,6 +1,10 @@
-// depthbench-report: renders a results document (schema in report.h) into
-// tables and figures. Stand-in until `depthbench report SWEEP --out DIR`
-// fetches the document from the scheduler itself.
+// depthbench-report: the offline renderer. Renders a saved
+// `depthbench.results.v1` document (schema in report.h) into the same tables
+// and figures as `depthbench report`, with no scheduler: the document is the
+// results.json that `depthbench report SWEEP --out DIR` wrote (re-render it
+// elsewhere, e.g. where gnuplot is installed, or after editing it), or one
+// built by another tool. `depthbench report` is the way to fetch a sweep's
+// results from a running scheduler; both share cli/report (WriteReport).
 //
 //   depthbench-report --results FILE.json --out DIR [--gnuplot PATH]
 //                     [--no-plots]
@@ -17,7 +21,8 @@
 
 int main(int argc, char** argv) {
   CLI::App app{
-      "Render sweep results: CSV/JSON/Markdown tables, gnuplot figures"};
+      "Render a saved results document (results.json of `depthbench report`) "
+      "offline: CSV/JSON/Markdown tables, gnuplot figures"};
   std::string results_path, out_dir;
   depthbench::report::ReportOptions options;
   bool no_plots = false;

@@ -2,6 +2,7 @@
 // binary paths pointed at stand-in executables, since the real ones are not
 // installed here), shell scripts pass `bash -n` and shellcheck, Kubernetes
 // manifests parse as YAML with the expected kinds.
+#include <cctype>
 #include <filesystem>
 #include <regex>
 #include <set>
@@ -60,7 +61,15 @@ TEST_P(SystemdUnitTest, VerifiesCleanly) {
 
 INSTANTIATE_TEST_SUITE_P(Units, SystemdUnitTest,
                          ::testing::Values("depthbench-scheduler.service",
-                                           "depthbench-worker.service"));
+                                           "depthbench-worker.service"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           // depthbench_scheduler_service
+                           std::string name = info.param;
+                           for (char& c : name) {
+                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+                           }
+                           return name;
+                         });
 
 TEST(SystemdTest, VerifyCatchesBrokenUnits) {
   if (!Executable("/usr/bin/systemd-analyze")) {

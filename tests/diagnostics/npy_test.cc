@@ -116,6 +116,34 @@ TEST(NpyTest, RejectsBadFiles) {
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
 }
 
+TEST(NpyTest, RefusesPathsThatAreNotRegularFiles) {
+  for (const std::string path : {"/dev/zero", "/tmp"}) {
+    auto arr = ReadNpyFloat32(path);
+    ASSERT_FALSE(arr.ok()) << path;
+    EXPECT_EQ(arr.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(arr.status().message().find(path + " is not a regular file"),
+              std::string::npos)
+        << arr.status();
+  }
+}
+
+TEST(NpyTest, ShapeCheckRunsBeforeTheDataIsRead) {
+  const std::string path = TempPath("checked.npy");
+  ASSERT_TRUE(WriteNpyFloat32(path, {2, 3}, {1, 2, 3, 4, 5, 6}).ok());
+  std::vector<int64_t> seen;
+  auto refused = ReadNpyFloat32(path, [&](const std::vector<int64_t>& shape) {
+    seen = shape;
+    return absl::InvalidArgumentError("too big for me");
+  });
+  EXPECT_EQ(seen, (std::vector<int64_t>{2, 3}));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().message(), "too big for me");
+  auto accepted = ReadNpyFloat32(
+      path, [](const std::vector<int64_t>&) { return absl::OkStatus(); });
+  ASSERT_TRUE(accepted.ok()) << accepted.status();
+  EXPECT_EQ(accepted->data, (std::vector<float>{1, 2, 3, 4, 5, 6}));
+}
+
 }  // namespace
 }  // namespace diagnostics
 }  // namespace depthbench

@@ -5,7 +5,7 @@ Used by tests/trainer_core/designs_test.cc (DesignGoldenTest): the C++ test
 writes, into DIR, index.json (tokens, and per model: arch, shape, parameter
 names and shapes) and one raw little-endian float32 file per parameter
 (DIR/<model>/<name>.f32). This script rebuilds each model from the spec
-(../shared/spec/DEPTHBENCH.md sections 2, 3, 9) in float64, computes the
+(docs/DEPTHBENCH.md sections 2, 3, 9) in float64, computes the
 logits and takes one AdamW step (lr 1e-3, betas 0.9/0.95, eps 1e-8, weight
 decay 0.1 on the decay group, 0 on the no-decay group, chosen here from the
 spec: HC static routing and gains, mHC biases and gains do not decay), and

@@ -40,7 +40,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/daemon_metrics.h"
-#include "common/promql_refs.h"
+#include "tests/common/promql_refs.h"
 #include "tests/integration/metrics_scrape.h"
 #include "tests/integration/scheduler_process.h"
 #include "tests/integration/worker_client.h"

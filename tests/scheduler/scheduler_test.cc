@@ -380,7 +380,10 @@ INSTANTIATE_TEST_SUITE_P(Table, BackoffTest,
                          ::testing::Values(BackoffCase{0, 0}, BackoffCase{1, 1000},
                                            BackoffCase{2, 2000}, BackoffCase{3, 4000},
                                            BackoffCase{4, 8000}, BackoffCase{5, 10000},
-                                           BackoffCase{60, 10000}));
+                                           BackoffCase{60, 10000}),
+                         [](const ::testing::TestParamInfo<BackoffCase>& info) {
+                           return "attempts" + std::to_string(info.param.attempts);
+                         });
 
 TEST_F(SchedulerTest, RestartResumesLeasesAndWorkersReattach) {
   ASSERT_TRUE(scheduler_->SubmitSweep(SmallSpec("s", {"pre_ln"}, {1e-3, 2e-3})).ok());

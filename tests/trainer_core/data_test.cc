@@ -434,6 +434,17 @@ TEST(Npy, Errors) {
   }
 }
 
+TEST(Npy, RefusesPathsThatAreNotRegularFiles) {
+  TempDir dir;
+  for (const std::string& path : {std::string("/dev/zero"), dir.path()}) {
+    auto seq = ReadNpyTokens(path, 256);
+    ASSERT_FALSE(seq.ok()) << path;
+    EXPECT_EQ(seq.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(seq.status().message(),
+                HasSubstr(path + " is not a regular file"));
+  }
+}
+
 // ---- LoadDataset for user data --------------------------------------------
 
 TEST(LoadDataset, SingleFileHoldsOutLastTwentieth) {

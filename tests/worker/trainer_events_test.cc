@@ -31,6 +31,20 @@ TEST_P(TrainerEventsTest, ParsesAndMapsToPoints) {
   EXPECT_EQ(names, c.point_names);
 }
 
+// "step_1", "eval_3", "malformed_8": the kind the line should parse to, then
+// the case's index.
+std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
+  static const char* const kKinds[] = {"start", "step",        "eval",
+                                       "checkpoint",  "done",  "interrupted",
+                                       "diagnostics", "other"};
+  static_assert(sizeof(kKinds) / sizeof(kKinds[0]) ==
+                    static_cast<size_t>(EventKind::kOther) + 1,
+                "one name per EventKind, in order");
+  const Case& c = info.param;
+  const std::string kind = c.ok ? kKinds[static_cast<int>(c.kind)] : "malformed";
+  return kind + "_" + std::to_string(info.index);
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Lines, TrainerEventsTest,
     ::testing::Values(
@@ -49,7 +63,8 @@ INSTANTIATE_TEST_SUITE_P(
         Case{R"({"event":"future_thing","step":1})", true, EventKind::kOther, 1, {}},
         Case{R"(not json)", false, EventKind::kOther, 0, {}},
         Case{R"([1,2])", false, EventKind::kOther, 0, {}},
-        Case{R"({"step":1})", false, EventKind::kOther, 0, {}}));
+        Case{R"({"step":1})", false, EventKind::kOther, 0, {}}),
+    CaseName);
 
 TEST(TrainerEventsTest, DoneAndDiagnosticsFields) {
   auto done = ParseTrainerEvent(

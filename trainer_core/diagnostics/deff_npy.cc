@@ -1,7 +1,10 @@
 #include "trainer_core/diagnostics/deff_npy.h"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -9,6 +12,7 @@
 #include "common/status_macros.h"
 #include "trainer_core/diagnostics/metrics.h"
 #include "trainer_core/diagnostics/npy.h"
+#include "trainer_core/npy.h"
 
 namespace depthbench {
 namespace diagnostics {
@@ -30,22 +34,54 @@ nlohmann::json MatrixJson(const Matrix& m) {
 
 }  // namespace
 
+int64_t DeffWorkingBytes(int64_t num_layers, int64_t num_seq, int64_t dim) {
+  // In long double so that products of int64 sizes cannot overflow.
+  const long double l = num_layers, n = num_seq, d = dim;
+  const long double m = std::min(n, d);
+  const long double bytes = 4.0L * l * n * d     // the float32 array
+                            + 16.0L * l * n * d  // float64 pooled + centred
+                            + 8.0L * l * m * m   // Gram matrices (N <= d)
+                            + 8.0L * m * m       // one transient product
+                            + 8.0L * l * l;      // the CKA matrix
+  constexpr auto kMax = std::numeric_limits<int64_t>::max();
+  return bytes >= static_cast<long double>(kMax) ? kMax
+                                                 : static_cast<int64_t>(bytes);
+}
+
 absl::StatusOr<nlohmann::json> DeffFromNpy(const std::string& path,
-                                           int64_t max_lag) {
-  ASSIGN_OR_RETURN(NpyArray arr, ReadNpyFloat32(path));
-  if (arr.shape.size() != 3) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("deff: ", path, " must have shape (L, N, d), got ",
-                     arr.shape.size(), " dimensions"));
-  }
+                                           int64_t max_lag,
+                                           int64_t max_working_bytes) {
+  auto check_shape = [&](const std::vector<int64_t>& shape) -> absl::Status {
+    if (shape.size() != 3) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("deff: ", path, " must have shape (L, N, d), got ",
+                       shape.size(), " dimensions"));
+    }
+    if (shape[0] < 1 || shape[1] < 2 || shape[2] < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("deff: need L >= 1, N >= 2, d >= 1; got (", shape[0],
+                       ", ", shape[1], ", ", shape[2], ")"));
+    }
+    const std::string where =
+        absl::StrCat("deff: ", path, " has shape ", NpyShapeString(shape));
+    if (shape[0] > kDeffMaxLayers) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": L = ", shape[0], " layers is more than the ",
+          kDeffMaxLayers, " supported (expected (L, N, d), layers first)"));
+    }
+    const int64_t need = DeffWorkingBytes(shape[0], shape[1], shape[2]);
+    if (need > max_working_bytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": D_eff on it needs about ", need >> 20,
+                       " MiB, more than the limit of ", max_working_bytes >> 20,
+                       " MiB (use fewer sequences N or a smaller d)"));
+    }
+    return absl::OkStatus();
+  };
+  ASSIGN_OR_RETURN(NpyArray arr, ReadNpyFloat32(path, check_shape));
   const int64_t num_layers = arr.shape[0];
   const int64_t num_seq = arr.shape[1];
   const int64_t dim = arr.shape[2];
-  if (num_layers < 1 || num_seq < 2 || dim < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("deff: need L >= 1, N >= 2, d >= 1; got (", num_layers,
-                     ", ", num_seq, ", ", dim, ")"));
-  }
   torch::Tensor pooled =
       torch::from_blob(arr.data.data(), {num_layers, num_seq, dim},
                        torch::TensorOptions().dtype(torch::kFloat32));

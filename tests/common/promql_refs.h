@@ -1,14 +1,15 @@
 // Lists every PromQL expression in depthbench's dashboards/ (Grafana panel
 // targets, template-variable queries, alert-rule expressions) and the metric
-// names each one references. Used by tests/common/dashboards_test.cc (every
-// name must be exported by the daemons) and meant for the end-to-end test
-// that evaluates each expression against a real Prometheus.
-// dashboards/extract_queries.py is the same listing for the command line.
+// names each one references. Test-only code: used by
+// tests/common/dashboards_test.cc (every name must be exported by the
+// daemons) and tests/integration/prometheus_e2e_test.cc (evaluates each
+// expression against a real Prometheus). dashboards/extract_queries.py is the
+// same listing for the command line.
 //
-// Not linked into the daemons (library db_promql_refs).
+// Library db_promql_refs (tests/common/CMakeLists.txt).
 // Thread safety: stateless free functions.
-#ifndef DEPTHBENCH_COMMON_PROMQL_REFS_H_
-#define DEPTHBENCH_COMMON_PROMQL_REFS_H_
+#ifndef DEPTHBENCH_TESTS_COMMON_PROMQL_REFS_H_
+#define DEPTHBENCH_TESTS_COMMON_PROMQL_REFS_H_
 
 #include <string>
 #include <vector>
@@ -54,4 +55,4 @@ std::vector<std::string> MetricNamesInExpression(const std::string& expr);
 
 }  // namespace depthbench
 
-#endif  // DEPTHBENCH_COMMON_PROMQL_REFS_H_
+#endif  // DEPTHBENCH_TESTS_COMMON_PROMQL_REFS_H_

@@ -1,4 +1,4 @@
-#include "common/promql_refs.h"
+#include "tests/common/promql_refs.h"
 
 #include <algorithm>
 #include <cctype>
