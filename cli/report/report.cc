@@ -19,6 +19,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -610,8 +611,24 @@ bool HasFinite(const Matrix& m) {
   return false;
 }
 
+// The largest finite entry of one diagnostic over every row of a report:
+// its heatmaps share the colour scale [0, max] so that designs compare by
+// colour (0 when nothing is finite or positive; gnuplot then gets [0:1]).
+double ReportMax(const std::vector<const Matrix*>& ms) {
+  double hi = 0;
+  for (const Matrix* m : ms) {
+    for (const auto& r : *m) {
+      for (double v : r) {
+        if (std::isfinite(v)) hi = std::max(hi, v);
+      }
+    }
+  }
+  return hi;
+}
+
 absl::Status PlotHeatmap(const Row& row, const std::string& name,
-                         const Matrix& m, const HeatmapKind& kind, Plotter& p) {
+                         const Matrix& m, const HeatmapKind& kind, double cb_max,
+                         Plotter& p) {
   std::string data =
       absl::StrCat("# ", kind.prefix, " ", row.arch, " L=", row.layers,
                    ": row-major, NaN = undefined\n");
@@ -634,7 +651,9 @@ absl::Status PlotHeatmap(const Row& row, const std::string& name,
       // Row 0 at the top, as the matrix is printed.
       "set yrange [", rows, "-0.5:-0.5]\n", "set xtics ", step,
       " out nomirror\n", "set ytics ", step, " out nomirror\n",
-      "set cbrange [0:*]\n", "set size ratio -1\n",
+      // One fixed colour scale per diagnostic across the report.
+      "set cbrange [0:", DataNum(cb_max > 0 ? cb_max : 1.0), "]\n",
+      "set size ratio -1\n",
       "set palette defined (0 '#440154', 1 '#3b528b', 2 '#21908d', "
       "3 '#5dc963', 4 '#fde725')\n",
       "set object 1 rectangle from graph 0,0 to graph 1,1 behind "
@@ -752,23 +771,34 @@ absl::StatusOr<ReportSummary> WriteReport(const json& doc,
             "angular distance (0 = same direction, 0.5 = orthogonal)"};
         const HeatmapKind kCausal = {
             "causal", "Causal score C(s, l)", "l (later block, 0-indexed)",
-            "s (skipped block, 0-indexed)", "C(s,l) = mean|dD_l| / mean|D_l|"};
+            "s (skipped block, 0-indexed)",
+            "C(s,l): |D'_l - D_l| / |D_l| (per token, or ratio of means)"};
         const HeatmapKind kPerm = {
             "perm", "Permutation score P(l1, l2)", "l2 (block, 0-indexed)",
             "l1 (block, 0-indexed)", "|loss_swap - loss| / loss"};
+        // One colour scale per diagnostic: the report-wide maximum.
+        std::vector<const Matrix*> angular, causal, perm;
+        for (const Row& row : r.rows) {
+          if (row.angular.has_value()) angular.push_back(&*row.angular);
+          if (row.causal.has_value()) causal.push_back(&*row.causal);
+          if (row.perm.has_value()) perm.push_back(&*row.perm);
+        }
+        const double cb_angular = ReportMax(angular);
+        const double cb_causal = ReportMax(causal);
+        const double cb_perm = ReportMax(perm);
         std::set<std::string> used;
         for (const Row& row : r.rows) {
           const std::string stem =
               absl::StrCat(Sanitise(row.arch), "_L", row.layers);
-          const std::pair<const std::optional<Matrix>*, const HeatmapKind*>
-              maps[] = {{&row.angular, &kAngular},
-                        {&row.causal, &kCausal},
-                        {&row.perm, &kPerm}};
-          for (const auto& [m, kind] : maps) {
+          const std::tuple<const std::optional<Matrix>*, const HeatmapKind*, double>
+              maps[] = {{&row.angular, &kAngular, cb_angular},
+                        {&row.causal, &kCausal, cb_causal},
+                        {&row.perm, &kPerm, cb_perm}};
+          for (const auto& [m, kind, cb_max] : maps) {
             if (!m->has_value() || !HasFinite(**m)) continue;
             const std::string name =
                 UniqueName(absl::StrCat(kind->prefix, "_", stem), &used);
-            RETURN_IF_ERROR(PlotHeatmap(row, name, **m, *kind, p));
+            RETURN_IF_ERROR(PlotHeatmap(row, name, **m, *kind, cb_max, p));
           }
         }
         for (const Curve& c : r.curves) {

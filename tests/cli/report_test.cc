@@ -6,6 +6,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <set>
 #include <string>
 
 namespace depthbench {
@@ -169,6 +170,34 @@ TEST(ReportTest, WritesEveryFile) {
   const std::string md = Slurp(dir / "results.md");
   EXPECT_NE(md.find("[val_loss_vs_aspect.png](val_loss_vs_aspect.png)"),
             std::string::npos);
+}
+
+// One colour scale per diagnostic across the report (issue 12): every
+// causal heatmap's script sets the same cbrange, the report-wide maximum,
+// whatever each design's own range is.
+TEST(ReportTest, HeatmapsOfOneDiagnosticShareOneColourScale) {
+  if (!DetectPngTerminal("gnuplot").ok()) {
+    GTEST_SKIP() << "gnuplot not installed";
+  }
+  json doc = Sample();
+  // Give one row a much larger causal range than the others.
+  doc["rows"][3]["diagnostics"]["causal"][0][1] = 7.5;
+  const fs::path dir = FreshDir("scale");
+  auto s = WriteReport(doc, dir.string());
+  ASSERT_TRUE(s.ok()) << s.status();
+  for (const char* kind : {"angular_", "causal_", "perm_"}) {
+    std::set<std::string> ranges;
+    for (const char* stem : {"pre_ln_L4", "pre_ln_L8", "full_attnres_L6", "hc_L8"}) {
+      const std::string gp = Slurp(dir / "gnuplot" / (std::string(kind) + stem + ".gp"));
+      const size_t at = gp.find("set cbrange [0:");
+      ASSERT_NE(at, std::string::npos) << kind << stem;
+      ranges.insert(gp.substr(at, gp.find('\n', at) - at));
+    }
+    EXPECT_EQ(ranges.size(), 1u) << kind;
+    if (std::string(kind) == "causal_") {
+      EXPECT_EQ(*ranges.begin(), "set cbrange [0:7.5]");
+    }
+  }
 }
 
 }  // namespace

@@ -108,20 +108,36 @@ ToyModel MakeToy(int64_t num_layers, int64_t d, int64_t zeroed) {
   return toy;
 }
 
-TEST_F(MetricsTest, CausalScoreIsRatioOfTokenMeans) {
-  // Token norms: base deltas 1 and 3, differences 1 and 0:
-  // mean|D'-D| / mean|D| = 0.5 / 2 = 0.25 (a mean of ratios would be 0.5).
+TEST_F(MetricsTest, CausalScoreFormsPerTokenDefaultAndRatioOfMeans) {
+  // Token norms: base deltas 1 and 3, differences 1 and 0.
   torch::Tensor base = torch::tensor({{1.0}, {3.0}});
   torch::Tensor skipped = torch::tensor({{2.0}, {3.0}});
+  // Default, per token: mean(1/1, 0/3) = 0.5.
   auto c = CausalScore(base, skipped);
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_NEAR(*c, 0.25, 1e-12);
-  auto same = CausalScore(base, base);
-  ASSERT_TRUE(same.ok());
-  EXPECT_EQ(*same, 0.0);
-  auto zero = CausalScore(torch::zeros({2, 1}), torch::zeros({2, 1}));
-  ASSERT_TRUE(zero.ok());
-  EXPECT_EQ(*zero, 0.0);
+  EXPECT_NEAR(*c, 0.5, 1e-12);
+  // Ratio of means: mean|D'-D| / mean|D| = 0.5 / 2 = 0.25.
+  auto r = CausalScore(base, skipped, CausalForm::kRatioOfMeans);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_NEAR(*r, 0.25, 1e-12);
+  for (CausalForm f : {CausalForm::kPerToken, CausalForm::kRatioOfMeans}) {
+    auto same = CausalScore(base, base, f);
+    ASSERT_TRUE(same.ok());
+    EXPECT_EQ(*same, 0.0);
+    auto zero = CausalScore(torch::zeros({2, 1}), torch::zeros({2, 1}), f);
+    ASSERT_TRUE(zero.ok());
+    EXPECT_EQ(*zero, 0.0);
+  }
+  // Per token, a zero base delta is divided by the 1e-8 floor, not by 0.
+  auto floor = CausalScore(torch::tensor({{0.0}, {2.0}}), torch::tensor({{1e-9}, {2.0}}));
+  ASSERT_TRUE(floor.ok());
+  EXPECT_NEAR(*floor, 0.5 * (1e-9 / 1e-8), 1e-8);  // 1e-9 in float32
+  auto inf = CausalScore(torch::zeros({2, 1}), torch::ones({2, 1}), CausalForm::kRatioOfMeans);
+  ASSERT_TRUE(inf.ok());
+  EXPECT_TRUE(std::isinf(*inf));
+  EXPECT_STREQ(CausalFormName(CausalForm::kPerToken), "per_token");
+  EXPECT_EQ(*ParseCausalForm("ratio_of_means"), CausalForm::kRatioOfMeans);
+  EXPECT_FALSE(ParseCausalForm("mean").ok());
 }
 
 TEST_F(MetricsTest, CausalRowZeroWhenSkippedStatesEqualBase) {

@@ -253,7 +253,71 @@ TEST(DiagnoseConfigTest, KeysAndErrors) {
             absl::StatusCode::kInvalidArgument);
   auto bad = DiagnoseConfigFromJson({{"checkpoint", "/x"}, {"kinds", {"angular", "foo"}}});
   EXPECT_NE(bad.status().message().find("config.kinds[1]"), std::string::npos) << bad.status();
-  EXPECT_FALSE(DiagnoseConfigFromJson({{"checkpoint", "/x"}, {"num_sequences", 0}}).ok());
+  EXPECT_FALSE(DiagnoseConfigFromJson({{"checkpoint", "/x"}, {"num_sequences", -1}}).ok());
+  // Defaults: auto N, no override, the per-token causal form.
+  auto d = DiagnoseConfigFromJson({{"checkpoint", "/x"}});
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->num_sequences, 0);
+  EXPECT_FALSE(d->allow_small_n);
+  EXPECT_EQ(d->causal_form, CausalForm::kPerToken);
+  auto r = DiagnoseConfigFromJson({{"checkpoint", "/x"}, {"causal_form", "ratio_of_means"},
+                                   {"allow_small_n", true}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->causal_form, CausalForm::kRatioOfMeans);
+  EXPECT_TRUE(r->allow_small_n);
+  auto form = DiagnoseConfigFromJson({{"checkpoint", "/x"}, {"causal_form", "mean"}});
+  EXPECT_EQ(form.status().message().rfind("config.causal_form:", 0), 0u) << form.status();
+  EXPECT_FALSE(DiagnoseConfigFromJson({{"checkpoint", "/x"}, {"allow_small_n", 1}}).ok());
+}
+
+// Sample size (issue 12): auto N = max(256, 4 d); an explicit N below d is
+// refused naming the field unless allow_small_n says the user knows.
+TEST(DiagnoseConfigTest, NumSequencesAutoAndSmallNRefused) {
+  EXPECT_EQ(DefaultNumSequences(32), 256);
+  EXPECT_EQ(DefaultNumSequences(96), 384);
+  EXPECT_EQ(DefaultNumSequences(1024), 4096);
+  DiagnoseConfig c;
+  c.checkpoint = "/x";
+  EXPECT_EQ(*ResolveNumSequences(c, 96), 384);
+  c.num_sequences = 96;
+  EXPECT_EQ(*ResolveNumSequences(c, 96), 96);
+  c.num_sequences = 16;
+  auto refused = ResolveNumSequences(c, 96);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string msg(refused.status().message());
+  EXPECT_EQ(msg.rfind("config.num_sequences:", 0), 0u) << msg;
+  EXPECT_NE(msg.find("below d_model"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("allow_small_n"), std::string::npos) << msg;
+  c.allow_small_n = true;
+  EXPECT_EQ(*ResolveNumSequences(c, 96), 16);
+}
+
+// Pooled-state CKA is biased towards 1 when N is small against d: for
+// independent random states E[CKA] is about d / (N + d), 0.86 at N = 16,
+// d = 96, so D_eff collapses towards 1; at N = 4 d (the default) it is about
+// 0.2 and D_eff is far from 1.
+TEST(DeffSampleSizeTest, SmallNIsBiasedAndTheDefaultIsNot) {
+  constexpr int64_t d = 96, L = 6;
+  auto deff_at = [&](int64_t n) {
+    torch::manual_seed(n);
+    std::vector<torch::Tensor> layers;
+    for (int64_t l = 0; l < L; ++l) layers.push_back(torch::randn({n, 4, d}));
+    auto r = EffectiveDepth(layers);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return *r;
+  };
+  const EffectiveDepthResult small = deff_at(16);
+  EXPECT_GT(small.rho_bar1, 0.8);
+  EXPECT_LT(small.deff_over_l, 0.25);  // D_eff ~ 1.1 of 6: looks one layer deep
+  DiagnoseConfig c;
+  c.checkpoint = "/x";
+  const int64_t n = *ResolveNumSequences(c, d);
+  EXPECT_GE(n, 4 * d);
+  const EffectiveDepthResult big = deff_at(n);
+  EXPECT_LT(big.rho_bar1, 0.3);
+  EXPECT_GT(big.deff_over_l, 0.4);
+  EXPECT_GT(big.deff, 2.0 * small.deff);
 }
 
 // Trains 5 steps into a temp dir, then runs `depthbench-train diagnose` on
@@ -277,6 +341,7 @@ TEST(DiagnoseJobTest, CheckpointRoundTrip) {
   nlohmann::json job = config->ToJson();
   job["checkpoint"] = (dir / "run").string();
   job["num_sequences"] = 6;
+  job["allow_small_n"] = true;  // 6 < d_model = 32: a smoke test, not a measurement
   {
     std::ofstream out(dir / "job.json");
     out << job.dump();
@@ -335,6 +400,24 @@ TEST(DiagnoseJobTest, CheckpointRoundTrip) {
   EXPECT_EQ(doc["schema"], "depthbench.diagnostics.v1");
   EXPECT_EQ(doc["kinds"].size(), AllKinds().size());
   EXPECT_EQ(doc["step"], 5);
+  EXPECT_EQ(doc["num_sequences"], 6);
+  EXPECT_EQ(doc["causal_form"], "per_token");
+  EXPECT_EQ(doc["kinds"]["causal"]["form"], "per_token");
+  EXPECT_EQ(doc["kinds"]["deff"]["num_sequences"], 6);
+
+  // An explicit N below d_model without allow_small_n is a config error (2).
+  job.erase("allow_small_n");
+  {
+    std::ofstream out(dir / "small.json");
+    out << job.dump();
+  }
+  EXPECT_EQ(WEXITSTATUS(std::system((std::string(DEPTHBENCH_TRAIN_BIN) + " diagnose --config " +
+                                     (dir / "small.json").string() + " --out " +
+                                     (dir / "small").string() + " >/dev/null 2>" +
+                                     (dir / "small.err").string()).c_str())), 2);
+  std::ifstream err_in(dir / "small.err");
+  const std::string err((std::istreambuf_iterator<char>(err_in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(err.find("config.num_sequences:"), std::string::npos) << err;
 
   // Usage errors exit 2.
   EXPECT_EQ(WEXITSTATUS(std::system((std::string(DEPTHBENCH_TRAIN_BIN) +

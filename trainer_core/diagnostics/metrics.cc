@@ -188,15 +188,32 @@ absl::StatusOr<Matrix> AngularDistanceMatrix(
 
 // ----------------------------------------------------------------- causal --
 
+const char* CausalFormName(CausalForm form) {
+  return form == CausalForm::kPerToken ? "per_token" : "ratio_of_means";
+}
+
+absl::StatusOr<CausalForm> ParseCausalForm(const std::string& name) {
+  if (name == "per_token") return CausalForm::kPerToken;
+  if (name == "ratio_of_means") return CausalForm::kRatioOfMeans;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown causal form \"", name, "\" (per_token or ratio_of_means)"));
+}
+
 absl::StatusOr<double> CausalScore(const torch::Tensor& base_delta,
-                                   const torch::Tensor& skipped_delta) {
+                                   const torch::Tensor& skipped_delta,
+                                   CausalForm form) {
   return Guarded("CausalScore", [&]() -> absl::StatusOr<double> {
     RETURN_IF_ERROR(CheckSameShape(base_delta, skipped_delta, "CausalScore"));
     torch::NoGradGuard no_grad;
     torch::Tensor base = Rows(base_delta);
     torch::Tensor skipped = Rows(skipped_delta);
-    const double num = (skipped - base).norm(2, 1).mean().item<double>();
-    const double den = base.norm(2, 1).mean().item<double>();
+    torch::Tensor num_tok = (skipped - base).norm(2, 1);
+    torch::Tensor den_tok = base.norm(2, 1);
+    if (form == CausalForm::kPerToken) {
+      return (num_tok / den_tok.clamp_min(kCausalDenominatorFloor)).mean().item<double>();
+    }
+    const double num = num_tok.mean().item<double>();
+    const double den = den_tok.mean().item<double>();
     if (den == 0.0) return num == 0.0 ? 0.0 : kInf;
     return num / den;
   });
@@ -204,7 +221,8 @@ absl::StatusOr<double> CausalScore(const torch::Tensor& base_delta,
 
 absl::StatusOr<std::vector<double>> CausalScoreRow(
     const std::vector<torch::Tensor>& base_states,
-    const std::vector<torch::Tensor>& skipped_states, int64_t s) {
+    const std::vector<torch::Tensor>& skipped_states, int64_t s,
+    CausalForm form) {
   RETURN_IF_ERROR(CheckStates(base_states, "CausalScoreRow base"));
   if (skipped_states.size() != base_states.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -224,7 +242,7 @@ absl::StatusOr<std::vector<double>> CausalScoreRow(
       RETURN_IF_ERROR(CheckSameShape(base_states[l + 1], skipped_states[l + 1],
                                      "CausalScoreRow"));
       return CausalScore(base_states[l + 1] - base_states[l],
-                         skipped_states[l + 1] - skipped_states[l]);
+                         skipped_states[l + 1] - skipped_states[l], form);
     });
     if (!score.ok()) return score.status();
     row[l] = *score;
@@ -234,13 +252,13 @@ absl::StatusOr<std::vector<double>> CausalScoreRow(
 
 absl::StatusOr<Matrix> CausalScoreMatrix(
     const std::vector<torch::Tensor>& base_states,
-    const SkippedStatesFn& skipped_states) {
+    const SkippedStatesFn& skipped_states, CausalForm form) {
   RETURN_IF_ERROR(CheckStates(base_states, "CausalScoreMatrix"));
   const int64_t num_layers = static_cast<int64_t>(base_states.size()) - 1;
   Matrix c = NaNMatrix(num_layers, num_layers);
   for (int64_t s = 0; s + 1 < num_layers; ++s) {
     ASSIGN_OR_RETURN(std::vector<torch::Tensor> skipped, skipped_states(s));
-    ASSIGN_OR_RETURN(c[s], CausalScoreRow(base_states, skipped, s));
+    ASSIGN_OR_RETURN(c[s], CausalScoreRow(base_states, skipped, s, form));
   }
   return c;
 }

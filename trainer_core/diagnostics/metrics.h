@@ -26,6 +26,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -50,24 +51,38 @@ absl::StatusOr<Matrix> AngularDistanceMatrix(
 
 // ----------------------------------------------------------------- causal --
 
-// The code's form of the causal score for one later block (spec section 9):
-//   mean_tok ||skipped_delta - base_delta|| / mean_tok ||base_delta||
-// where the norm is the L2 norm over the last dim and the means run over all
-// leading dims. Deltas are [..., d] with equal shapes. If the base deltas are
-// all zero the score is +inf, or 0 when the skipped deltas are zero too
-// (nothing changed).
+// How per-token causal effects are aggregated (spec section 9):
+//   kPerToken    (default; the authors' latest analysis code):
+//                mean_tok( ||skipped_delta - base_delta|| /
+//                          max(||base_delta||, 1e-8) )
+//   kRatioOfMeans (the authors' older helper):
+//                mean_tok ||skipped_delta - base_delta|| / mean_tok ||base_delta||
+enum class CausalForm { kPerToken, kRatioOfMeans };
+inline constexpr double kCausalDenominatorFloor = 1e-8;
+// "per_token" / "ratio_of_means".
+const char* CausalFormName(CausalForm form);
+// InvalidArgument for any other name.
+absl::StatusOr<CausalForm> ParseCausalForm(const std::string& name);
+
+// The causal score for one later block, in `form`. The norm is the L2 norm
+// over the last dim; means run over all leading dims. Deltas are [..., d]
+// with equal shapes. Ratio of means: if the base deltas are all zero the
+// score is +inf, or 0 when the skipped deltas are zero too (nothing changed).
+// Per token: a token whose base delta is (near) zero is divided by 1e-8.
 absl::StatusOr<double> CausalScore(const torch::Tensor& base_delta,
-                                   const torch::Tensor& skipped_delta);
+                                   const torch::Tensor& skipped_delta,
+                                   CausalForm form = CausalForm::kPerToken);
 
 // Row s of the causal matrix. `base_states` are h_0..h_L of the intact model,
 // `skipped_states` hbar_0..hbar_L of the model with block s (0-indexed)
 // replaced by the identity (so hbar_{s+1} = hbar_s). Returns a vector of
 // length L with
-//   row[l] = CausalScore(h_{l+1} - h_l, hbar_{l+1} - hbar_l)  for s < l < L,
+//   row[l] = CausalScore(h_{l+1} - h_l, hbar_{l+1} - hbar_l, form)  for s < l < L,
 // and NaN for l <= s. Requires 0 <= s < L.
 absl::StatusOr<std::vector<double>> CausalScoreRow(
     const std::vector<torch::Tensor>& base_states,
-    const std::vector<torch::Tensor>& skipped_states, int64_t s);
+    const std::vector<torch::Tensor>& skipped_states, int64_t s,
+    CausalForm form = CausalForm::kPerToken);
 
 // Produces hbar_0..hbar_L with block s skipped. A caller that reuses the
 // cached prefix may return the base tensors for indices <= s.
@@ -79,7 +94,8 @@ using SkippedStatesFn =
 // last block has no later block, so row L-1 is all NaN and not computed).
 absl::StatusOr<Matrix> CausalScoreMatrix(
     const std::vector<torch::Tensor>& base_states,
-    const SkippedStatesFn& skipped_states);
+    const SkippedStatesFn& skipped_states,
+    CausalForm form = CausalForm::kPerToken);
 
 // ------------------------------------------------------------ permutation --
 

@@ -210,6 +210,7 @@ nlohmann::json DeffJson(const EffectiveDepthResult& r, int64_t sequences) {
   nlohmann::json out;
   out["layers"] = r.num_layers;
   out["sequences"] = sequences;
+  out["num_sequences"] = sequences;
   out["max_lag"] = r.max_lag;
   out["deff"] = Num(r.deff);
   out["deff_over_l"] = Num(r.deff_over_l);
@@ -273,7 +274,7 @@ absl::StatusOr<RunReport> RunDiagnosticsImpl(LanguageModelImpl& model,
       std::vector<torch::Tensor> skipped;
       RETURN_IF_ERROR(runner.SkipPass(s, rows ? &skipped : nullptr, &report.pruning_loss[s]));
       if (rows) {
-        ASSIGN_OR_RETURN(report.causal[s], CausalScoreRow(h, skipped, s));
+        ASSIGN_OR_RETURN(report.causal[s], CausalScoreRow(h, skipped, s, options.causal_form));
       }
     }
     report.skip_layer_forwards = runner.layer_forwards() - before;
@@ -310,6 +311,7 @@ absl::StatusOr<RunReport> RunDiagnosticsImpl(LanguageModelImpl& model,
     } else if (kind == "causal") {
       ASSIGN_OR_RETURN(double r, RCausal(report.causal, L));
       data = {{"matrix", MatrixJson(report.causal)},
+              {"form", CausalFormName(options.causal_form)},
               {"r_causal", Num(r)},
               {"threshold", kCausalThreshold},
               {"late_start", LateStart(L)},
@@ -479,7 +481,24 @@ absl::StatusOr<DiagnoseConfig> DiagnoseConfigFromJson(const nlohmann::json& j) {
   }
   RETURN_IF_ERROR(str("data", &c.data));
   RETURN_IF_ERROR(str("data_dir", &c.data_dir));
-  RETURN_IF_ERROR(integer("num_sequences", 1, &c.num_sequences));
+  RETURN_IF_ERROR(integer("num_sequences", 0, &c.num_sequences));
+  if (j.contains("allow_small_n")) {
+    if (!j["allow_small_n"].is_boolean()) {
+      return absl::InvalidArgumentError("config.allow_small_n: expected a boolean");
+    }
+    c.allow_small_n = j["allow_small_n"].get<bool>();
+  }
+  if (j.contains("causal_form")) {
+    if (!j["causal_form"].is_string()) {
+      return absl::InvalidArgumentError(
+          "config.causal_form: expected a string (per_token or ratio_of_means)");
+    }
+    auto form = ParseCausalForm(j["causal_form"].get<std::string>());
+    if (!form.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("config.causal_form: ", form.status().message()));
+    }
+    c.causal_form = *form;
+  }
   RETURN_IF_ERROR(integer("seq_len", 0, &c.seq_len));
   RETURN_IF_ERROR(integer("threads", 0, &c.threads));
   RETURN_IF_ERROR(integer("micro_batch", 1, &c.micro_batch));
@@ -499,12 +518,34 @@ absl::StatusOr<DiagnoseConfig> DiagnoseConfigFromJson(const nlohmann::json& j) {
   return c;
 }
 
+int64_t DefaultNumSequences(int64_t d_model) {
+  return std::max(kMinAutoSequences, 4 * d_model);
+}
+
+absl::StatusOr<int64_t> ResolveNumSequences(const DiagnoseConfig& config, int64_t d_model) {
+  if (config.num_sequences < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config.num_sequences: must be >= 0 (0 = auto), got ", config.num_sequences));
+  }
+  if (config.num_sequences == 0) return DefaultNumSequences(d_model);
+  if (config.num_sequences < d_model && !config.allow_small_n) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config.num_sequences: ", config.num_sequences, " is below d_model (", d_model,
+        "): pooled-state CKA (deff) is biased towards 1 when N is small against d; use "
+        "0 (auto = max(", kMinAutoSequences, ", 4 * d_model) = ", DefaultNumSequences(d_model),
+        ") or set allow_small_n: true to override"));
+  }
+  return config.num_sequences;
+}
+
 absl::StatusOr<nlohmann::json> RunDiagnoseJob(const DiagnoseConfig& config,
                                               const std::string& out_dir,
                                               const DiagnosticsSink& sink) {
   if (config.threads > 0) at::set_num_threads(static_cast<int>(config.threads));
   ASSIGN_OR_RETURN(LoadedModel loaded, LoadModelCheckpoint(config.checkpoint));
   const TrainConfig& train = loaded.config;
+  ASSIGN_OR_RETURN(const int64_t num_sequences,
+                   ResolveNumSequences(config, train.shape.d_model));
   DataOptions data_options;
   data_options.data = config.data.empty() ? train.data : config.data;
   data_options.vocab = train.shape.vocab;
@@ -512,12 +553,13 @@ absl::StatusOr<nlohmann::json> RunDiagnoseJob(const DiagnoseConfig& config,
   ASSIGN_OR_RETURN(TokenDataset dataset, LoadDataset(data_options));
   const int64_t seq_len = config.seq_len > 0 ? config.seq_len : train.seq_len;
   ASSIGN_OR_RETURN(std::vector<Batch> batches,
-                   MakeValidationBatches(dataset.val, seq_len, config.num_sequences, 1));
+                   MakeValidationBatches(dataset.val, seq_len, num_sequences, 1));
   torch::Tensor tokens = BatchToTensor(batches[0]);
 
   RunOptions options;
   options.kinds = config.kinds;
   options.micro_batch = config.micro_batch;
+  options.causal_form = config.causal_form;
   ASSIGN_OR_RETURN(RunReport report, RunDiagnostics(*loaded.model, tokens, options));
 
   nlohmann::json doc;
@@ -528,7 +570,8 @@ absl::StatusOr<nlohmann::json> RunDiagnoseJob(const DiagnoseConfig& config,
   doc["d_model"] = train.shape.d_model;
   doc["step"] = loaded.meta.step;
   doc["data"] = data_options.data;
-  doc["num_sequences"] = config.num_sequences;
+  doc["num_sequences"] = num_sequences;
+  doc["causal_form"] = CausalFormName(config.causal_form);
   doc["seq_len"] = seq_len;
   doc["kinds"] = nlohmann::json::object();
   for (const KindResult& r : report.results) {

@@ -21,7 +21,8 @@
 //
 // Kinds and their `data` objects (JSON; NaN and inf serialise as null):
 //   angular      {"matrix": (L+1)x(L+1) [l][n], "layers", "tokens"}
-//   causal       {"matrix": LxL [s][l], "r_causal", "threshold", "late_start",
+//   causal       {"matrix": LxL [s][l], "form": "per_token"|"ratio_of_means",
+//                 "r_causal", "threshold", "late_start",
 //                 "layer_forwards", "naive_layer_forwards", "seconds"}
 //   permutation  {"matrix": LxL [l1][l2], "r_perm", "threshold", "late_start",
 //                 "base_loss", "layer_forwards", "naive_layer_forwards",
@@ -29,7 +30,8 @@
 //   logit_lens   {"kl": [KL after 0..L blocks] (nats; index L is the model's
 //                 own output, ~0)}
 //   pruning      {"base_loss", "loss": [L] (block s removed), "delta": [L]}
-//   deff         {"layers", "sequences", "max_lag", "deff", "deff_over_l",
+//   deff         {"layers", "sequences", "num_sequences" (= sequences: the
+//                 N pooled rows of each CKA operand), "max_lag", "deff", "deff_over_l",
 //                 "rho_bar1", "f_l", "gap_pct", "lag_profile", "cka"}
 //                 (deff_npy.h's document without the file fields)
 //   transport    {"applicable": true, "streams": n, "sub_layers": 2L,
@@ -77,6 +79,7 @@ struct RunOptions {
   std::vector<std::string> kinds;  // empty: AllKinds()
   int64_t micro_batch = 4;         // sequences per forward
   bool reuse_prefix = true;        // false: the naive reference form
+  CausalForm causal_form = CausalForm::kPerToken;
 };
 
 struct KindResult {
@@ -138,7 +141,12 @@ absl::StatusOr<nlohmann::json> BlockAlphaSummary(
 struct DiagnoseConfig {
   std::string checkpoint;          // run directory or checkpoint file
   std::vector<std::string> kinds;  // empty: all
-  int64_t num_sequences = 16;      // N held-out sequences
+  // N held-out sequences; 0 = auto = DefaultNumSequences(d_model of the
+  // checkpoint). An explicit N below d_model is refused unless allow_small_n
+  // (pooled-state CKA is biased towards 1 when N is small against d).
+  int64_t num_sequences = 0;
+  bool allow_small_n = false;
+  CausalForm causal_form = CausalForm::kPerToken;
   int64_t seq_len = 0;             // T; 0: the checkpoint's
   int64_t threads = 0;             // 0: LibTorch default
   std::string data;                // empty: the checkpoint's data source
@@ -146,17 +154,28 @@ struct DiagnoseConfig {
   int64_t micro_batch = 4;         // sequences per forward
 };
 
+// The auto sample size: max(256, 4 * d_model).
+inline constexpr int64_t kMinAutoSequences = 256;
+int64_t DefaultNumSequences(int64_t d_model);
+
+// The N a job uses for a checkpoint of width d_model: the explicit
+// num_sequences, or the auto size when it is 0. InvalidArgument starting
+// with "config.num_sequences:" when an explicit N < d_model and
+// allow_small_n is off.
+absl::StatusOr<int64_t> ResolveNumSequences(const DiagnoseConfig& config, int64_t d_model);
+
 // Errors name the key ("config.kinds[2]: unknown kind \"foo\"").
 absl::StatusOr<DiagnoseConfig> DiagnoseConfigFromJson(const nlohmann::json& j);
 
 // Receives {"event":"diagnostics","kind":K,"data":{...}} per kind.
 using DiagnosticsSink = std::function<void(const nlohmann::json&)>;
 
-// Loads the checkpoint and N evenly spaced validation windows of its data,
-// runs the kinds, emits one event per kind, writes OUT_DIR/diagnostics.json
-// ({"schema":"depthbench.diagnostics.v1","checkpoint","arch","layers",
-// "d_model","step","num_sequences","seq_len","kinds":{K: data}}) and returns
-// that document.
+// Loads the checkpoint and N = ResolveNumSequences(...) evenly spaced
+// validation windows of its data, runs the kinds, emits one event per kind,
+// writes OUT_DIR/diagnostics.json ({"schema":"depthbench.diagnostics.v1",
+// "checkpoint","arch","layers","d_model","step","num_sequences" (the N
+// used),"causal_form","seq_len","kinds":{K: data}}) and returns that
+// document.
 absl::StatusOr<nlohmann::json> RunDiagnoseJob(const DiagnoseConfig& config,
                                               const std::string& out_dir,
                                               const DiagnosticsSink& sink);

@@ -84,42 +84,70 @@ class AttnResDesign final : public DesignImpl {
     return DepthState({embedding, torch::Tensor()});
   }
 
+  // Swap rule (spec section 9): slot p runs block w's core weights and FFN
+  // mixer; its attention (input-side) mixer is the mixer that consumes the
+  // output of the block run in slot p-1, which travels with that block
+  // (ConsumerMixer). Unswapped, that is block p's own attention mixer.
   void ApplyBlock(int64_t position, int64_t weights, DepthState& s) override {
     AttnResBlockImpl& b = *blocks_[weights];
-    // A block without an attention query (block 0's weights) placed at a
-    // later slot mixes uniformly, as a zero query would.
+    Mixer in = position == 0 ? Mixer{} : ConsumerMixer(s, position);
     // Each branch gets its input already through its pre-norm (SubLayer).
-    SubLayer(2 * position, s, b.attn_query, OrNull(b.attn_key_norm), *b.attn_norm,
+    SubLayer(2 * position, s, in.query, in.key_norm, *b.attn_norm,
              [&](const torch::Tensor& xn) { return b.attn->forward(xn, rope()); });
     SubLayer(2 * position + 1, s, b.ffn_query, b.ffn_key_norm.get(), *b.ffn_norm,
              [&](const torch::Tensor& xn) { return b.ffn->forward(xn); });
+    s.last_weights = weights;
   }
 
-  // A skipped block adds nothing to the running sum; the freezes its slot's
-  // boundaries call for still happen (by position).
+  // Skip rule ("next output", spec section 9): the block adds nothing to the
+  // running sum and freezes nothing (a skipped Block AttnRes block does not
+  // close its block group), and the depth mix that would consume its output
+  // returns its newest source unmixed when that mix is a true boundary
+  // (block p+1's attention mix at a boundary; always for Full AttnRes) or
+  // the head. Inside a Block AttnRes group the next mix runs as usual.
   void SkipBlock(int64_t position, DepthState& s) override {
-    for (int64_t k : {2 * position, 2 * position + 1}) MaybeFreeze(k, s);
+    const int64_t next = 2 * (position + 1);
+    s.identity_mix_site = (position + 1 == num_blocks() || AttnResFreezesAt(next, block_size_))
+                              ? next
+                              : -1;
+    s.last_weights = -1;
   }
 
   torch::Tensor Finish(const DepthState& s) override {
+    const int64_t head_site = 2 * num_blocks();
+    if (s.identity_mix_site == head_site) {
+      if (record_diagnostics_) records_.push_back(IdentityRecord(head_site, s));
+      return final_norm->forward(Sources(s).back());
+    }
+    Mixer m = ConsumerMixer(s, num_blocks());
     if (!record_diagnostics_) {
       // Mix + final norm in one dispatcher call (fused on CUDA).
-      return AttnResMixOp(Sources(s), head_query, head_key_norm->weight, final_norm->weight,
+      return AttnResMixOp(Sources(s), m.query, m.key_norm->weight, final_norm->weight,
                           final_norm->eps());
     }
     return final_norm->forward(HeadMix(s, /*record=*/true));
   }
 
-  // The mixture the next layer consumes (before its pre-norm): block
-  // `blocks_done`'s attention mixture (the embedding for 0), the head's
-  // mixture after all blocks. Uses the unswapped weights of that slot.
+  // The diagnostics' state z_l (spec section 9): the embedding for l = 0;
+  // the depth mix the next layer consumes at a true boundary (block l's
+  // attention mix when it is a boundary, the head mix for l = L; every l for
+  // Full AttnRes); inside a Block AttnRes group the plain partial sum (the
+  // running sum; the newest source if it is still empty).
   torch::Tensor Representation(const DepthState& s, int64_t blocks_done) override {
-    if (blocks_done >= num_blocks()) return HeadMix(s, false);
-    AttnResBlockImpl& b = *blocks_[blocks_done];
-    return AttnResMix(Sources(s), b.attn_query, OrNull(b.attn_key_norm), nullptr);
+    if (blocks_done == 0) return s.tensors.front();
+    if (blocks_done < num_blocks() && !AttnResFreezesAt(2 * blocks_done, block_size_)) {
+      return Sources(s).back();
+    }
+    return LensHidden(s, blocks_done);
   }
+  // The mixture the next depth-mixing query makes (before its pre-norm),
+  // with the skip and swap rules applied: block `blocks_done`'s attention
+  // mixture (the embedding for 0), the head's mixture after all blocks.
   torch::Tensor LensHidden(const DepthState& s, int64_t blocks_done) override {
-    return Representation(s, blocks_done);
+    if (blocks_done == 0) return s.tensors.front();
+    if (s.identity_mix_site == 2 * blocks_done) return Sources(s).back();
+    Mixer m = ConsumerMixer(s, blocks_done);
+    return AttnResMix(Sources(s), m.query, m.key_norm, nullptr);
   }
 
   void InitDesignParameters() override {
@@ -146,10 +174,39 @@ class AttnResDesign final : public DesignImpl {
     return src;
   }
 
+  struct Mixer {
+    torch::Tensor query;             // undefined: uniform
+    RmsNormImpl* key_norm = nullptr;
+  };
+
+  // The mixer that consumes the output of block c - 1 (c in 1..L): block
+  // c's attention mixer, the head's for c = L.
+  Mixer OutputMixer(int64_t c) {
+    if (c >= num_blocks()) return {head_query, head_key_norm.get()};
+    AttnResBlockImpl& b = *blocks_[c];
+    return {b.attn_query, OrNull(b.attn_key_norm)};
+  }
+  // The mixer in use at slot p's attention site (p = L: the head): the one
+  // that belongs to the block run in slot p-1 (its last_weights), or slot
+  // p's own when the previous slot ran unswapped, was skipped or is unknown.
+  Mixer ConsumerMixer(const DepthState& s, int64_t p) {
+    return OutputMixer(s.last_weights >= 0 ? s.last_weights + 1 : p);
+  }
+
+  // A record for a site that returned its newest source: weight 1 on it.
+  MixingRecord IdentityRecord(int64_t site, const DepthState& s) const {
+    const std::vector<torch::Tensor> src = Sources(s);
+    const torch::Tensor& v = src.back();
+    torch::Tensor w = torch::zeros({v.size(0), v.size(1), static_cast<int64_t>(src.size())},
+                                   v.options());
+    w.select(2, w.size(2) - 1).fill_(1.0);
+    return {site, w, s.tensors.back().defined() && block_size_ > 1};
+  }
+
   torch::Tensor HeadMix(const DepthState& s, bool record) {
     torch::Tensor w;
-    torch::Tensor mix = AttnResMix(Sources(s), head_query, head_key_norm.get(),
-                                   record ? &w : nullptr);
+    Mixer m = ConsumerMixer(s, num_blocks());
+    torch::Tensor mix = AttnResMix(Sources(s), m.query, m.key_norm, record ? &w : nullptr);
     if (record) {
       records_.push_back({2 * num_blocks(), w, s.tensors.back().defined() && block_size_ > 1});
     }
@@ -171,7 +228,12 @@ class AttnResDesign final : public DesignImpl {
   void SubLayer(int64_t k, DepthState& s, const torch::Tensor& query, RmsNormImpl* key_norm,
                 RmsNormImpl& pre_norm, Branch&& branch) {
     torch::Tensor xn;
-    if (record_diagnostics_) {
+    if (s.identity_mix_site == k) {
+      // "Next output" rule after a skipped block: the newest source, unmixed.
+      if (record_diagnostics_) records_.push_back(IdentityRecord(k, s));
+      xn = pre_norm.forward(Sources(s).back());
+      s.identity_mix_site = -1;
+    } else if (record_diagnostics_) {
       torch::Tensor w;
       xn = pre_norm.forward(AttnResMix(Sources(s), query, key_norm, &w));
       records_.push_back({k, w, s.tensors.back().defined() && block_size_ > 1});

@@ -46,6 +46,13 @@ struct DepthState {
   // MoDA's per-token depth K/V cache (empty for other designs).
   std::vector<torch::Tensor> depth_keys;
   std::vector<torch::Tensor> depth_values;
+  // AttnRes bookkeeping for skip and swap (README "Skip and swap"):
+  // the weights index of the block applied last (-1: none yet, or a skip);
+  // the mixing site (sub-layer k, or 2L for the head) that must return its
+  // newest source unmixed because the block it would have consumed was
+  // skipped (-1: none).
+  int64_t last_weights = -1;
+  int64_t identity_mix_site = -1;
 };
 
 // One depth-mixing site's softmax weights from the last recorded forward
@@ -80,16 +87,17 @@ class DesignImpl : public torch::nn::Module {
   virtual DepthState Begin(const torch::Tensor& embedding) = 0;
 
   // Runs the block in slot `position` (0-indexed) with the weights of block
-  // `weights` (== position unless two blocks are swapped). Position-dependent
-  // factors (LNS's 1/sqrt(l), Block AttnRes boundaries) follow `position`;
-  // everything owned by weights (KEEL's special first block, HC's initial
-  // read stream) follows `weights`.
+  // `weights` (== position unless two blocks are swapped). The per-design
+  // swap rules (spec section 9) are in model/README.md "Skip and swap":
+  // weights and the per-layer constants that belong to them (LNS's
+  // 1/sqrt(l), HC's read stream) follow `weights`; structure that exists
+  // only at some positions (KEEL block 0, Block AttnRes boundaries, MoDA's
+  // last block) stays with `position`; AttnRes mixers as the README says.
   virtual void ApplyBlock(int64_t position, int64_t weights, DepthState& state) = 0;
 
-  // The block in slot `position` replaced by the identity: the state after
-  // it equals the state before it as far as later blocks can tell. Default:
-  // nothing changes. Designs whose state records per-slot sources (AttnRes)
-  // override this to record a zero contribution.
+  // The block in slot `position` replaced by the identity (README "Skip and
+  // swap"). Default: nothing changes. MoDA writes zero depth slots; AttnRes
+  // applies the "next output" rule.
   virtual void SkipBlock(int64_t position, DepthState& state);
 
   // Normalised hidden [B, T, d] for the LM head (includes the final norm).

@@ -35,14 +35,20 @@ class KeelDesign final : public DesignImpl {
   }
   Arch arch() const override { return Arch::kKeel; }
   DepthState Begin(const torch::Tensor& embedding) override { return DepthState({embedding}); }
-  void ApplyBlock(int64_t /*position*/, int64_t weights, DepthState& s) override {
+  // Swap (spec section 9): the first block's structure (plain Pre-LN
+  // attention, alpha = 1 FFN) belongs to slot 0, not to block 0's weights;
+  // every parameter both blocks have moves, and the attention post-norm,
+  // which block 0 lacks, stays in its slot when block 0 is swapped away.
+  void ApplyBlock(int64_t position, int64_t weights, DepthState& s) override {
     KeelBlockImpl& b = *blocks_[weights];
     torch::Tensor h = s.tensors[0];
-    if (b.first()) {
+    if (position == 0) {
       h = h + b.attn->forward(b.attn_norm->forward(h), rope());
       h = b.ffn_post_norm->forward(h + b.ffn->forward(b.ffn_norm->forward(h)));
     } else {
-      h = b.attn_post_norm->forward(alpha_ * h + b.attn->forward(b.attn_norm->forward(h), rope()));
+      RmsNormImpl& post = b.attn_post_norm.is_empty() ? *blocks_[position]->attn_post_norm
+                                                      : *b.attn_post_norm;
+      h = post.forward(alpha_ * h + b.attn->forward(b.attn_norm->forward(h), rope()));
       h = b.ffn_post_norm->forward(alpha_ * h + b.ffn->forward(b.ffn_norm->forward(h)));
     }
     s.tensors[0] = h;

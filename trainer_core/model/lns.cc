@@ -1,5 +1,7 @@
 // Design 3, LNS (LayerNorm Scaling): h = h + F(LN(h) / sqrt(l)), l the
-// 1-indexed block position, the same factor for both sub-layers.
+// 1-indexed block position, the same factor for both sub-layers. On a swap
+// the factor travels with the block it scales (spec section 9): slot p
+// running block w's weights scales by 1/sqrt(w + 1).
 #include <cmath>
 #include <string>
 
@@ -19,7 +21,8 @@ class LnsDesign final : public DesignImpl {
   Arch arch() const override { return Arch::kLns; }
   DepthState Begin(const torch::Tensor& embedding) override { return DepthState({embedding}); }
   void ApplyBlock(int64_t position, int64_t weights, DepthState& s) override {
-    const double scale = 1.0 / std::sqrt(static_cast<double>(position + 1));
+    (void)position;
+    const double scale = 1.0 / std::sqrt(static_cast<double>(weights + 1));
     s.tensors[0] = PreNormBlockForward(*blocks_[weights], s.tensors[0], rope(), scale);
   }
   torch::Tensor Finish(const DepthState& s) override { return final_norm->forward(s.tensors[0]); }

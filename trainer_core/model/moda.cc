@@ -10,7 +10,9 @@
 // key rotated at its token's position like the attention keys. The final
 // block has no FFN K/V projections (no later layer reads them), and nothing
 // is written from the last slot. Block 0 sees an empty cache, i.e. plain
-// attention. A skipped block writes no slots.
+// attention. A skipped block writes nothing into the slots it owns: they
+// stay zero (spec section 9, as in the authors' preallocated cache), so
+// later attention still sees them (a zero key, logit 0, and a zero value).
 #include <string>
 
 #include "trainer_core/model/design.h"
@@ -65,11 +67,28 @@ class ModaDesign final : public DesignImpl {
     }
     torch::Tensor x = b.ffn_norm->forward(h);
     h = h + b.ffn->forward(x);
-    if (!last && b.has_ffn_kv()) {
-      s.depth_keys.push_back(ExpandKv(rope().Apply(Heads(b.ffn_depth_k->forward(x)))));
-      s.depth_values.push_back(ExpandKv(Heads(b.ffn_depth_v->forward(x))));
+    if (!last) {
+      // Swap: the final block has no FFN K/V projections; its weights in an
+      // earlier slot use that slot's own (parameters that exist only at
+      // some positions stay in place, spec section 9).
+      ModaBlockImpl& kv = b.has_ffn_kv() ? b : *blocks_[position];
+      s.depth_keys.push_back(ExpandKv(rope().Apply(Heads(kv.ffn_depth_k->forward(x)))));
+      s.depth_values.push_back(ExpandKv(Heads(kv.ffn_depth_v->forward(x))));
     }
     s.tensors[0] = h;
+  }
+
+  // The slots block `position` would have written (2p, and 2p + 1 unless it
+  // is the last slot) are zero.
+  void SkipBlock(int64_t position, DepthState& s) override {
+    if (position == num_blocks() - 1) return;
+    const torch::Tensor& h = s.tensors[0];
+    const ModelShape& sh = options_.shape;
+    torch::Tensor zero = torch::zeros({h.size(0), sh.heads, h.size(1), sh.head_dim()}, h.options());
+    for (int i = 0; i < 2; ++i) {
+      s.depth_keys.push_back(zero);
+      s.depth_values.push_back(zero);
+    }
   }
 
   torch::Tensor Finish(const DepthState& s) override { return final_norm->forward(s.tensors[0]); }
