@@ -84,11 +84,22 @@ grpc::Status SweepServiceImpl::WatchJob(grpc::ServerContext* ctx, const v1::Watc
   if (!auth.ok()) return auth;
   int64_t cursor = 0;
   v1::JobState last_state = v1::JOB_STATE_UNSPECIFIED;
+  int64_t resumed_attempt = 0;  // the attempt whose resume was last sent
   while (!ctx->IsCancelled()) {
     uint64_t version = scheduler_->ChangeVersion();
-    absl::StatusOr<WatchBatch> batch =
-        scheduler_->ReadWatch(req->job_id(), cursor, req->from_step(), 1000);
+    absl::StatusOr<WatchBatch> batch = scheduler_->ReadWatch(
+        req->job_id(), cursor, req->from_step(), 1000, req->attempt_id());
     if (!batch.ok()) return ToGrpcStatus(batch.status());
+    // Before the points read with it: a canonical watcher learns that
+    // earlier attempts' points after this step were abandoned.
+    if (req->attempt_id() == 0 && batch->resumed_from_step >= 0 &&
+        batch->attempt_id != resumed_attempt) {
+      v1::WatchJobEvent event;
+      event.set_attempt_id(batch->attempt_id);
+      event.mutable_resumed()->set_step(batch->resumed_from_step);
+      if (!writer->Write(event)) return grpc::Status::OK;
+      resumed_attempt = batch->attempt_id;
+    }
     for (const storage::MetricRecord& p : batch->points) {
       v1::WatchJobEvent event;
       event.set_attempt_id(p.attempt_id);

@@ -474,6 +474,7 @@ absl::StatusOr<v1::Job> Scheduler::GetJob(int64_t job_id) {
     p->set_end_ms(a.end_ms);
     p->set_outcome(a.outcome);
     p->set_reason(a.reason);
+    if (a.resumed_from_step) p->set_resumed_from_step(*a.resumed_from_step);
   }
   return out;
 }
@@ -573,14 +574,60 @@ absl::StatusOr<v1::QueryResultsResponse> Scheduler::QueryResults(const std::stri
 }
 
 absl::StatusOr<WatchBatch> Scheduler::ReadWatch(int64_t job_id, int64_t after_row_id,
-                                                int64_t from_step, int64_t limit) {
+                                                int64_t from_step, int64_t limit,
+                                                int64_t attempt_id) {
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(JobRecord job, jobs_.Get(job_id));
+  if (attempt_id != 0) {
+    ASSIGN_OR_RETURN(std::optional<AttemptRecord> attempt, jobs_.GetAttempt(attempt_id));
+    if (!attempt || attempt->job_id != job_id) {
+      return absl::NotFoundError(absl::StrCat("attempt_id: ", attempt_id,
+                                              " is not an attempt of job ", job_id));
+    }
+  }
   WatchBatch batch;
   batch.state = JobStateFromName(job.state);
   batch.attempt_id = job.current_attempt_id;
-  ASSIGN_OR_RETURN(batch.points, metrics_.Read(job_id, after_row_id, from_step, limit));
+  if (job.current_attempt_id != 0) {
+    ASSIGN_OR_RETURN(std::optional<AttemptRecord> current,
+                     jobs_.GetAttempt(job.current_attempt_id));
+    if (current && current->number > 1 && current->resumed_from_step) {
+      batch.resumed_from_step = *current->resumed_from_step;
+    }
+  }
+  ASSIGN_OR_RETURN(batch.points,
+                   metrics_.Read(job_id, after_row_id, from_step, limit, attempt_id));
   return batch;
+}
+
+absl::StatusOr<int64_t> Scheduler::ResumedFromLocked(int64_t attempt_id) {
+  auto it = resumed_from_.find(attempt_id);
+  if (it != resumed_from_.end()) return it->second;
+  // Not seen since this scheduler started (or never announced).
+  ASSIGN_OR_RETURN(std::optional<AttemptRecord> attempt, jobs_.GetAttempt(attempt_id));
+  const int64_t step = attempt && attempt->resumed_from_step ? *attempt->resumed_from_step : -1;
+  if (resumed_from_.size() >= 8192) resumed_from_.clear();  // bounded; refilled on demand
+  resumed_from_[attempt_id] = step;
+  return step;
+}
+
+absl::StatusOr<int64_t> Scheduler::StorePointsLocked(
+    int64_t job_id, int64_t attempt_id, std::optional<int64_t> resumed_from_step,
+    const std::vector<storage::MetricRecord>& points, storage::InsertCounts* counts) {
+  int64_t replay_through = -1;
+  if (resumed_from_step) {
+    // The attempt's trainer says where it started: earlier attempts' points
+    // after that step leave the canonical history (kept per attempt).
+    RETURN_IF_ERROR(jobs_.SetResumedFromStep(attempt_id, *resumed_from_step));
+    RETURN_IF_ERROR(metrics_.Supersede(job_id, attempt_id, *resumed_from_step).status());
+    replay_through = *resumed_from_step;
+  } else {
+    ASSIGN_OR_RETURN(replay_through, ResumedFromLocked(attempt_id));
+  }
+  if (!points.empty()) {
+    ASSIGN_OR_RETURN(*counts, metrics_.Insert(points, replay_through));
+  }
+  return replay_through;
 }
 
 // --- WorkerService ----------------------------------------------------------
@@ -736,6 +783,13 @@ absl::StatusOr<v1::ReportMetricsResponse> Scheduler::ReportMetrics(
     points.push_back({0, request.job_id(), request.attempt_id(), p.step(), p.name(),
                       p.value(), p.wall_ms() != 0 ? p.wall_ms() : now_wall});
   }
+  std::optional<int64_t> resumed;
+  if (request.has_resumed_from_step()) {
+    if (request.resumed_from_step() < 0) {
+      return absl::InvalidArgumentError("resumed_from_step: must be >= 0");
+    }
+    resumed = request.resumed_from_step();
+  }
   absl::MutexLock lock(&mu_);
   Lease* lease = leases_.Find(request.job_id(), request.attempt_id());
   if (lease == nullptr) {
@@ -746,7 +800,10 @@ absl::StatusOr<v1::ReportMetricsResponse> Scheduler::ReportMetrics(
   }
   leases_.Renew(request.job_id(), request.attempt_id(), clock_->NowMonotonicMs());
   ASSIGN_OR_RETURN(TimedTransaction txn, BeginTransaction("report_metrics"));
-  ASSIGN_OR_RETURN(storage::InsertCounts counts, metrics_.Insert(points));
+  storage::InsertCounts counts;
+  ASSIGN_OR_RETURN(int64_t replay_through,
+                   StorePointsLocked(request.job_id(), request.attempt_id(), resumed, points,
+                                     &counts));
   bool became_running = false;
   if (!lease->running) {
     ASSIGN_OR_RETURN(JobRecord job, jobs_.Get(request.job_id()));
@@ -758,6 +815,7 @@ absl::StatusOr<v1::ReportMetricsResponse> Scheduler::ReportMetrics(
     became_running = true;
   }
   RETURN_IF_ERROR(txn.Commit());
+  if (resumed) resumed_from_[request.attempt_id()] = replay_through;
   if (became_running) lease->running = true;
   counters_.points_accepted += counts.accepted;
   counters_.points_duplicate += counts.duplicates;
@@ -822,13 +880,19 @@ absl::StatusOr<v1::FinishJobResponse> Scheduler::FinishJob(const v1::FinishJobRe
   ASSIGN_OR_RETURN(JobRecord job, jobs_.Get(request.job_id()));
   int64_t now = clock_->NowWallMs();
   ASSIGN_OR_RETURN(TimedTransaction txn, BeginTransaction("finish_job"));
-  if (request.points_size() > 0) {
+  if (request.points_size() > 0 || request.has_resumed_from_step()) {
     std::vector<storage::MetricRecord> points;
     for (const v1::MetricPoint& p : request.points()) {
       points.push_back({0, job.id, request.attempt_id(), p.step(), p.name(), p.value(),
                         p.wall_ms() != 0 ? p.wall_ms() : now});
     }
-    ASSIGN_OR_RETURN(storage::InsertCounts counts, metrics_.Insert(points));
+    std::optional<int64_t> resumed;
+    if (request.has_resumed_from_step() && request.resumed_from_step() >= 0) {
+      resumed = request.resumed_from_step();
+    }
+    storage::InsertCounts counts;
+    RETURN_IF_ERROR(
+        StorePointsLocked(job.id, request.attempt_id(), resumed, points, &counts).status());
     counters_.points_accepted += counts.accepted;
     counters_.points_duplicate += counts.duplicates;
     observer_->OnMetricPoints(counts.accepted, counts.duplicates);
@@ -879,6 +943,7 @@ absl::StatusOr<v1::FinishJobResponse> Scheduler::FinishJob(const v1::FinishJobRe
       return absl::InvalidArgumentError(absl::StrCat("status: unknown value ", request.status()));
   }
   RETURN_IF_ERROR(txn.Commit());
+  resumed_from_.erase(request.attempt_id());
   leases_.Release(job.id);
   Bump();
   out.set_state(JobStateFromName(job.state));

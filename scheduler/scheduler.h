@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -111,7 +112,10 @@ struct SchedulerCounters {
 struct WatchBatch {
   std::vector<storage::MetricRecord> points;
   depthbench::v1::JobState state = depthbench::v1::JOB_STATE_UNSPECIFIED;
-  int64_t attempt_id = 0;
+  int64_t attempt_id = 0;  // the job's current attempt
+  // The step the current attempt resumed from when it is a retry (number >
+  // 1) whose start was reported; -1 otherwise.
+  int64_t resumed_from_step = -1;
 };
 
 class Scheduler {
@@ -142,9 +146,12 @@ class Scheduler {
   absl::StatusOr<depthbench::v1::QueryResultsResponse> QueryResults(
       const std::string& sweep);
   // Points of the job after `after_row_id` with step >= from_step, plus its
-  // state. NotFound for an unknown job.
+  // state: the canonical history (each step once; storage/stores.h
+  // MetricStore) when attempt_id is 0, else every stored point of that
+  // attempt. NotFound for an unknown job, or an attempt not of this job.
   absl::StatusOr<WatchBatch> ReadWatch(int64_t job_id, int64_t after_row_id,
-                                       int64_t from_step, int64_t limit);
+                                       int64_t from_step, int64_t limit,
+                                       int64_t attempt_id = 0);
   // A counter bumped on every metric insert and state change.
   uint64_t ChangeVersion() const { return change_version_.load(); }
   // Blocks until ChangeVersion() != seen or the timeout passes (real time;
@@ -158,7 +165,9 @@ class Scheduler {
       const depthbench::v1::HeartbeatRequest& request);
   absl::StatusOr<depthbench::v1::AcquireJobResponse> AcquireJob(
       const depthbench::v1::AcquireJobRequest& request);
-  // One chunk of a ReportMetrics stream, stored in one transaction.
+  // One chunk of a ReportMetrics stream, stored in one transaction. A chunk
+  // with resumed_from_step records where the attempt started and moves
+  // earlier attempts' later points out of the canonical history.
   absl::StatusOr<depthbench::v1::ReportMetricsResponse> ReportMetrics(
       const depthbench::v1::ReportMetricsRequest& request);
   absl::StatusOr<depthbench::v1::FinishJobResponse> FinishJob(
@@ -229,6 +238,18 @@ class Scheduler {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Bumps ChangeVersion() and wakes WaitForChange().
   void Bump();
+  // The step `attempt_id` resumed from, -1 when not yet reported (cached).
+  absl::StatusOr<int64_t> ResumedFromLocked(int64_t attempt_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Stores an attempt's points (caller holds a transaction): records
+  // `resumed_from_step` when given (and supersedes earlier attempts' later
+  // points), and stores points at or before the attempt's resume step only
+  // where the canonical history lacks them. Returns that step (-1: unknown).
+  absl::StatusOr<int64_t> StorePointsLocked(int64_t job_id, int64_t attempt_id,
+                                            std::optional<int64_t> resumed_from_step,
+                                            const std::vector<storage::MetricRecord>& points,
+                                            storage::InsertCounts* counts)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Clock* const clock_;
   const SchedulerOptions options_;
@@ -245,6 +266,9 @@ class Scheduler {
   std::map<int64_t, depthbench::v1::SweepSpec> spec_cache_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, storage::WorkerRecord> worker_cache_ ABSL_GUARDED_BY(mu_);
   SchedulerCounters counters_ ABSL_GUARDED_BY(mu_);
+  // Attempt id -> the step it resumed from (-1: not reported); a cache of
+  // attempts.resumed_from_step for the ingestion path.
+  std::map<int64_t, int64_t> resumed_from_ ABSL_GUARDED_BY(mu_);
   // Worker id -> monotonic ms it was last heard from.
   std::map<std::string, int64_t> last_contact_ms_ ABSL_GUARDED_BY(mu_);
 
