@@ -767,10 +767,23 @@ absl::StatusOr<v1::AcquireJobResponse> Scheduler::AcquireJob(const v1::AcquireJo
   return out;
 }
 
+// One ReportMetrics call in the group-commit queue. `done` and `result`
+// are written by the leader that committed it, under ingest_mu_.
+struct Scheduler::PendingReport {
+  int64_t job_id = 0;
+  int64_t attempt_id = 0;
+  std::optional<int64_t> resumed;
+  std::vector<storage::MetricRecord> points;
+  absl::StatusOr<v1::ReportMetricsResponse> result = absl::UnknownError("not committed");
+  bool done = false;
+};
+
 absl::StatusOr<v1::ReportMetricsResponse> Scheduler::ReportMetrics(
     const v1::ReportMetricsRequest& request) {
-  std::vector<storage::MetricRecord> points;
-  points.reserve(request.points_size());
+  PendingReport me;
+  me.job_id = request.job_id();
+  me.attempt_id = request.attempt_id();
+  me.points.reserve(request.points_size());
   int64_t now_wall = clock_->NowWallMs();
   for (int i = 0; i < request.points_size(); ++i) {
     const v1::MetricPoint& p = request.points(i);
@@ -780,51 +793,97 @@ absl::StatusOr<v1::ReportMetricsResponse> Scheduler::ReportMetrics(
     if (p.step() < 0) {
       return absl::InvalidArgumentError(absl::StrCat("points[", i, "].step: must be >= 0"));
     }
-    points.push_back({0, request.job_id(), request.attempt_id(), p.step(), p.name(),
-                      p.value(), p.wall_ms() != 0 ? p.wall_ms() : now_wall});
+    me.points.push_back({0, request.job_id(), request.attempt_id(), p.step(), p.name(),
+                         p.value(), p.wall_ms() != 0 ? p.wall_ms() : now_wall});
   }
-  std::optional<int64_t> resumed;
   if (request.has_resumed_from_step()) {
     if (request.resumed_from_step() < 0) {
       return absl::InvalidArgumentError("resumed_from_step: must be >= 0");
     }
-    resumed = request.resumed_from_step();
+    me.resumed = request.resumed_from_step();
   }
+  // Group commit: live relays send many small reports; the first caller to
+  // find no leader stores every report queued so far in one transaction
+  // while later callers queue behind it (one leader at a time; a waiter
+  // whose report is still queued when the leader finishes takes over).
+  absl::MutexLock lock(&ingest_mu_);
+  ingest_queue_.push_back(&me);
+  auto done_or_free = [this, &me]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(ingest_mu_) {
+    return me.done || !ingest_leader_;
+  };
+  ingest_mu_.Await(absl::Condition(&done_or_free));
+  if (me.done) return std::move(me.result);
+  ingest_leader_ = true;
+  std::vector<PendingReport*> group;
+  group.swap(ingest_queue_);  // holds `me`
+  ingest_mu_.Unlock();
+  CommitReports(group);
+  ingest_mu_.Lock();
+  for (PendingReport* r : group) r->done = true;
+  ingest_leader_ = false;
+  return std::move(me.result);
+}
+
+void Scheduler::CommitReports(const std::vector<PendingReport*>& group) {
   absl::MutexLock lock(&mu_);
-  Lease* lease = leases_.Find(request.job_id(), request.attempt_id());
-  if (lease == nullptr) {
-    counters_.stale_reports++;
-    return absl::FailedPreconditionError(absl::StrCat(
-        "attempt ", request.attempt_id(), " of job ", request.job_id(),
-        " does not hold a lease (expired, superseded, cancelled or finished)"));
-  }
-  leases_.Renew(request.job_id(), request.attempt_id(), clock_->NowMonotonicMs());
-  ASSIGN_OR_RETURN(TimedTransaction txn, BeginTransaction("report_metrics"));
-  storage::InsertCounts counts;
-  ASSIGN_OR_RETURN(int64_t replay_through,
-                   StorePointsLocked(request.job_id(), request.attempt_id(), resumed, points,
-                                     &counts));
-  bool became_running = false;
-  if (!lease->running) {
-    ASSIGN_OR_RETURN(JobRecord job, jobs_.Get(request.job_id()));
-    if (job.state == "leased") {
-      job.state = "running";
-      job.updated_ms = now_wall;
-      RETURN_IF_ERROR(jobs_.Update(job));
+  std::vector<std::pair<PendingReport*, Lease*>> live;
+  const int64_t now_mono = clock_->NowMonotonicMs();
+  for (PendingReport* r : group) {
+    Lease* lease = leases_.Find(r->job_id, r->attempt_id);
+    if (lease == nullptr) {
+      counters_.stale_reports++;
+      r->result = absl::FailedPreconditionError(absl::StrCat(
+          "attempt ", r->attempt_id, " of job ", r->job_id,
+          " does not hold a lease (expired, superseded, cancelled or finished)"));
+      continue;
     }
-    became_running = true;
+    leases_.Renew(r->job_id, r->attempt_id, now_mono);
+    live.emplace_back(r, lease);
   }
-  RETURN_IF_ERROR(txn.Commit());
-  if (resumed) resumed_from_[request.attempt_id()] = replay_through;
-  if (became_running) lease->running = true;
-  counters_.points_accepted += counts.accepted;
-  counters_.points_duplicate += counts.duplicates;
-  observer_->OnMetricPoints(counts.accepted, counts.duplicates);
+  if (live.empty()) return;
+  auto fail_all = [&live](const absl::Status& status) {
+    for (auto& [r, lease] : live) r->result = status;
+  };
+  absl::StatusOr<TimedTransaction> txn = BeginTransaction("report_metrics");
+  if (!txn.ok()) return fail_all(txn.status());
+  const int64_t now_wall = clock_->NowWallMs();
+  std::vector<storage::InsertCounts> counts(live.size());
+  std::vector<int64_t> replay_through(live.size(), -1);
+  for (size_t i = 0; i < live.size(); ++i) {
+    PendingReport* r = live[i].first;
+    absl::StatusOr<int64_t> stored =
+        StorePointsLocked(r->job_id, r->attempt_id, r->resumed, r->points, &counts[i]);
+    if (!stored.ok()) return fail_all(stored.status());  // rolls back
+    replay_through[i] = *stored;
+    if (!live[i].second->running) {
+      absl::StatusOr<JobRecord> job = jobs_.Get(r->job_id);
+      if (!job.ok()) return fail_all(job.status());
+      if (job->state == "leased") {
+        job->state = "running";
+        job->updated_ms = now_wall;
+        absl::Status updated = jobs_.Update(*job);
+        if (!updated.ok()) return fail_all(updated);
+      }
+    }
+  }
+  absl::Status committed = txn->Commit();
+  if (!committed.ok()) return fail_all(committed);
+  int64_t accepted = 0, duplicates = 0;
+  for (size_t i = 0; i < live.size(); ++i) {
+    auto& [r, lease] = live[i];
+    if (r->resumed) resumed_from_[r->attempt_id] = replay_through[i];
+    lease->running = true;
+    accepted += counts[i].accepted;
+    duplicates += counts[i].duplicates;
+    v1::ReportMetricsResponse out;
+    out.set_accepted(counts[i].accepted);
+    out.set_duplicates(counts[i].duplicates);
+    r->result = std::move(out);
+  }
+  counters_.points_accepted += accepted;
+  counters_.points_duplicate += duplicates;
+  observer_->OnMetricPoints(accepted, duplicates);
   Bump();
-  v1::ReportMetricsResponse out;
-  out.set_accepted(counts.accepted);
-  out.set_duplicates(counts.duplicates);
-  return out;
 }
 
 absl::Status Scheduler::RequeueOrFail(JobRecord& job, const std::string& reason,

@@ -165,9 +165,13 @@ class Scheduler {
       const depthbench::v1::HeartbeatRequest& request);
   absl::StatusOr<depthbench::v1::AcquireJobResponse> AcquireJob(
       const depthbench::v1::AcquireJobRequest& request);
-  // One chunk of a ReportMetrics stream, stored in one transaction. A chunk
-  // with resumed_from_step records where the attempt started and moves
-  // earlier attempts' later points out of the canonical history.
+  // One chunk of a ReportMetrics stream. Concurrent calls are group
+  // committed: whichever caller finds no commit in progress stores every
+  // chunk queued so far in one transaction, so many workers' small live
+  // batches cost one commit, not one each; each call returns once its chunk
+  // is committed (or refused). A chunk with resumed_from_step records where
+  // the attempt started and moves earlier attempts' later points out of the
+  // canonical history.
   absl::StatusOr<depthbench::v1::ReportMetricsResponse> ReportMetrics(
       const depthbench::v1::ReportMetricsRequest& request);
   absl::StatusOr<depthbench::v1::FinishJobResponse> FinishJob(
@@ -238,6 +242,10 @@ class Scheduler {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Bumps ChangeVersion() and wakes WaitForChange().
   void Bump();
+  // Stores a group of queued reports in one transaction and sets each one's
+  // result (the group-commit leader calls it, without ingest_mu_).
+  struct PendingReport;
+  void CommitReports(const std::vector<PendingReport*>& group) ABSL_LOCKS_EXCLUDED(mu_);
   // The step `attempt_id` resumed from, -1 when not yet reported (cached).
   absl::StatusOr<int64_t> ResumedFromLocked(int64_t attempt_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -271,6 +279,12 @@ class Scheduler {
   std::map<int64_t, int64_t> resumed_from_ ABSL_GUARDED_BY(mu_);
   // Worker id -> monotonic ms it was last heard from.
   std::map<std::string, int64_t> last_contact_ms_ ABSL_GUARDED_BY(mu_);
+
+  // Group commit of ReportMetrics (see there). Never held with mu_ taken
+  // first: the leader releases it before taking mu_.
+  absl::Mutex ingest_mu_;
+  std::vector<PendingReport*> ingest_queue_ ABSL_GUARDED_BY(ingest_mu_);
+  bool ingest_leader_ ABSL_GUARDED_BY(ingest_mu_) = false;
 
   std::atomic<uint64_t> change_version_{0};
   absl::Mutex change_mu_;
