@@ -603,9 +603,25 @@ TEST_F(WorkerSystemTest, LivePointsReachWatchJobWithinTwoSeconds) {
     }
     EXPECT_TRUE(reader->Finish().ok());
   });
+  // And as a user follows it: `depthbench watch --sweep`, one line per point.
+  std::pair<int, std::string> cli;
+  std::thread cli_watcher(
+      [&] { cli = RunCommand(Cli("watch --sweep live --only loss --timeout-s 200 2>&1")); });
   AddWorker("w1");
   watcher.join();
+  cli_watcher.join();
   ASSERT_TRUE(ended);
+  ASSERT_EQ(cli.first, 0) << cli.second;
+  std::set<int64_t> cli_steps;
+  std::istringstream cli_lines(cli.second);
+  for (std::string line; std::getline(cli_lines, line);) {
+    const std::string head = "job " + std::to_string(job_id) + " attempt ";
+    if (line.rfind(head, 0) != 0 || line.find(" loss ") == std::string::npos) continue;
+    size_t at = line.find(" step ");
+    ASSERT_NE(at, std::string::npos) << line;
+    EXPECT_TRUE(cli_steps.insert(std::stoll(line.substr(at + 6))).second) << line;
+  }
+  EXPECT_EQ(cli_steps.size(), 300u) << cli.second.substr(0, 2000);
   ASSERT_EQ(seen.size(), 300u);
   for (const auto& [step, n] : seen) EXPECT_EQ(n, 1) << "step " << step;
   std::vector<double> sorted = latency_ms;
