@@ -1,4 +1,11 @@
-// depthbench jobs | job ID | retry (ID | --sweep S) | watch ID
+// depthbench jobs | job ID | retry (ID | --sweep S) | watch (ID | --sweep S)
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
 #include "absl/strings/str_cat.h"
 #include "cli/commands.h"
 #include "cli/output.h"
@@ -25,6 +32,161 @@ absl::StatusOr<v1::JobState> ParseState(const std::string& text) {
         "\" (valid: pending, leased, running, succeeded, diverged, failed, cancelled)"));
   }
   return state;
+}
+
+
+struct WatchArgs {
+  int64_t job_id = 0;
+  std::string sweep;
+  int64_t from_step = 0;
+  int64_t attempt_id = 0;
+  std::vector<std::string> only;
+  bool progress = false;
+  int64_t interval_s = 2;
+  int64_t timeout_s = 86400;
+};
+
+// The latest of one followed job, for `watch --sweep --progress`.
+struct JobProgress {
+  int64_t step = 0;
+  bool has_loss = false, has_val = false;
+  double loss = 0, val_loss = 0;
+  v1::JobState state = v1::JOB_STATE_UNSPECIFIED;
+  bool changed = false;
+};
+
+// Streams one job's WatchJob events: printed one line each (prefixed with
+// the job id when following a sweep), or folded into `progress`.
+absl::Status FollowJob(SchedulerClient& client, const WatchArgs& a, int64_t job_id, bool prefix,
+                       CommandEnv& env, std::mutex& out_mu, JobProgress* progress) {
+  v1::WatchJobRequest req;
+  req.set_job_id(job_id);
+  req.set_from_step(a.from_step);
+  req.set_attempt_id(a.attempt_id);
+  auto ctx = client.Context(a.timeout_s * 1000);
+  auto reader = client.sweeps()->WatchJob(ctx.get(), req);
+  const std::set<std::string> only(a.only.begin(), a.only.end());
+  const std::string head = prefix ? absl::StrCat("job ", job_id, " ") : "";
+  v1::WatchJobEvent event;
+  while (reader->Read(&event)) {
+    if (event.has_point() && !only.empty() && only.count(event.point().name()) == 0) continue;
+    std::lock_guard<std::mutex> lock(out_mu);
+    if (progress != nullptr) {
+      if (event.has_point()) {
+        const v1::MetricPoint& p = event.point();
+        progress->step = std::max(progress->step, p.step());
+        if (p.name() == "loss") {
+          progress->has_loss = true;
+          progress->loss = p.value();
+        } else if (p.name() == "val_loss") {
+          progress->has_val = true;
+          progress->val_loss = p.value();
+        }
+      } else if (event.has_resumed()) {
+        progress->step = event.resumed().step();
+      } else {
+        progress->state = event.state();
+      }
+      progress->changed = true;
+      continue;
+    }
+    if (env.json) {
+      std::string line = ToJson(event);
+      line.erase(std::remove(line.begin(), line.end(), '\n'), line.end());
+      if (prefix) line = absl::StrCat("{\"job_id\":", job_id, ",", line.substr(1));
+      *env.out << line << "\n";
+    } else if (event.has_point()) {
+      *env.out << head << "attempt " << event.attempt_id() << " step " << event.point().step()
+               << " " << event.point().name() << " " << FormatDouble(event.point().value())
+               << "\n";
+    } else if (event.has_resumed()) {
+      *env.out << head << "attempt " << event.attempt_id() << " resumed from step "
+               << event.resumed().step()
+               << " (earlier attempts' later steps are not part of the history)\n";
+    } else {
+      *env.out << head << "state " << StateName(event.state()) << "\n";
+    }
+    env.out->flush();
+  }
+  return FromGrpc(reader->Finish());
+}
+
+// Follows every leased or running job of a sweep (found by listing them
+// every second) with one WatchJob stream each, until the sweep ends.
+absl::Status FollowSweep(SchedulerClient& client, const WatchArgs& a, CommandEnv& env,
+                         std::mutex& out_mu) {
+  struct Follow {
+    std::thread thread;
+    JobProgress progress;  // guarded by out_mu
+    absl::Status status;   // set by the thread before it ends
+  };
+  std::map<int64_t, std::unique_ptr<Follow>> follows;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(a.timeout_s);
+  auto next_view = std::chrono::steady_clock::now();
+  absl::Status failure;
+  auto print_progress = [&](bool all) {
+    std::lock_guard<std::mutex> lock(out_mu);
+    for (auto& [id, f] : follows) {
+      JobProgress& p = f->progress;
+      if (!all && !p.changed) continue;
+      p.changed = false;
+      *env.out << "job " << id << " step " << p.step << " loss "
+               << (p.has_loss ? FormatDouble(p.loss, 5) : "-") << " val_loss "
+               << (p.has_val ? FormatDouble(p.val_loss, 5) : "-") << " "
+               << (p.state == v1::JOB_STATE_UNSPECIFIED ? "" : StateName(p.state)) << "\n";
+    }
+    env.out->flush();
+  };
+  while (failure.ok()) {
+    v1::GetSweepRequest get;
+    get.set_name(a.sweep);
+    v1::Sweep sweep;
+    auto get_ctx = client.Context();
+    failure = FromGrpc(client.sweeps()->GetSweep(get_ctx.get(), get, &sweep));
+    if (!failure.ok()) break;
+    for (v1::JobState state : {v1::LEASED, v1::RUNNING}) {
+      v1::ListJobsRequest req;
+      req.set_sweep(a.sweep);
+      req.set_state(state);
+      req.set_page_size(1000);
+      while (failure.ok()) {
+        v1::ListJobsResponse page;
+        auto ctx = client.Context();
+        failure = FromGrpc(client.sweeps()->ListJobs(ctx.get(), req, &page));
+        if (!failure.ok()) break;
+        for (const v1::Job& job : page.jobs()) {
+          if (follows.count(job.id()) > 0) continue;
+          auto f = std::make_unique<Follow>();
+          Follow* raw = f.get();
+          const int64_t id = job.id();
+          f->thread = std::thread([&client, &a, &env, &out_mu, raw, id] {
+            raw->status =
+                FollowJob(client, a, id, true, env, out_mu, a.progress ? &raw->progress : nullptr);
+          });
+          follows[id] = std::move(f);
+        }
+        if (page.next_page_token().empty()) break;
+        req.set_page_token(page.next_page_token());
+      }
+    }
+    if (!failure.ok() || sweep.state() != v1::SWEEP_RUNNING) break;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      failure = absl::DeadlineExceededError("watch: --timeout-s passed");
+      break;
+    }
+    if (a.progress && std::chrono::steady_clock::now() >= next_view) {
+      print_progress(false);
+      next_view = std::chrono::steady_clock::now() + std::chrono::seconds(a.interval_s);
+    }
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+  // Each stream ends once its job ends (or at the timeout).
+  for (auto& [id, f] : follows) {
+    if (f->thread.joinable()) f->thread.join();
+    if (failure.ok() && !f->status.ok()) failure = f->status;
+  }
+  if (a.progress) print_progress(true);
+  return failure;
 }
 
 }  // namespace
@@ -169,42 +331,52 @@ void AddJobCommands(CLI::App& app, CommandEnv& env) {
     };
   });
 
-  struct WatchArgs {
-    int64_t job_id = 0;
-    int64_t from_step = 0;
-    int64_t timeout_s = 86400;
-  };
   auto watch_args = std::make_shared<WatchArgs>();
-  auto* watch = app.add_subcommand("watch", "stream a job's metrics and state changes until it ends");
-  watch->add_option("id", watch_args->job_id, "job id")->required()->check(CLI::PositiveNumber);
+  auto* watch = app.add_subcommand(
+      "watch",
+      "stream a job's metric points as workers relay them (within about a second of the "
+      "trainer logging them) and its state changes until it ends; --sweep follows every "
+      "running job of a sweep");
+  watch->add_option("id", watch_args->job_id, "job id")->check(CLI::PositiveNumber);
+  watch->add_option("--sweep", watch_args->sweep,
+                    "follow every job of this sweep that is leased or running, until the "
+                    "sweep ends");
   watch->add_option("--from-step", watch_args->from_step, "resume from this step")->check(CLI::NonNegativeNumber);
+  watch->add_option("--attempt", watch_args->attempt_id,
+                    "only this attempt's stored points, including those a later attempt "
+                    "abandoned (default: the job's history, each step once)")
+      ->check(CLI::PositiveNumber);
+  watch->add_option("--only", watch_args->only, "only points with these names (e.g. loss val_loss)");
+  watch->add_flag("--progress", watch_args->progress,
+                  "with --sweep: one line per job and interval (latest step, loss, "
+                  "val_loss, state) instead of one line per point");
+  watch->add_option("--interval-s", watch_args->interval_s, "--progress: seconds between views")
+      ->capture_default_str()->check(CLI::PositiveNumber);
   watch->add_option("--timeout-s", watch_args->timeout_s, "give up after this long")
       ->capture_default_str()->check(CLI::PositiveNumber);
   watch->callback([&env, watch_args] {
     env.run = [watch_args](CommandEnv& env) -> int {
+      const WatchArgs& a = *watch_args;
+      if ((a.job_id > 0) == !a.sweep.empty()) {
+        return env.Fail(absl::InvalidArgumentError("watch: give a job id or --sweep NAME (not both)"));
+      }
+      if (!a.sweep.empty() && (a.attempt_id > 0 || a.from_step > 0)) {
+        return env.Fail(absl::InvalidArgumentError(
+            "watch: --attempt and --from-step apply to one job, not to --sweep"));
+      }
+      if (a.progress && a.sweep.empty()) {
+        return env.Fail(absl::InvalidArgumentError("watch: --progress needs --sweep"));
+      }
       auto client = env.Client();
       if (!client.ok()) return env.Fail(client.status());
-      v1::WatchJobRequest req;
-      req.set_job_id(watch_args->job_id);
-      req.set_from_step(watch_args->from_step);
-      auto ctx = (*client)->Context(watch_args->timeout_s * 1000);
-      auto reader = (*client)->sweeps()->WatchJob(ctx.get(), req);
-      v1::WatchJobEvent event;
-      while (reader->Read(&event)) {
-        if (env.json) {
-          std::string line = ToJson(event);
-          line.erase(std::remove(line.begin(), line.end(), '\n'), line.end());
-          *env.out << line << "\n";
-        } else if (event.has_point()) {
-          *env.out << "attempt " << event.attempt_id() << " step " << event.point().step()
-                   << " " << event.point().name() << " " << FormatDouble(event.point().value())
-                   << "\n";
-        } else {
-          *env.out << "state " << StateName(event.state()) << "\n";
-        }
-        env.out->flush();
+      std::mutex out_mu;
+      if (a.sweep.empty()) {
+        absl::Status status = FollowJob(**client, a, a.job_id, /*prefix=*/false, env, out_mu,
+                                        nullptr);
+        if (!status.ok()) return env.Fail(status);
+        return kExitOk;
       }
-      auto status = FromGrpc(reader->Finish());
+      absl::Status status = FollowSweep(**client, a, env, out_mu);
       if (!status.ok()) return env.Fail(status);
       return kExitOk;
     };

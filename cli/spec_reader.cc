@@ -225,6 +225,7 @@ absl::Status Training(const json& j, const std::string& path, v1::TrainingSettin
       {"eval_interval", IntField([t](int64_t v) { t->set_eval_interval(v); })},
       {"eval_batches", IntField([t](int64_t v) { t->set_eval_batches(v); })},
       {"checkpoint_interval", IntField([t](int64_t v) { t->set_checkpoint_interval(v); })},
+      {"checkpoint_minutes", DoubleField([t](double v) { t->set_checkpoint_minutes(v); })},
       {"threads", IntField([t](int64_t v) { t->set_threads(v); })},
       {"warmup_frac", DoubleField([t](double v) { t->set_warmup_frac(v); })},
       {"min_lr_frac", DoubleField([t](double v) { t->set_min_lr_frac(v); })},

@@ -147,6 +147,10 @@ void WorkerMetrics::RecordEval(const JobLabels& job, double val_loss) const {
   job_validation_loss->WithLabelValues(job.Values()).Set(val_loss);
 }
 
+void WorkerMetrics::RecordCheckpoint(double seconds) const {
+  checkpoint_duration->Observe(seconds);
+}
+
 void WorkerMetrics::RemoveJob(const JobLabels& job) const {
   const std::vector<std::string> values = job.Values();
   job_step->Remove(values);
@@ -173,6 +177,15 @@ absl::StatusOr<WorkerMetrics> RegisterWorkerMetrics(
                    AddCounter(registry, kWorkerChildRestarts));
   ASSIGN_OR_RETURN(m.relay_backlog_points,
                    AddGauge(registry, kWorkerRelayBacklog));
+  {
+    // Checkpoints of small runs take milliseconds, of a 400M model with its
+    // AdamW state (~5 GB) tens of seconds: 10 ms .. ~160 s.
+    ASSIGN_OR_RETURN(const MetricSpec* spec, Spec(kWorkerCheckpointDuration, "histogram"));
+    ASSIGN_OR_RETURN(HistogramFamily * family,
+                     registry->AddHistogram(spec->name, spec->help, SpecLabels(*spec),
+                                            ExponentialBuckets(0.01, 2, 15)));
+    m.checkpoint_duration = &family->WithLabelValues({});
+  }
   {
     ASSIGN_OR_RETURN(const MetricSpec* spec,
                      Spec(kWorkerLastHeartbeatAge, "gauge"));

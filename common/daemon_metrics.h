@@ -74,6 +74,7 @@ struct WorkerMetrics {
   GaugeFamily* job_step = nullptr;               // {job_id, sweep, arch}
   Counter* child_restarts = nullptr;
   Gauge* relay_backlog_points = nullptr;
+  Histogram* checkpoint_duration = nullptr;      // seconds
 
   // Sets slots{state="busy"} and slots{state="free"}.
   void SetSlots(int busy, int free) const;
@@ -82,6 +83,8 @@ struct WorkerMetrics {
                   double tokens_per_second) const;
   // Updates a running job's validation loss (one `eval` event).
   void RecordEval(const JobLabels& job, double val_loss) const;
+  // Observes one checkpoint write (a `checkpoint` event's `seconds`).
+  void RecordCheckpoint(double seconds) const;
   // Drops every per-job series of a job that ended on this worker, so that
   // finished jobs stop being exported (and "no progress" alerts stop).
   void RemoveJob(const JobLabels& job) const;

@@ -88,6 +88,9 @@ inline constexpr char kWorkerChildRestarts[] =
 // gauge: metric points buffered by the relay, not yet acknowledged.
 inline constexpr char kWorkerRelayBacklog[] =
     "depthbench_worker_relay_backlog_points";
+// Histogram: how long the trainers' checkpoint writes took (issue 19).
+inline constexpr char kWorkerCheckpointDuration[] =
+    "depthbench_worker_checkpoint_duration_seconds";
 
 // Per-job label names of the worker's job gauges, in order.
 inline constexpr const char* kJobLabelNames[] = {"job_id", "sweep", "arch"};
@@ -141,6 +144,8 @@ inline constexpr MetricSpec kMetricSpecs[] = {
      "Trainer child processes started again for the same job."},
     {kWorkerRelayBacklog, "gauge", "",
      "Metric points buffered by the relay and not yet acknowledged."},
+    {kWorkerCheckpointDuration, "histogram", "",
+     "Time the trainers took to write a checkpoint (temp file, fsync, rename), in seconds."},
 };
 inline constexpr size_t kMetricSpecCount =
     sizeof(kMetricSpecs) / sizeof(kMetricSpecs[0]);

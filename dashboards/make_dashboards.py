@@ -203,6 +203,16 @@ fleet = dashboard(
                 "{{instance}}")], 0, 24),
         panel(8, "Versions", "table",
               [("depthbench_build_info", "", "A", True)], 12, 24),
+        panel(9, "Checkpoint write time (p50 / p99, 1h)", "timeseries",
+              [("histogram_quantile(0.5, sum by (le, instance) (rate("
+                "depthbench_worker_checkpoint_duration_seconds_bucket[1h])))",
+                "p50 {{instance}}", "A"),
+               ("histogram_quantile(0.99, sum by (le, instance) (rate("
+                "depthbench_worker_checkpoint_duration_seconds_bucket[1h])))",
+                "p99 {{instance}}", "B")], 0, 32, unit="s",
+              description="Trainer checkpoint writes (temp file, fsync, "
+                          "rename). A lost worker costs at most one "
+                          "checkpoint period of training."),
     ])
 
 for name, dash in [("sweep_overview", sweeps), ("job_training", training),

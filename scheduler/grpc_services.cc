@@ -89,11 +89,39 @@ grpc::Status SweepServiceImpl::WatchJob(grpc::ServerContext* ctx, const v1::Watc
   // Stored points, then live ones from the scheduler's WatchHub: ingestion
   // never waits for this stream (scheduler/watch_hub.h).
   constexpr int64_t kBatch = 1000;
-  std::unique_ptr<JobWatch> watch = scheduler_->Watch(req->job_id(), req->from_step());
+  // The canonical history streams through a JobWatch; one attempt's own
+  // points (abandoned ones included, `attempt_id`) are read from storage,
+  // waiting for the scheduler's change version between pages.
+  std::unique_ptr<JobWatch> watch =
+      req->attempt_id() == 0 ? scheduler_->Watch(req->job_id(), req->from_step()) : nullptr;
+  int64_t cursor = 0;
+  uint64_t version = 0;
+  bool caught_up = false;
+  auto next = [&]() -> absl::StatusOr<WatchBatch> {
+    if (watch != nullptr) return watch->Next(kBatch, absl::Milliseconds(500));
+    if (caught_up) scheduler_->WaitForChange(version, absl::Milliseconds(500));
+    version = scheduler_->ChangeVersion();
+    absl::StatusOr<WatchBatch> batch = scheduler_->ReadWatch(
+        req->job_id(), cursor, req->from_step(), kBatch, req->attempt_id());
+    if (batch.ok() && !batch->points.empty()) cursor = batch->points.back().row_id;
+    caught_up = batch.ok() && static_cast<int64_t>(batch->points.size()) < kBatch;
+    return batch;
+  };
   v1::JobState last_state = v1::JOB_STATE_UNSPECIFIED;
+  int64_t resumed_attempt = 0;  // the attempt whose resume was last sent
   while (!ctx->IsCancelled()) {
-    absl::StatusOr<WatchBatch> batch = watch->Next(kBatch, absl::Milliseconds(500));
+    absl::StatusOr<WatchBatch> batch = next();
     if (!batch.ok()) return ToGrpcStatus(batch.status());
+    // Before the points read with it: a canonical watcher learns that
+    // earlier attempts' points after this step were abandoned.
+    if (req->attempt_id() == 0 && batch->resumed_from_step >= 0 &&
+        batch->attempt_id != resumed_attempt) {
+      v1::WatchJobEvent event;
+      event.set_attempt_id(batch->attempt_id);
+      event.mutable_resumed()->set_step(batch->resumed_from_step);
+      if (!writer->Write(event)) return grpc::Status::OK;
+      resumed_attempt = batch->attempt_id;
+    }
     for (size_t i = 0; i < batch->points.size(); ++i) {
       const storage::MetricRecord& p = batch->points[i];
       v1::WatchJobEvent event;

@@ -160,6 +160,17 @@ absl::StatusOr<storage::SweepRecord> FindSweep(storage::Database* db,
   return *sweep;
 }
 
+// The step the job's current attempt resumed from when it is a retry whose
+// start was reported; -1 otherwise (WatchBatch::resumed_from_step).
+absl::StatusOr<int64_t> ResumeStepOfCurrentAttempt(storage::JobStore& jobs, const JobRecord& job) {
+  if (job.current_attempt_id == 0) return -1;
+  ASSIGN_OR_RETURN(std::optional<AttemptRecord> current, jobs.GetAttempt(job.current_attempt_id));
+  if (current && current->number > 1 && current->resumed_from_step) {
+    return *current->resumed_from_step;
+  }
+  return -1;
+}
+
 absl::StatusOr<v1::SweepSpec> ParseSpec(const storage::SweepRecord& sweep) {
   v1::SweepSpec spec;
   if (!spec.ParseFromString(sweep.spec)) {
@@ -717,6 +728,7 @@ absl::StatusOr<v1::Job> Scheduler::GetJob(int64_t job_id) {
       p->set_end_ms(a.end_ms);
       p->set_outcome(a.outcome);
       p->set_reason(a.reason);
+      if (a.resumed_from_step) p->set_resumed_from_step(*a.resumed_from_step);
     }
     return out;
   });
@@ -796,14 +808,24 @@ absl::StatusOr<v1::QueryResultsResponse> Scheduler::QueryResults(
 }
 
 absl::StatusOr<WatchBatch> Scheduler::ReadWatch(int64_t job_id, int64_t after_row_id,
-                                                int64_t from_step, int64_t limit) {
+                                                int64_t from_step, int64_t limit,
+                                                int64_t attempt_id) {
   return Read([&](storage::Database* db) -> absl::StatusOr<WatchBatch> {
-    ASSIGN_OR_RETURN(JobRecord job, storage::JobStore(db).Get(job_id));
+    storage::JobStore jobs(db);
+    ASSIGN_OR_RETURN(JobRecord job, jobs.Get(job_id));
+    if (attempt_id != 0) {
+      ASSIGN_OR_RETURN(std::optional<AttemptRecord> attempt, jobs.GetAttempt(attempt_id));
+      if (!attempt || attempt->job_id != job_id) {
+        return absl::NotFoundError(absl::StrCat("attempt_id: ", attempt_id,
+                                                " is not an attempt of job ", job_id));
+      }
+    }
     WatchBatch batch;
     batch.state = JobStateFromName(job.state);
     batch.attempt_id = job.current_attempt_id;
-    ASSIGN_OR_RETURN(batch.points,
-                     storage::MetricStore(db).Read(job_id, after_row_id, from_step, limit));
+    ASSIGN_OR_RETURN(batch.resumed_from_step, ResumeStepOfCurrentAttempt(jobs, job));
+    ASSIGN_OR_RETURN(batch.points, storage::MetricStore(db).Read(job_id, after_row_id, from_step,
+                                                                 limit, attempt_id));
     return batch;
   });
 }
@@ -824,6 +846,8 @@ absl::StatusOr<WatchBatch> JobWatch::Next(int64_t limit, absl::Duration wait) {
       ASSIGN_OR_RETURN(JobRecord job, s->jobs_.Get(job_id_));
       batch.state = JobStateFromName(job.state);
       batch.attempt_id = job.current_attempt_id;
+      ASSIGN_OR_RETURN(resumed_from_step_, ResumeStepOfCurrentAttempt(s->jobs_, job));
+      batch.resumed_from_step = resumed_from_step_;
       ASSIGN_OR_RETURN(batch.points, s->metrics_.Read(job_id_, cursor_, from_step_, limit));
       if (channel_ == nullptr) channel_ = s->hub_.Subscribe(job_id_);
       // Rows skipped by from_step still move the cursor.
@@ -844,6 +868,7 @@ absl::StatusOr<WatchBatch> JobWatch::Next(int64_t limit, absl::Duration wait) {
       ASSIGN_OR_RETURN(JobRecord job, s->jobs_.Get(job_id_));
       state_ = JobStateFromName(job.state);
       attempt_id_ = job.current_attempt_id;
+      ASSIGN_OR_RETURN(resumed_from_step_, ResumeStepOfCurrentAttempt(s->jobs_, job));
     }
     taken = s->hub_.Wait(*channel_, cursor_, from_step_, limit, taken.epoch, absl::ZeroDuration());
   }
@@ -856,7 +881,39 @@ absl::StatusOr<WatchBatch> JobWatch::Next(int64_t limit, absl::Duration wait) {
   batch.points = std::move(taken.points);
   batch.state = state_;
   batch.attempt_id = attempt_id_;
+  batch.resumed_from_step = resumed_from_step_;
   return batch;
+}
+
+absl::StatusOr<int64_t> Scheduler::ResumedFromLocked(int64_t attempt_id) {
+  auto it = resumed_from_.find(attempt_id);
+  if (it != resumed_from_.end()) return it->second;
+  // Not seen since this scheduler started (or never announced).
+  ASSIGN_OR_RETURN(std::optional<AttemptRecord> attempt, jobs_.GetAttempt(attempt_id));
+  const int64_t step = attempt && attempt->resumed_from_step ? *attempt->resumed_from_step : -1;
+  if (resumed_from_.size() >= 8192) resumed_from_.clear();  // bounded; refilled on demand
+  resumed_from_[attempt_id] = step;
+  return step;
+}
+
+absl::StatusOr<int64_t> Scheduler::StorePointsLocked(
+    int64_t job_id, int64_t attempt_id, std::optional<int64_t> resumed_from_step,
+    const std::vector<storage::MetricRecord>& points, storage::InsertCounts* counts,
+    std::vector<storage::MetricRecord>* stored) {
+  int64_t replay_through = -1;
+  if (resumed_from_step) {
+    // The attempt's trainer says where it started: earlier attempts' points
+    // after that step leave the canonical history (kept per attempt).
+    RETURN_IF_ERROR(jobs_.SetResumedFromStep(attempt_id, *resumed_from_step));
+    RETURN_IF_ERROR(metrics_.Supersede(job_id, attempt_id, *resumed_from_step).status());
+    replay_through = *resumed_from_step;
+  } else {
+    ASSIGN_OR_RETURN(replay_through, ResumedFromLocked(attempt_id));
+  }
+  if (!points.empty()) {
+    ASSIGN_OR_RETURN(*counts, metrics_.Insert(points, replay_through, stored));
+  }
+  return replay_through;
 }
 
 // --- WorkerService ----------------------------------------------------------
@@ -1000,10 +1057,23 @@ absl::StatusOr<v1::AcquireJobResponse> Scheduler::AcquireJob(const v1::AcquireJo
   return out;
 }
 
+// One ReportMetrics call in the group-commit queue. `done` and `result`
+// are written by the leader that committed it, under ingest_mu_.
+struct Scheduler::PendingReport {
+  int64_t job_id = 0;
+  int64_t attempt_id = 0;
+  std::optional<int64_t> resumed;
+  std::vector<storage::MetricRecord> points;
+  absl::StatusOr<v1::ReportMetricsResponse> result = absl::UnknownError("not committed");
+  bool done = false;
+};
+
 absl::StatusOr<v1::ReportMetricsResponse> Scheduler::ReportMetrics(
     const v1::ReportMetricsRequest& request) {
-  std::vector<storage::MetricRecord> points;
-  points.reserve(request.points_size());
+  PendingReport me;
+  me.job_id = request.job_id();
+  me.attempt_id = request.attempt_id();
+  me.points.reserve(request.points_size());
   int64_t now_wall = clock_->NowWallMs();
   for (int i = 0; i < request.points_size(); ++i) {
     const v1::MetricPoint& p = request.points(i);
@@ -1013,42 +1083,101 @@ absl::StatusOr<v1::ReportMetricsResponse> Scheduler::ReportMetrics(
     if (p.step() < 0) {
       return absl::InvalidArgumentError(absl::StrCat("points[", i, "].step: must be >= 0"));
     }
-    points.push_back({0, request.job_id(), request.attempt_id(), p.step(), p.name(),
-                      p.value(), p.wall_ms() != 0 ? p.wall_ms() : now_wall});
+    me.points.push_back({0, request.job_id(), request.attempt_id(), p.step(), p.name(),
+                         p.value(), p.wall_ms() != 0 ? p.wall_ms() : now_wall});
   }
-  absl::MutexLock lock(&mu_);
-  Lease* lease = leases_.Find(request.job_id(), request.attempt_id());
-  if (lease == nullptr) {
-    counters_.stale_reports++;
-    return absl::FailedPreconditionError(absl::StrCat(
-        "attempt ", request.attempt_id(), " of job ", request.job_id(),
-        " does not hold a lease (expired, superseded, cancelled or finished)"));
-  }
-  leases_.Renew(request.job_id(), request.attempt_id(), clock_->NowMonotonicMs());
-  ASSIGN_OR_RETURN(TimedTransaction txn, BeginTransaction("report_metrics"));
-  std::vector<storage::MetricRecord> stored;
-  ASSIGN_OR_RETURN(storage::InsertCounts counts, metrics_.Insert(points, &stored));
-  bool became_running = false;
-  if (!lease->running) {
-    ASSIGN_OR_RETURN(JobRecord job, jobs_.Get(request.job_id()));
-    if (job.state == "leased") {
-      job.state = "running";
-      job.updated_ms = now_wall;
-      RETURN_IF_ERROR(jobs_.Update(job));
+  if (request.has_resumed_from_step()) {
+    if (request.resumed_from_step() < 0) {
+      return absl::InvalidArgumentError("resumed_from_step: must be >= 0");
     }
-    became_running = true;
+    me.resumed = request.resumed_from_step();
   }
-  RETURN_IF_ERROR(txn.Commit());
-  if (became_running) lease->running = true;
-  counters_.points_accepted += counts.accepted;
-  counters_.points_duplicate += counts.duplicates;
-  observer_->OnMetricPoints(counts.accepted, counts.duplicates);
-  hub_.Publish(request.job_id(), stored);  // one copy; wakes this job's watchers only
+  // Group commit: live relays send many small reports; the first caller to
+  // find no leader stores every report queued so far in one transaction
+  // while later callers queue behind it (one leader at a time; a waiter
+  // whose report is still queued when the leader finishes takes over).
+  absl::MutexLock lock(&ingest_mu_);
+  ingest_queue_.push_back(&me);
+  auto done_or_free = [this, &me]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(ingest_mu_) {
+    return me.done || !ingest_leader_;
+  };
+  ingest_mu_.Await(absl::Condition(&done_or_free));
+  if (me.done) return std::move(me.result);
+  ingest_leader_ = true;
+  std::vector<PendingReport*> group;
+  group.swap(ingest_queue_);  // holds `me`
+  ingest_mu_.Unlock();
+  CommitReports(group);
+  ingest_mu_.Lock();
+  for (PendingReport* r : group) r->done = true;
+  ingest_leader_ = false;
+  return std::move(me.result);
+}
+
+void Scheduler::CommitReports(const std::vector<PendingReport*>& group) {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::pair<PendingReport*, Lease*>> live;
+  const int64_t now_mono = clock_->NowMonotonicMs();
+  for (PendingReport* r : group) {
+    Lease* lease = leases_.Find(r->job_id, r->attempt_id);
+    if (lease == nullptr) {
+      counters_.stale_reports++;
+      r->result = absl::FailedPreconditionError(absl::StrCat(
+          "attempt ", r->attempt_id, " of job ", r->job_id,
+          " does not hold a lease (expired, superseded, cancelled or finished)"));
+      continue;
+    }
+    leases_.Renew(r->job_id, r->attempt_id, now_mono);
+    live.emplace_back(r, lease);
+  }
+  if (live.empty()) return;
+  auto fail_all = [&live](const absl::Status& status) {
+    for (auto& [r, lease] : live) r->result = status;
+  };
+  absl::StatusOr<TimedTransaction> txn = BeginTransaction("report_metrics");
+  if (!txn.ok()) return fail_all(txn.status());
+  const int64_t now_wall = clock_->NowWallMs();
+  std::vector<storage::InsertCounts> counts(live.size());
+  std::vector<std::vector<storage::MetricRecord>> stored(live.size());
+  std::vector<int64_t> replay_through(live.size(), -1);
+  bool became_running = false;
+  for (size_t i = 0; i < live.size(); ++i) {
+    PendingReport* r = live[i].first;
+    absl::StatusOr<int64_t> replay = StorePointsLocked(r->job_id, r->attempt_id, r->resumed,
+                                                       r->points, &counts[i], &stored[i]);
+    if (!replay.ok()) return fail_all(replay.status());  // rolls back
+    replay_through[i] = *replay;
+    if (!live[i].second->running) {
+      absl::StatusOr<JobRecord> job = jobs_.Get(r->job_id);
+      if (!job.ok()) return fail_all(job.status());
+      if (job->state == "leased") {
+        job->state = "running";
+        job->updated_ms = now_wall;
+        absl::Status updated = jobs_.Update(*job);
+        if (!updated.ok()) return fail_all(updated);
+        became_running = true;
+      }
+    }
+  }
+  absl::Status committed = txn->Commit();
+  if (!committed.ok()) return fail_all(committed);
+  int64_t accepted = 0, duplicates = 0;
+  for (size_t i = 0; i < live.size(); ++i) {
+    auto& [r, lease] = live[i];
+    if (r->resumed) resumed_from_[r->attempt_id] = replay_through[i];
+    lease->running = true;
+    accepted += counts[i].accepted;
+    duplicates += counts[i].duplicates;
+    hub_.Publish(r->job_id, stored[i]);  // one copy; wakes this job's watchers only
+    v1::ReportMetricsResponse out;
+    out.set_accepted(counts[i].accepted);
+    out.set_duplicates(counts[i].duplicates);
+    r->result = std::move(out);
+  }
+  counters_.points_accepted += accepted;
+  counters_.points_duplicate += duplicates;
+  observer_->OnMetricPoints(accepted, duplicates);
   Bump(/*state_changed=*/became_running);
-  v1::ReportMetricsResponse out;
-  out.set_accepted(counts.accepted);
-  out.set_duplicates(counts.duplicates);
-  return out;
 }
 
 absl::Status Scheduler::RequeueOrFail(JobRecord& job, const std::string& reason,
@@ -1110,14 +1239,21 @@ absl::StatusOr<v1::FinishJobResponse> Scheduler::FinishJob(const v1::FinishJobRe
   const std::string from_state = job.state;
   int64_t now = clock_->NowWallMs();
   ASSIGN_OR_RETURN(TimedTransaction txn, BeginTransaction("finish_job"));
-  if (request.points_size() > 0) {
+  if (request.points_size() > 0 || request.has_resumed_from_step()) {
     std::vector<storage::MetricRecord> points;
     for (const v1::MetricPoint& p : request.points()) {
       points.push_back({0, job.id, request.attempt_id(), p.step(), p.name(), p.value(),
                         p.wall_ms() != 0 ? p.wall_ms() : now});
     }
+    std::optional<int64_t> resumed;
+    if (request.has_resumed_from_step() && request.resumed_from_step() >= 0) {
+      resumed = request.resumed_from_step();
+    }
+    storage::InsertCounts counts;
     auto stored = std::make_shared<std::vector<storage::MetricRecord>>();
-    ASSIGN_OR_RETURN(storage::InsertCounts counts, metrics_.Insert(points, stored.get()));
+    RETURN_IF_ERROR(StorePointsLocked(job.id, request.attempt_id(), resumed, points, &counts,
+                                      stored.get())
+                        .status());
     AfterCommit([this, counts, stored, job_id = job.id] {
       hub_.Publish(job_id, *stored);
       counters_.points_accepted += counts.accepted;
@@ -1177,6 +1313,7 @@ absl::StatusOr<v1::FinishJobResponse> Scheduler::FinishJob(const v1::FinishJobRe
       return absl::InvalidArgumentError(absl::StrCat("status: unknown value ", request.status()));
   }
   RETURN_IF_ERROR(txn.Commit());
+  resumed_from_.erase(request.attempt_id());
   leases_.Release(job.id);
   Bump();
   out.set_state(JobStateFromName(job.state));

@@ -43,6 +43,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -147,7 +148,10 @@ struct SchedulerCounters {
 struct WatchBatch {
   std::vector<storage::MetricRecord> points;
   depthbench::v1::JobState state = depthbench::v1::JOB_STATE_UNSPECIFIED;
-  int64_t attempt_id = 0;
+  int64_t attempt_id = 0;  // the job's current attempt
+  // The step the current attempt resumed from when it is a retry (number >
+  // 1) whose start was reported; -1 otherwise.
+  int64_t resumed_from_step = -1;
 };
 
 class Scheduler;
@@ -186,6 +190,7 @@ class JobWatch {
   uint64_t seen_epoch_ = 0;
   depthbench::v1::JobState state_ = depthbench::v1::JOB_STATE_UNSPECIFIED;
   int64_t attempt_id_ = 0;
+  int64_t resumed_from_step_ = -1;  // of the current attempt (WatchBatch)
   std::shared_ptr<WatchHub::Channel> channel_;
 };
 
@@ -230,10 +235,14 @@ class Scheduler {
   absl::StatusOr<depthbench::v1::QueryResultsResponse> QueryResults(
       const std::string& sweep);
   // Points of the job after `after_row_id` with step >= from_step, plus its
-  // state. NotFound for an unknown job.
+  // state: the canonical history (each step once; storage/stores.h
+  // MetricStore) when attempt_id is 0, else every stored point of that
+  // attempt. NotFound for an unknown job, or an attempt not of this job.
   absl::StatusOr<WatchBatch> ReadWatch(int64_t job_id, int64_t after_row_id,
-                                       int64_t from_step, int64_t limit);
-  // A reader for one WatchJob stream (points with step >= from_step).
+                                       int64_t from_step, int64_t limit,
+                                       int64_t attempt_id = 0);
+  // A reader for one WatchJob stream of the job's canonical history
+  // (points with step >= from_step).
   std::unique_ptr<JobWatch> Watch(int64_t job_id, int64_t from_step);
   // A counter bumped on every metric insert and state change.
   uint64_t ChangeVersion() const { return change_version_.load(); }
@@ -248,7 +257,13 @@ class Scheduler {
       const depthbench::v1::HeartbeatRequest& request);
   absl::StatusOr<depthbench::v1::AcquireJobResponse> AcquireJob(
       const depthbench::v1::AcquireJobRequest& request);
-  // One chunk of a ReportMetrics stream, stored in one transaction.
+  // One chunk of a ReportMetrics stream. Concurrent calls are group
+  // committed: whichever caller finds no commit in progress stores every
+  // chunk queued so far in one transaction, so many workers' small live
+  // batches cost one commit, not one each; each call returns once its chunk
+  // is committed (or refused). A chunk with resumed_from_step records where
+  // the attempt started and moves earlier attempts' later points out of the
+  // canonical history.
   absl::StatusOr<depthbench::v1::ReportMetricsResponse> ReportMetrics(
       const depthbench::v1::ReportMetricsRequest& request);
   absl::StatusOr<depthbench::v1::FinishJobResponse> FinishJob(
@@ -338,6 +353,24 @@ class Scheduler {
   void Bump(bool state_changed = true);
 
   friend class JobWatch;
+  // Stores a group of queued reports in one transaction and sets each one's
+  // result (the group-commit leader calls it, without ingest_mu_).
+  struct PendingReport;
+  void CommitReports(const std::vector<PendingReport*>& group) ABSL_LOCKS_EXCLUDED(mu_);
+  // The step `attempt_id` resumed from, -1 when not yet reported (cached).
+  absl::StatusOr<int64_t> ResumedFromLocked(int64_t attempt_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Stores an attempt's points (caller holds a transaction): records
+  // `resumed_from_step` when given (and supersedes earlier attempts' later
+  // points), and stores points at or before the attempt's resume step only
+  // where the canonical history lacks them. Returns that step (-1: unknown).
+  // `stored` (optional) gets the points actually inserted, for the WatchHub.
+  absl::StatusOr<int64_t> StorePointsLocked(int64_t job_id, int64_t attempt_id,
+                                            std::optional<int64_t> resumed_from_step,
+                                            const std::vector<storage::MetricRecord>& points,
+                                            storage::InsertCounts* counts,
+                                            std::vector<storage::MetricRecord>* stored = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Clock* const clock_;
   const SchedulerOptions options_;
@@ -357,6 +390,9 @@ class Scheduler {
   std::map<int64_t, depthbench::v1::SweepSpec> spec_cache_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, storage::WorkerRecord> worker_cache_ ABSL_GUARDED_BY(mu_);
   SchedulerCounters counters_ ABSL_GUARDED_BY(mu_);
+  // Attempt id -> the step it resumed from (-1: not reported); a cache of
+  // attempts.resumed_from_step for the ingestion path.
+  std::map<int64_t, int64_t> resumed_from_ ABSL_GUARDED_BY(mu_);
   // Worker id -> monotonic ms it was last heard from.
   std::map<std::string, int64_t> last_contact_ms_ ABSL_GUARDED_BY(mu_);
   // AfterCommit() effects of the open transaction.
@@ -364,6 +400,12 @@ class Scheduler {
   bool storage_writable_ ABSL_GUARDED_BY(mu_) = true;
 
   WatchHub hub_;  // its own lock; Publish/StateChanged run under mu_
+  // Group commit of ReportMetrics (see there). Never held with mu_ taken
+  // first: the leader releases it before taking mu_.
+  absl::Mutex ingest_mu_;
+  std::vector<PendingReport*> ingest_queue_ ABSL_GUARDED_BY(ingest_mu_);
+  bool ingest_leader_ ABSL_GUARDED_BY(ingest_mu_) = false;
+
   std::atomic<uint64_t> change_version_{0};
   absl::Mutex change_mu_;
   absl::CondVar change_cv_;

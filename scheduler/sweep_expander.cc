@@ -140,6 +140,8 @@ absl::Status ValidateTraining(const TrainingSettings& t) {
   RETURN_IF_ERROR(Positive(t.has_eval_batches(), t.eval_batches(), "training.eval_batches"));
   RETURN_IF_ERROR(NonNegative(t.has_checkpoint_interval(), t.checkpoint_interval(),
                               "training.checkpoint_interval"));
+  RETURN_IF_ERROR(NonNegative(t.has_checkpoint_minutes(), t.checkpoint_minutes(),
+                              "training.checkpoint_minutes"));
   RETURN_IF_ERROR(Positive(t.has_threads(), t.threads(), "training.threads"));
   if (t.has_warmup_frac() && !(t.warmup_frac() >= 0 && t.warmup_frac() < 1)) {
     return Field("training.warmup_frac", absl::StrCat("must be in [0, 1), got ", t.warmup_frac()));

@@ -159,6 +159,22 @@ SELECT sweep_id, arch, layers, d_model, lr, COUNT(*),
 FROM jobs j WHERE kind = 'train'
 GROUP BY sweep_id, arch, layers, d_model, lr;
 )sql",
+      // 6: live points with exactly-once history (issue 19). Workers relay
+      // every point as it is logged, so a retried attempt that resumes from
+      // an earlier checkpoint re-logs steps an earlier attempt already
+      // stored. attempts.resumed_from_step is the step the attempt resumed
+      // from (NULL until its first report says); metric_points.superseded_by
+      // names the later attempt whose resume abandoned the point (0: part of
+      // the job's canonical history). Abandoned points stay readable per
+      // attempt. canonical_metric_points is the history every reader
+      // (WatchJob, reports, SQL users) should count.
+      R"sql(
+ALTER TABLE attempts ADD COLUMN resumed_from_step INTEGER;
+ALTER TABLE metric_points ADD COLUMN superseded_by INTEGER NOT NULL DEFAULT 0;
+CREATE VIEW canonical_metric_points AS
+  SELECT id, job_id, attempt_id, step, name, value, wall_ms
+  FROM metric_points WHERE superseded_by = 0;
+)sql",
   };
   return *migrations;
 }

@@ -69,6 +69,9 @@ struct AttemptRecord {
   int64_t end_ms = 0;
   std::string outcome = "running";
   std::string reason;
+  // The step the attempt's trainer resumed from (0: from scratch); unset
+  // until the attempt's first report carries it (schema v5).
+  std::optional<int64_t> resumed_from_step;
 };
 
 struct WorkerRecord {
@@ -89,6 +92,9 @@ struct MetricRecord {
   std::string name;
   double value = 0;
   int64_t wall_ms = 0;
+  // 0: in the job's canonical history; else the later attempt whose resume
+  // abandoned this point (schema v5).
+  int64_t superseded_by = 0;
 };
 
 struct ResultRecord {

@@ -65,6 +65,7 @@ AttemptRecord AttemptFromRow(const Query& q) {
   a.end_ms = q.ColumnInt(5);
   a.outcome = q.ColumnText(6);
   a.reason = q.ColumnText(7);
+  if (!q.ColumnIsNull(8)) a.resumed_from_step = q.ColumnInt(8);
   return a;
 }
 
@@ -87,7 +88,8 @@ ResultRecord ResultFromRow(const Query& q) {
 
 constexpr char kSweepColumns[] = "id, name, spec, created_ms, cancelled";
 constexpr char kAttemptColumns[] =
-    "id, job_id, number, worker_id, start_ms, end_ms, outcome, reason";
+    "id, job_id, number, worker_id, start_ms, end_ms, outcome, reason, "
+    "resumed_from_step";
 constexpr char kResultColumns[] =
     "sweep_id, arch, layers, d_model, aspect_ratio, params, best_lr, "
     "best_val_loss, best_job_id, lrs_json, complete, diagnostics_json";
@@ -418,6 +420,16 @@ absl::StatusOr<std::vector<AttemptRecord>> JobStore::ListAttempts(int64_t job_id
   return out;
 }
 
+absl::Status JobStore::SetResumedFromStep(int64_t attempt_id, int64_t step) {
+  ASSIGN_OR_RETURN(Query q, db_->Prepare(
+      "UPDATE attempts SET resumed_from_step = ? WHERE id = ?"));
+  RETURN_IF_ERROR(q.Bind(1, step).Bind(2, attempt_id).Run());
+  if (db_->Changes() != 1) {
+    return absl::NotFoundError(absl::StrCat("attempt ", attempt_id, " not found"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<int64_t> JobStore::CountAttempts(int64_t job_id) {
   ASSIGN_OR_RETURN(Query q, db_->Prepare("SELECT COUNT(*) FROM attempts WHERE job_id = ?"));
   q.Bind(1, job_id);
@@ -465,16 +477,30 @@ absl::Status WorkerStore::Touch(const std::string& id, int64_t now_ms) {
 // --- MetricStore ------------------------------------------------------------
 
 absl::StatusOr<InsertCounts> MetricStore::Insert(
-    const std::vector<MetricRecord>& points, std::vector<MetricRecord>* stored) {
+    const std::vector<MetricRecord>& points, int64_t replay_through,
+    std::vector<MetricRecord>* stored) {
   ASSIGN_OR_RETURN(Query q, db_->Prepare(
       "INSERT OR IGNORE INTO metric_points(job_id, attempt_id, step, name, "
       "value, wall_ms) VALUES (?,?,?,?,?,?)"));
   InsertCounts counts;
   for (const MetricRecord& p : points) {
-    q.Reset();
-    q.Bind(1, p.job_id).Bind(2, p.attempt_id).Bind(3, p.step).Bind(4, p.name)
-        .Bind(5, p.value).Bind(6, p.wall_ms);
-    RETURN_IF_ERROR(q.Run());
+    if (p.step <= replay_through) {
+      // Rare (a resumed attempt re-publishing lost points): a separate
+      // statement, so the common path stays one probe of the unique index.
+      ASSIGN_OR_RETURN(Query r, db_->Prepare(
+          "INSERT OR IGNORE INTO metric_points(job_id, attempt_id, step, name, "
+          "value, wall_ms) SELECT ?1, ?2, ?3, ?4, ?5, ?6 WHERE NOT EXISTS ("
+          "SELECT 1 FROM metric_points WHERE job_id = ?1 AND step = ?3 AND "
+          "name = ?4 AND superseded_by = 0)"));
+      r.Bind(1, p.job_id).Bind(2, p.attempt_id).Bind(3, p.step).Bind(4, p.name)
+          .Bind(5, p.value).Bind(6, p.wall_ms);
+      RETURN_IF_ERROR(r.Run());
+    } else {
+      q.Reset();
+      q.Bind(1, p.job_id).Bind(2, p.attempt_id).Bind(3, p.step).Bind(4, p.name)
+          .Bind(5, p.value).Bind(6, p.wall_ms);
+      RETURN_IF_ERROR(q.Run());
+    }
     if (db_->Changes() == 1) {
       ++counts.accepted;
       if (stored != nullptr) {
@@ -488,13 +514,32 @@ absl::StatusOr<InsertCounts> MetricStore::Insert(
   return counts;
 }
 
-absl::StatusOr<std::vector<MetricRecord>> MetricStore::Read(
-    int64_t job_id, int64_t after_row_id, int64_t from_step, int64_t limit) {
+absl::StatusOr<int64_t> MetricStore::Supersede(int64_t job_id, int64_t attempt_id,
+                                               int64_t step) {
   ASSIGN_OR_RETURN(Query q, db_->Prepare(
-      "SELECT id, job_id, attempt_id, step, name, value, wall_ms FROM "
-      "metric_points WHERE job_id = ? AND id > ? AND step >= ? ORDER BY id "
-      "LIMIT ?"));
-  q.Bind(1, job_id).Bind(2, after_row_id).Bind(3, from_step).Bind(4, limit);
+      "UPDATE metric_points SET superseded_by = ? WHERE job_id = ? AND step > ? "
+      "AND attempt_id < ? AND superseded_by = 0"));
+  RETURN_IF_ERROR(q.Bind(1, attempt_id).Bind(2, job_id).Bind(3, step).Bind(4, attempt_id).Run());
+  return db_->Changes();
+}
+
+absl::StatusOr<std::vector<MetricRecord>> MetricStore::Read(
+    int64_t job_id, int64_t after_row_id, int64_t from_step, int64_t limit,
+    int64_t attempt_id) {
+  ASSIGN_OR_RETURN(Query q, db_->Prepare(
+      attempt_id == 0
+          ? "SELECT id, job_id, attempt_id, step, name, value, wall_ms, superseded_by "
+            "FROM metric_points WHERE job_id = ? AND id > ? AND step >= ? AND "
+            "superseded_by = 0 ORDER BY id LIMIT ?"
+          : "SELECT id, job_id, attempt_id, step, name, value, wall_ms, superseded_by "
+            "FROM metric_points WHERE job_id = ? AND id > ? AND step >= ? AND "
+            "attempt_id = ? ORDER BY id LIMIT ?"));
+  q.Bind(1, job_id).Bind(2, after_row_id).Bind(3, from_step);
+  if (attempt_id == 0) {
+    q.Bind(4, limit);
+  } else {
+    q.Bind(4, attempt_id).Bind(5, limit);
+  }
   std::vector<MetricRecord> out;
   while (true) {
     ASSIGN_OR_RETURN(bool row, q.Step());
@@ -507,6 +552,7 @@ absl::StatusOr<std::vector<MetricRecord>> MetricStore::Read(
     m.name = q.ColumnText(4);
     m.value = q.ColumnDouble(5);
     m.wall_ms = q.ColumnInt(6);
+    m.superseded_by = q.ColumnInt(7);
     out.push_back(std::move(m));
   }
   return out;

@@ -104,6 +104,8 @@ class JobStore {
   absl::Status EndAttempt(int64_t attempt_id, int64_t end_ms,
                           const std::string& outcome, const std::string& reason);
   absl::StatusOr<std::vector<AttemptRecord>> ListAttempts(int64_t job_id);
+  // Records where the attempt's trainer started (schema v5).
+  absl::Status SetResumedFromStep(int64_t attempt_id, int64_t step);
   absl::StatusOr<int64_t> CountAttempts(int64_t job_id);
 
  private:
@@ -127,20 +129,35 @@ struct InsertCounts {
   int64_t duplicates = 0;
 };
 
+// The job's canonical history (schema v5): every point not superseded. A
+// point of attempt A at step S is superseded once a later attempt B of the
+// same job resumed from a step below S (Supersede); it stays stored under A.
 class MetricStore {
  public:
   explicit MetricStore(Database* db) : db_(db) {}
   // Idempotent on (job, attempt, step, name): a point already stored is
-  // counted as a duplicate and left unchanged. `stored`, when given, gets
-  // the points inserted (not the duplicates) with their row ids.
+  // counted as a duplicate and left unchanged. A point with step <=
+  // `replay_through` (an attempt re-publishing a step it resumed past) is
+  // stored only when the canonical history has no point of that (job, step,
+  // name); otherwise it counts as a duplicate. -1: no replayed steps.
+  // `stored`, when given, gets the points inserted (not the duplicates)
+  // with their row ids.
   absl::StatusOr<InsertCounts> Insert(const std::vector<MetricRecord>& points,
+                                      int64_t replay_through = -1,
                                       std::vector<MetricRecord>* stored = nullptr);
+  // Attempt `attempt_id` of `job_id` resumed from `step`: marks the canonical
+  // points of earlier attempts with a later step as superseded by it.
+  // Returns how many. Idempotent.
+  absl::StatusOr<int64_t> Supersede(int64_t job_id, int64_t attempt_id, int64_t step);
   // Points of `job_id` with row_id > after_row_id and step >= from_step, in
-  // insertion order.
+  // insertion order: the canonical history when attempt_id is 0, else every
+  // stored point of that attempt (superseded ones included).
   absl::StatusOr<std::vector<MetricRecord>> Read(int64_t job_id,
                                                  int64_t after_row_id,
                                                  int64_t from_step,
-                                                 int64_t limit);
+                                                 int64_t limit,
+                                                 int64_t attempt_id = 0);
+  // Stored points of one attempt (superseded ones included).
   absl::StatusOr<int64_t> Count(int64_t job_id, int64_t attempt_id);
   // Writes and removes a 64 KiB row inside the caller's transaction: new
   // pages that a full disk (or max_page_count) refuses. Committing it tells

@@ -34,7 +34,7 @@ FROM jobs j JOIN sweeps s ON s.id = j.sweep_id WHERE j.kind = 'train')sql"},
       {"metrics_v1", R"sql(
 SELECT s.name AS sweep, m.job_id, j.kind, m.attempt_id, m.step, m.name,
        m.value, m.wall_ms
-FROM metric_points m JOIN jobs j ON j.id = m.job_id
+FROM canonical_metric_points m JOIN jobs j ON j.id = m.job_id
 JOIN sweeps s ON s.id = j.sweep_id)sql"},
       {"diagnostics_v1", R"sql(
 SELECT s.name AS sweep, j.parent_job_id AS job_id, j.arch, j.layers,

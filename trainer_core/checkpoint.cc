@@ -1,7 +1,11 @@
 #include "trainer_core/checkpoint.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <fcntl.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
@@ -9,6 +13,25 @@
 #include "trainer_core/trainer.h"
 
 namespace depthbench {
+
+namespace {
+
+// fsync(2) of a file or directory; the error names the path.
+absl::Status SyncPath(const std::string& path, bool directory) {
+  int fd = open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
+  if (fd < 0) {
+    return absl::InternalError(absl::StrCat("checkpoint: open ", path, ": ", std::strerror(errno)));
+  }
+  int rc = fsync(fd);
+  const int err = errno;
+  close(fd);
+  if (rc != 0) {
+    return absl::InternalError(absl::StrCat("checkpoint: fsync ", path, ": ", std::strerror(err)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 std::string CheckpointPath(const std::string& out_dir) {
   return (std::filesystem::path(out_dir) / "checkpoint.pt").string();
@@ -44,10 +67,15 @@ absl::Status SaveTrainingCheckpoint(const std::string& path, const CheckpointMet
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("checkpoint: writing ", tmp, " failed: ", e.what_without_backtrace()));
   }
+  // Atomic and durable: the bytes reach the disk before the rename makes
+  // them the checkpoint, and the rename itself is synced with its
+  // directory. A crash at any point leaves the previous checkpoint whole.
+  RETURN_IF_ERROR(SyncPath(tmp, /*directory=*/false));
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
   if (ec) return absl::InternalError(absl::StrCat("checkpoint: rename to ", path, " failed: ", ec.message()));
-  return absl::OkStatus();
+  std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  return SyncPath(dir.empty() ? std::string(".") : dir.string(), /*directory=*/true);
 }
 
 namespace {

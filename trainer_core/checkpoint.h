@@ -31,6 +31,8 @@ struct CheckpointMeta {
 // The model options a config describes (arch, shape, HC settings, init).
 ModelOptions ModelOptionsFor(const TrainConfig& config);
 
+// Writes `path` + ".tmp", fsyncs it, renames it over `path` and fsyncs the
+// directory: readers see the previous checkpoint or this one, never a part.
 absl::Status SaveTrainingCheckpoint(const std::string& path, const CheckpointMeta& meta,
                                     LanguageModelImpl& model, torch::optim::Optimizer& optimizer);
 

@@ -96,6 +96,7 @@ const std::vector<FlagSpec>& TrainFlags() {
       {"--eval-interval", "eval_interval", Kind::kInt, "steps between validation evals (0: end only)"},
       {"--eval-batches", "eval_batches", Kind::kInt, "validation batches per eval (default 8)"},
       {"--checkpoint-interval", "checkpoint_interval", Kind::kInt, "steps between checkpoints (0: end only)"},
+      {"--checkpoint-minutes", "checkpoint_minutes", Kind::kDouble, "minutes of training between checkpoints, besides the step interval (default 10; 0: off)"},
       {"--warmup-frac", "warmup_frac", Kind::kDouble, "linear warmup fraction (default 0.1)"},
       {"--min-lr-frac", "min_lr_frac", Kind::kDouble, "final LR as a fraction of peak (default 0.1)"},
       {"--weight-decay", "weight_decay", Kind::kDouble, "AdamW weight decay (default 0.1)"},

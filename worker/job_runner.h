@@ -12,28 +12,30 @@
 // gauges (live, every event); the last kStderrTailLines stderr lines are
 // kept for the report.
 //
-// Publication follows durability: step/eval points are staged until the
-// trainer reports a checkpoint (or its final `done`), then handed to the
-// relay. A retried attempt resumes from the last checkpoint and re-runs the
-// steps after it, so had those points been published already the job's
-// history would hold them twice (once per attempt, the scheduler keys
-// points by attempt); staged this way, every step appears exactly once
-// across attempts. The cost is that the scheduler sees points up to one
-// checkpoint interval late (the Prometheus gauges do not wait). Points of
-// an attempt that crashes or is killed after its last checkpoint are not
-// published (its stderr log keeps the trainer's own output). An empty
-// report at `start` marks the job running at once.
+// Publication is live (issue 19): every step/eval/checkpoint point goes to
+// the relay as soon as its line is read, and the relay delivers it within
+// about flush_ms. The trainer's `start` event says which step it resumed
+// from; the relay's first report carries that step (resumed_from_step), and
+// the scheduler moves earlier attempts' points after it out of the job's
+// canonical history (they stay stored under their attempt). So a step that
+// a killed attempt logged after its last checkpoint, and the retry re-ran,
+// counts once: the retry's. An empty report at `start` marks the job running
+// at once. Checkpoint events also give a `checkpoint_seconds` point and an
+// observation of the worker's checkpoint-duration histogram.
 //
-// What a checkpoint made durable must also reach the scheduler when the
-// attempt dies before its relay delivered it (worker kill -9, scheduler
-// outage followed by lease expiry): every stdout line is logged to
-// <run>/attempt-<id>.events.jsonl, and <run>/published_step records the
-// step through which the scheduler acknowledged every point (written after
-// each acknowledged batch; the run dir is shared by all workers). A resumed
-// attempt (trainer `start` with resumed_from_step C) replays the points of
-// steps (published_step, C] from the earlier attempts' logs under its own
-// attempt id. Only a crash between an acknowledgement and the marker write
-// (a few ms) can make a step appear twice.
+// What an attempt logged up to the checkpoint a retry resumes from must also
+// reach the scheduler when the attempt died before its relay delivered it
+// (worker kill -9, scheduler outage followed by lease expiry): every stdout
+// line is logged to <run>/attempt-<id>.events.jsonl, and <run>/published_step
+// records the step through which the scheduler acknowledged every point of
+// the job's current trajectory (written after each acknowledged batch; the
+// run dir is shared by all workers). A resumed attempt (trainer `start` with
+// resumed_from_step C) first lowers the marker to C (steps after C belong to
+// an abandoned trajectory), then replays the points of steps (marker, C]
+// from the earlier attempts' logs under its own attempt id; the scheduler
+// stores a replayed point only where the canonical history lacks that (step,
+// name), so a marker that lags (a crash between an acknowledgement and its
+// write) costs a re-send, never a duplicate.
 //
 // End -> FinishJob:
 //   exit 0 with a `done` event  SUCCEEDED (val loss, final step, checkpoint)
@@ -65,6 +67,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -120,9 +123,9 @@ class JobRunner {
   void Supervise(ChildProcess* child, MetricRelay* relay);
   void HandleStdoutLine(const std::string& line, MetricRelay* relay);
   void HandleStderrLine(const std::string& line);
-  // Re-publishes points of steps (published_step, resumed_from_step] from
+  // Re-publishes points of steps (stored_through, resumed_from_step] from
   // earlier attempts' event logs (see the header comment).
-  void Replay(int64_t resumed_from_step, MetricRelay* relay);
+  void Replay(int64_t stored_through, int64_t resumed_from_step, MetricRelay* relay);
   // Records that the scheduler stored every point through `step`.
   void MarkPublished(int64_t step);
   void StopChild(bool interrupt, const std::string& reason);
@@ -159,9 +162,8 @@ class JobRunner {
   std::string done_status_, done_reason_;
   std::string checkpoint_path_;
   std::vector<depthbench::v1::DiagnosticResult> diagnostics_;
-  // Points since the last checkpoint (see the header comment).
-  std::vector<depthbench::v1::MetricPoint> staged_;
-  bool staging_overflowed_ = false;
+  // The trainer's `start`: the step it resumed from (FinishJob repeats it).
+  std::optional<int64_t> resumed_from_step_;
   std::deque<std::string> stderr_tail_;
   int stderr_log_fd_ = -1;
   int events_fd_ = -1;

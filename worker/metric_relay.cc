@@ -41,9 +41,10 @@ bool MetricRelay::Push(std::vector<v1::MetricPoint> points) {
   return true;
 }
 
-void MetricRelay::Announce() {
+void MetricRelay::Announce(std::optional<int64_t> resumed_from_step) {
   absl::MutexLock lock(&mu_);
   announce_ = true;
+  if (resumed_from_step) resume_owed_ = resumed_from_step;
 }
 
 void MetricRelay::Unblock() {
@@ -109,6 +110,7 @@ void MetricRelay::SenderLoop() {
       size_t n = std::min(options_.batch, buffer_.size());
       chunk.set_job_id(job_id_);
       chunk.set_attempt_id(attempt_id_);
+      if (resume_owed_) chunk.set_resumed_from_step(*resume_owed_);
       for (size_t i = 0; i < n; ++i) *chunk.add_points() = buffer_[i];
     }
     absl::StatusOr<v1::ReportMetricsResponse> sent = client_->ReportMetrics({chunk});
@@ -121,6 +123,9 @@ void MetricRelay::SenderLoop() {
         // (Close() waits for this thread before touching the buffer).
         for (int64_t i = 0; i < n && !buffer_.empty(); ++i) buffer_.pop_front();
         sent_ += n;
+        if (chunk.has_resumed_from_step() && resume_owed_ == chunk.resumed_from_step()) {
+          resume_owed_.reset();
+        }
         if (n > 0) {
           const int64_t last = chunk.points(static_cast<int>(n) - 1).step();
           acked_through = buffer_.empty() ? last

@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -44,7 +45,9 @@ namespace depthbench::worker {
 struct MetricRelayOptions {
   size_t capacity = 20000;   // points buffered before Push() blocks
   size_t batch = 512;        // points per ReportMetrics call
-  int64_t flush_ms = 250;    // a partial batch waits at most this long
+  // A partial batch waits at most this long: points reach the scheduler
+  // within about this plus one RPC of being logged (issue 19's live view).
+  int64_t flush_ms = 250;
   int64_t initial_backoff_ms = 100;
   int64_t max_backoff_ms = 3000;
 };
@@ -71,9 +74,11 @@ class MetricRelay {
   // Returns false once the relay is stale or closed (points dropped).
   bool Push(std::vector<depthbench::v1::MetricPoint> points);
 
-  // Sends one empty report soon (even with nothing buffered): tells the
-  // scheduler the attempt is running before any point is published.
-  void Announce();
+  // Sends one report soon (even with nothing buffered): tells the
+  // scheduler the attempt is running before any point is published. With
+  // `resumed_from_step`, the report carries it (ReportMetricsRequest); it is
+  // re-sent with the next report until one carrying it is acknowledged.
+  void Announce(std::optional<int64_t> resumed_from_step = std::nullopt);
 
   // Lets Push() exceed the capacity from now on.
   void Unblock();
@@ -102,6 +107,7 @@ class MetricRelay {
   bool stale_ ABSL_GUARDED_BY(mu_) = false;
   bool unblocked_ ABSL_GUARDED_BY(mu_) = false;
   bool announce_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<int64_t> resume_owed_ ABSL_GUARDED_BY(mu_);
   int64_t sent_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread sender_;
 };

@@ -41,6 +41,7 @@ absl::StatusOr<TrainerEvent> ParseTrainerEvent(const std::string& line) {
   const std::string name = ev->get<std::string>();
   TrainerEvent e;
   e.step = Int(j, "step");
+  e.time_ms = Int(j, "time_ms");
   if (name == "start") {
     e.kind = EventKind::kStart;
     e.resumed_from_step = Int(j, "resumed_from_step");
@@ -57,6 +58,8 @@ absl::StatusOr<TrainerEvent> ParseTrainerEvent(const std::string& line) {
   } else if (name == "checkpoint") {
     e.kind = EventKind::kCheckpoint;
     e.path = Str(j, "path");
+    e.checkpoint_seconds = Num(j, "seconds");
+    e.has_checkpoint_seconds = std::isfinite(e.checkpoint_seconds) && e.checkpoint_seconds >= 0;
   } else if (name == "done") {
     e.kind = EventKind::kDone;
     e.status = Str(j, "status");
@@ -85,7 +88,7 @@ std::vector<depthbench::v1::MetricPoint> PointsFor(const TrainerEvent& event,
     p.set_step(event.step);
     p.set_name(name);
     p.set_value(value);
-    p.set_wall_ms(wall_ms);
+    p.set_wall_ms(event.time_ms > 0 ? event.time_ms : wall_ms);
     out.push_back(std::move(p));
   };
   switch (event.kind) {
@@ -100,6 +103,7 @@ std::vector<depthbench::v1::MetricPoint> PointsFor(const TrainerEvent& event,
       break;
     case EventKind::kCheckpoint:
       add("checkpoint", static_cast<double>(event.step));
+      if (event.has_checkpoint_seconds) add("checkpoint_seconds", event.checkpoint_seconds);
       break;
     default:
       break;

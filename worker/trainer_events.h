@@ -5,7 +5,11 @@
 //   step       -> points loss, lr, grad_norm, tokens_per_s at that step
 //   eval       -> point val_loss
 //   checkpoint -> point "checkpoint" (value = the step), so the scheduler's
-//                 history shows where a retried attempt can resume
+//                 history shows where a retried attempt can resume, and
+//                 "checkpoint_seconds" (how long the write took) when given
+//
+// A point's wall_ms is the event's `time_ms` (the trainer's wall clock when
+// it logged the event) when present, else the time the worker read it.
 //
 // Thread safety: pure functions. ParseTrainerEvent never throws.
 #ifndef DEPTHBENCH_WORKER_TRAINER_EVENTS_H_
@@ -38,6 +42,9 @@ struct TrainerEvent {
   bool has_val_loss = false;
   double val_loss = 0;
   std::string path;         // checkpoint
+  bool has_checkpoint_seconds = false;
+  double checkpoint_seconds = 0;  // checkpoint: write time
+  int64_t time_ms = 0;      // the trainer's wall clock at logging; 0: absent
   std::string status;       // done: "succeeded" | "diverged"
   std::string reason;       // done
   int64_t resumed_from_step = 0;  // start

@@ -6,6 +6,10 @@
 //   3. (--watchers W) ingestion again, on fresh jobs, without and then with
 //      W WatchJob streams open (on W distinct jobs, the S ingesting ones
 //      among them): the ratio shows what watchers cost ingestion.
+//   4. Live ingestion (issue 19): W simulated workers, each relaying its
+//      attempt's points as a trainer logs them: one ReportMetrics call per
+//      small batch (the worker relay's flush), the first carrying
+//      resumed_from_step; points/s and per-call latency.
 // The scheduler runs with the same metrics observer and RPC interceptor as
 // depthbench-scheduler (which always installs them); --no-metrics leaves
 // them out.
@@ -16,6 +20,8 @@
 // --exclusive-lock opens the file as the scheduler did before issue 14
 // (locking_mode=EXCLUSIVE, reads under the mutex) to measure what the
 // shared lock costs; --durability full measures synchronous=FULL.
+//                        [--live-workers 64] [--live-chunk 32]
+//                        [--live-points 400000]
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -111,6 +117,13 @@ int main(int argc, char** argv) {
   bool watch_idle_only = false;
   app.add_flag("--watch-idle-only", watch_idle_only,
                "part 3: watch only jobs that receive no points (the cost of fan-out alone)");
+  int live_workers = 64, live_chunk = 32;
+  int64_t live_points = 400000;
+  app.add_option("--live-workers", live_workers, "phase 4: simulated workers (0: skip)")
+      ->capture_default_str();
+  app.add_option("--live-chunk", live_chunk, "phase 4: points per ReportMetrics call")
+      ->capture_default_str();
+  app.add_option("--live-points", live_points, "phase 4: points in all")->capture_default_str();
   app.add_flag("--no-metrics", no_metrics,
                "run without the metrics observer and RPC interceptor");
   CLI11_PARSE(app, argc, argv);
@@ -401,6 +414,86 @@ int main(int argc, char** argv) {
     std::printf("ratio (median of %d rounds): ingestion points/s with %d watchers / without = "
                 "%.3f; CPU per point with / without = %.3f\n",
                 rounds, watchers, Percentile(rate_ratios, 0.5), Percentile(cpu_ratios, 0.5));
+  }
+  // --- 4. live ingestion: many workers, small batches -------------------
+  if (live_workers > 0) {
+    std::vector<v1::AcquireJobResponse> live;
+    {
+      auto stub = v1::WorkerService::NewStub(channels[0]);
+      v1::RegisterWorkerRequest reg;
+      reg.set_name("live");
+      reg.mutable_resources()->set_slots(live_workers);
+      v1::RegisterWorkerResponse reg_resp;
+      stub->RegisterWorker(Ctx().get(), reg, &reg_resp);
+      for (int i = 0; i < live_workers; ++i) {
+        v1::AcquireJobRequest acq;
+        acq.set_worker_id("live");
+        v1::AcquireJobResponse lease;
+        if (!stub->AcquireJob(Ctx().get(), acq, &lease).ok() || !lease.has_job()) {
+          std::fprintf(stderr, "no job left for live worker %d\n", i);
+          return 1;
+        }
+        live.push_back(lease);
+      }
+    }
+    const int64_t per_worker = live_points / live_workers;
+    std::atomic<int64_t> live_accepted{0}, calls{0};
+    std::vector<double> call_ms;
+    const char* names[] = {"loss", "lr", "grad_norm", "tokens_per_s"};
+    std::vector<std::thread> threads;
+    auto start = Clock::now();
+    double cpu_start = ProcessCpuSeconds();
+    for (int w = 0; w < live_workers; ++w) {
+      threads.emplace_back([&, w] {
+        auto stub = v1::WorkerService::NewStub(channels[w % channels.size()]);
+        std::vector<double> my_ms;
+        int64_t sent = 0, step = 1;
+        bool first = true;
+        while (sent < per_worker) {
+          v1::ReportMetricsRequest req;
+          req.set_job_id(live[w].job_id());
+          req.set_attempt_id(live[w].attempt_id());
+          if (first) req.set_resumed_from_step(0);  // the trainer's start
+          first = false;
+          for (int i = 0; i < live_chunk && sent < per_worker; ++i, ++sent) {
+            auto* p = req.add_points();
+            p->set_step(step);
+            p->set_name(names[i % 4]);
+            p->set_value(1.0 / step);
+            if (i % 4 == 3) ++step;
+          }
+          // One call per flush, as worker/metric_relay.cc sends them.
+          auto t0 = Clock::now();
+          v1::ReportMetricsResponse resp;
+          auto ctx = Ctx();
+          auto writer = stub->ReportMetrics(ctx.get(), &resp);
+          bool ok = writer->Write(req);
+          writer->WritesDone();
+          grpc::Status st = writer->Finish();
+          if (!ok || !st.ok()) {
+            std::fprintf(stderr, "live worker %d: %s\n", w, st.error_message().c_str());
+            break;
+          }
+          my_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+          live_accepted.fetch_add(resp.accepted());
+          calls.fetch_add(1);
+        }
+        std::lock_guard<std::mutex> lock(mu);
+        call_ms.insert(call_ms.end(), my_ms.begin(), my_ms.end());
+      });
+    }
+    for (auto& t : threads) t.join();
+    double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+    double cpu = ProcessCpuSeconds() - cpu_start;
+    std::printf("live ingestion: %d workers, %lld points in %lld calls of %d in %.2f s = "
+                "%.0f points/s (%.0f calls/s)\n",
+                live_workers, static_cast<long long>(live_accepted.load()),
+                static_cast<long long>(calls.load()), live_chunk, elapsed,
+                live_accepted.load() / elapsed, calls.load() / elapsed);
+    std::printf("  CPU (client + server, user + sys): %.2f s = %.2f us per point\n", cpu,
+                1e6 * cpu / std::max<int64_t>(1, live_accepted.load()));
+    std::printf("  ReportMetrics call  p50 %.2f ms  p99 %.2f ms\n", Percentile(call_ms, 0.5),
+                Percentile(call_ms, 0.99));
   }
   server.Shutdown();
   scheduler->reset();

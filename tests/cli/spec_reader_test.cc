@@ -46,6 +46,7 @@ training:
   eval_interval: 20
   eval_batches: 4
   checkpoint_interval: 40
+  checkpoint_minutes: 7.5
   threads: 2
   warmup_frac: 0.1
   min_lr_frac: 0.1
@@ -72,7 +73,8 @@ constexpr char kFullJson[] = R"json({
   "seeds": [0, 7],
   "training": {"data": "brown", "seq_len": 64, "batch": 8, "tokens_per_param": 20.0,
                "steps": 120, "tokens": 100000, "eval_interval": 20, "eval_batches": 4,
-               "checkpoint_interval": 40, "threads": 2, "warmup_frac": 0.1,
+               "checkpoint_interval": 40, "checkpoint_minutes": 7.5, "threads": 2,
+               "warmup_frac": 0.1,
                "min_lr_frac": 0.1, "weight_decay": 0.1, "grad_clip": 1,
                "explode_threshold": 12.5, "hc_streams": 4, "hc_form": "paper",
                "log_interval": 5},
@@ -109,6 +111,7 @@ TEST(SpecReaderTest, YamlAndJsonReadToTheSameSpec) {
   EXPECT_EQ(s.training().steps(), 120);
   EXPECT_DOUBLE_EQ(s.training().tokens_per_param(), 20);
   EXPECT_DOUBLE_EQ(s.training().explode_threshold(), 12.5);
+  EXPECT_DOUBLE_EQ(s.training().checkpoint_minutes(), 7.5);
   EXPECT_EQ(s.training().hc_form(), "paper");
   EXPECT_TRUE(s.training().has_log_interval());
   EXPECT_FALSE(s.training().has_tokens() && s.training().tokens() != 100000);

@@ -1,16 +1,21 @@
 // The real system on loopback: depthbench-scheduler, depthbench-worker
 // daemons and the depthbench-train children they run, on tiny models.
 //   (1) a small sweep completes with two workers; every (arch, shape) row
-//   (2) kill -9 of a worker mid-training: lease expires, another worker
-//       resumes from the checkpoint, every step reported exactly once
+//   (2) kill -9 of a worker between checkpoints (its points relayed live
+//       past the last one): lease expires, another worker resumes from the
+//       checkpoint, the canonical history has every step exactly once and
+//       the abandoned points stay readable per attempt
 //   (3) kill -9 of the scheduler mid-sweep + restart: the sweep completes
 //   (4) cancel while jobs run: children gone within the grace period
 //   (5) a crashing child ends `failed` with its stderr tail; retry re-runs it
 //   (6) a diverging run is final, not retried, and skipped by best-LR
 //   (7) SIGTERM to a worker: children checkpoint, jobs re-queued without
 //       using an attempt, resumed by another worker
+//   (8) live points: from the trainer logging a point to WatchJob returning
+//       it takes under 2 s (p99 over 300 points), with no checkpoint_interval
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <set>
 
@@ -172,16 +177,54 @@ class WorkerSystemTest : public ::testing::Test {
     return out;
   }
 
-  // Every step 1..steps has exactly one `loss` point across all attempts.
-  void ExpectEveryStepOnce(int64_t job_id, int64_t steps) {
+  // Every step 1..steps has exactly one `loss` point in the job's
+  // canonical history. Returns the attempt each step's point came from.
+  std::map<int64_t, int64_t> ExpectEveryStepOnce(int64_t job_id, int64_t steps) {
     std::map<int64_t, int> count;
+    std::map<int64_t, int64_t> attempt_of;
     for (const PointKey& p : Points(job_id)) {
-      if (p.name == "loss") count[p.step]++;
+      if (p.name != "loss") continue;
+      count[p.step]++;
+      attempt_of[p.step] = p.attempt_id;
     }
     EXPECT_EQ(static_cast<int64_t>(count.size()), steps) << "job " << job_id;
     for (int64_t s = 1; s <= steps; ++s) {
       EXPECT_EQ(count[s], 1) << "job " << job_id << " step " << s;
     }
+    return attempt_of;
+  }
+
+  // WatchJob events of a job (attempt_id 0: its canonical history) until
+  // the stream ends, `until` returns true, or `ms` pass.
+  std::vector<v1::WatchJobEvent> WatchFor(
+      int64_t job_id, int64_t attempt_id, int ms,
+      const std::function<bool(const v1::WatchJobEvent&)>& until = nullptr) {
+    v1::WatchJobRequest req;
+    req.set_job_id(job_id);
+    req.set_attempt_id(attempt_id);
+    auto ctx = Ctx(ms);
+    auto reader = stub_->WatchJob(ctx.get(), req);
+    std::vector<v1::WatchJobEvent> out;
+    v1::WatchJobEvent event;
+    while (reader->Read(&event)) {
+      out.push_back(event);
+      if (until && until(event)) {
+        ctx->TryCancel();
+        break;
+      }
+    }
+    reader->Finish();  // DEADLINE_EXCEEDED / CANCELLED while the job runs
+    return out;
+  }
+
+  // The `loss` steps stored for one attempt (including abandoned ones).
+  std::vector<int64_t> AttemptLossSteps(int64_t job_id, int64_t attempt_id, int ms) {
+    std::vector<int64_t> steps;
+    for (const v1::WatchJobEvent& e : WatchFor(job_id, attempt_id, ms)) {
+      if (e.has_point() && e.point().name() == "loss") steps.push_back(e.point().step());
+    }
+    std::sort(steps.begin(), steps.end());
+    return steps;
   }
 
   std::string Cli(const std::string& args) {
@@ -236,28 +279,54 @@ TEST_F(WorkerSystemTest, SmallSweepCompletesWithTwoWorkers) {
 
 // (2)
 TEST_F(WorkerSystemTest, KilledWorkerLeaseExpiresAndAnotherResumesFromCheckpoint) {
+  constexpr int64_t kInterval = 50;
   SpecOptions o;
   o.layers = {2};
-  o.steps = 120;
-  o.checkpoint_interval = 20;
+  o.steps = 300;
+  o.checkpoint_interval = kInterval;
   Submit(Spec("resume", o));
   WorkerProcess* w1 = AddWorker("w1");
   std::vector<v1::Job> jobs = Jobs("resume");
   ASSERT_EQ(jobs.size(), 1u);
   const int64_t job_id = jobs[0].id();
-  const std::string ckpt = root_ + "/" + jobs[0].checkpoint_dir() + "/checkpoint.pt";
-  // Mid-training: a checkpoint exists and the run is not over.
-  auto deadline = Clock::now() + std::chrono::seconds(120);
-  while (!std::filesystem::exists(ckpt) && Clock::now() < deadline) {
-    std::this_thread::sleep_for(milliseconds(20));
-  }
-  ASSERT_TRUE(std::filesystem::exists(ckpt)) << "no checkpoint; see " << w1->log();
+  // Live points: attempt 1's steps past its first checkpoint reach the
+  // scheduler while it trains (no waiting for a checkpoint).
+  int64_t attempt1 = 0;
+  WatchFor(job_id, 0, 120000, [&](const v1::WatchJobEvent& e) {
+    if (e.has_point() && e.point().name() == "loss" && e.point().step() > kInterval + 10) {
+      attempt1 = e.attempt_id();
+      return true;
+    }
+    return false;
+  });
+  ASSERT_NE(attempt1, 0) << "no live point past step " << kInterval + 10 << "; see " << w1->log();
   std::vector<pid_t> trainers = ChildPids(w1->pid());
   ASSERT_EQ(trainers.size(), 1u);
+  // Freeze the trainer between checkpoints and let the relay deliver what
+  // it logged, so the test knows exactly how far attempt 1 got: M.
+  std::vector<int64_t> stored;
+  for (int tries = 0; tries < 20; ++tries) {
+    ASSERT_EQ(kill(trainers[0], SIGSTOP), 0);
+    std::vector<int64_t> previous;
+    while (true) {  // until two reads agree (the relay flushes every 250 ms)
+      std::this_thread::sleep_for(milliseconds(600));
+      stored = AttemptLossSteps(job_id, attempt1, 1500);
+      if (stored == previous) break;
+      previous = stored;
+    }
+    ASSERT_FALSE(stored.empty());
+    if (stored.back() % kInterval != 0) break;  // not exactly at a checkpoint
+    kill(trainers[0], SIGCONT);
+    std::this_thread::sleep_for(milliseconds(15));
+  }
+  const int64_t reached = stored.back();
+  ASSERT_NE(reached % kInterval, 0);
+  ASSERT_LT(reached, 300);
   ASSERT_NE(GetJob(job_id).state(), v1::SUCCEEDED);
   w1->Stop(SIGKILL);
-  // The orphaned trainer dies with its worker (PR_SET_PDEATHSIG) and cannot
-  // write into the shared directory while another attempt resumes there.
+  // The orphaned trainer dies with its worker (PR_SET_PDEATHSIG), stopped
+  // or not, and cannot write into the shared directory while another
+  // attempt resumes there.
   for (int i = 0; i < 200 && ProcessAlive(trainers[0]); ++i) {
     std::this_thread::sleep_for(milliseconds(10));
   }
@@ -266,22 +335,42 @@ TEST_F(WorkerSystemTest, KilledWorkerLeaseExpiresAndAnotherResumesFromCheckpoint
   ASSERT_TRUE(WaitSweepDone("resume", 180));
   v1::Job job = GetJob(job_id);
   EXPECT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
-  EXPECT_EQ(job.final_step(), 120);
+  EXPECT_EQ(job.final_step(), 300);
   ASSERT_EQ(job.attempts_size(), 2);
+  EXPECT_EQ(job.attempts(0).attempt_id(), attempt1);
   EXPECT_EQ(job.attempts(0).worker_id(), "w1");
   EXPECT_EQ(job.attempts(0).outcome(), "expired");
   EXPECT_EQ(job.attempts(1).worker_id(), "w2");
   EXPECT_EQ(job.attempts(1).outcome(), "succeeded");
-  // Resumed, not restarted: w2's trainer started from a checkpoint of w1's
-  // attempt (a multiple of the interval), not from scratch.
+  // Resumed, not restarted: from the last checkpoint before the kill.
+  const int64_t resumed = reached / kInterval * kInterval;
+  ASSERT_GT(resumed, 0);
+  EXPECT_EQ(job.attempts(0).resumed_from_step(), 0);
+  EXPECT_EQ(job.attempts(1).resumed_from_step(), resumed);
   std::string log = workers_.back()->ReadLog();
-  size_t at = log.find("resumed from step ");
-  ASSERT_NE(at, std::string::npos) << log;
-  int64_t resumed = std::stoll(log.substr(at + 18));
-  EXPECT_GT(resumed, 0);
-  EXPECT_LT(resumed, 120);
-  EXPECT_EQ(resumed % 20, 0);
-  ExpectEveryStepOnce(job_id, 120);
+  EXPECT_NE(log.find("resumed from step " + std::to_string(resumed)), std::string::npos) << log;
+  // Every step exactly once in the canonical history: attempt 1's up to
+  // the checkpoint, attempt 2's after it.
+  const std::map<int64_t, int64_t> attempt_of = ExpectEveryStepOnce(job_id, 300);
+  for (const auto& [step, attempt] : attempt_of) {
+    EXPECT_EQ(attempt, step <= resumed ? attempt1 : job.attempts(1).attempt_id())
+        << "step " << step;
+  }
+  // Attempt 1's abandoned steps (resumed, reached] are still stored under
+  // it, each once, and readable per attempt.
+  std::vector<int64_t> mine = AttemptLossSteps(job_id, attempt1, 20000);
+  ASSERT_EQ(static_cast<int64_t>(mine.size()), reached) << "attempt 1 stored 1.." << reached;
+  for (int64_t i = 0; i < reached; ++i) EXPECT_EQ(mine[i], i + 1);
+  // A canonical watcher is told where the retry resumed.
+  bool told = false;
+  for (const v1::WatchJobEvent& e : WatchFor(job_id, 0, 20000)) {
+    if (e.has_resumed()) {
+      told = true;
+      EXPECT_EQ(e.resumed().step(), resumed);
+      EXPECT_EQ(e.attempt_id(), job.attempts(1).attempt_id());
+    }
+  }
+  EXPECT_TRUE(told);
 }
 
 // (3)
@@ -478,6 +567,74 @@ TEST_F(WorkerSystemTest, SigtermInterruptsChildrenAndAnotherWorkerResumes) {
   ExpectEveryStepOnce(job_id, 600);
   std::string log = workers_.back()->ReadLog();
   EXPECT_NE(log.find("resumed from step "), std::string::npos) << log;
+}
+
+// (8) Issue 19: as a new user would run it, with no checkpoint_interval in
+// the spec: every point the trainer logs reaches WatchJob live. Latency is
+// the watcher's receipt time minus the trainer's own timestamp (time_ms of
+// the event, same machine), p99 over every `loss` point.
+TEST_F(WorkerSystemTest, LivePointsReachWatchJobWithinTwoSeconds) {
+  SpecOptions o;
+  o.layers = {2};
+  o.steps = 300;
+  Submit(Spec("live", o));
+  std::vector<v1::Job> jobs = Jobs("live");
+  ASSERT_EQ(jobs.size(), 1u);
+  const int64_t job_id = jobs[0].id();
+  // Watch from before the job starts: everything then arrives live.
+  std::vector<double> latency_ms;
+  std::map<int64_t, int> seen;
+  bool ended = false;
+  std::thread watcher([&] {
+    v1::WatchJobRequest req;
+    req.set_job_id(job_id);
+    auto ctx = Ctx(240000);
+    auto reader = stub_->WatchJob(ctx.get(), req);
+    v1::WatchJobEvent event;
+    while (reader->Read(&event)) {
+      const int64_t now_ms = std::chrono::duration_cast<milliseconds>(
+                                 std::chrono::system_clock::now().time_since_epoch())
+                                 .count();
+      if (event.has_point() && event.point().name() == "loss") {
+        latency_ms.push_back(static_cast<double>(now_ms - event.point().wall_ms()));
+        seen[event.point().step()]++;
+      }
+      if (event.has_state() && event.state() == v1::SUCCEEDED) ended = true;
+    }
+    EXPECT_TRUE(reader->Finish().ok());
+  });
+  // And as a user follows it: `depthbench watch --sweep`, one line per point.
+  std::pair<int, std::string> cli;
+  std::thread cli_watcher(
+      [&] { cli = RunCommand(Cli("watch --sweep live --only loss --timeout-s 200 2>&1")); });
+  AddWorker("w1");
+  watcher.join();
+  cli_watcher.join();
+  ASSERT_TRUE(ended);
+  ASSERT_EQ(cli.first, 0) << cli.second;
+  std::set<int64_t> cli_steps;
+  std::istringstream cli_lines(cli.second);
+  for (std::string line; std::getline(cli_lines, line);) {
+    const std::string head = "job " + std::to_string(job_id) + " attempt ";
+    if (line.rfind(head, 0) != 0 || line.find(" loss ") == std::string::npos) continue;
+    size_t at = line.find(" step ");
+    ASSERT_NE(at, std::string::npos) << line;
+    EXPECT_TRUE(cli_steps.insert(std::stoll(line.substr(at + 6))).second) << line;
+  }
+  EXPECT_EQ(cli_steps.size(), 300u) << cli.second.substr(0, 2000);
+  ASSERT_EQ(seen.size(), 300u);
+  for (const auto& [step, n] : seen) EXPECT_EQ(n, 1) << "step " << step;
+  std::vector<double> sorted = latency_ms;
+  std::sort(sorted.begin(), sorted.end());
+  auto pct = [&](double p) {
+    return sorted[std::min(sorted.size() - 1, static_cast<size_t>(p * sorted.size()))];
+  };
+  std::printf("live latency trainer -> WatchJob over %zu points: p50 %.0f ms, p90 %.0f ms, "
+              "p99 %.0f ms, max %.0f ms\n",
+              sorted.size(), pct(0.5), pct(0.9), pct(0.99), sorted.back());
+  EXPECT_GE(sorted.front(), -50.0) << "clock skew?";  // same machine
+  // The issue's bound, loose for a loaded CI machine (flush 250 ms + RPCs).
+  EXPECT_LT(pct(0.99), 2000.0);
 }
 
 }  // namespace

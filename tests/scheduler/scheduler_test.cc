@@ -2,6 +2,8 @@
 
 #include <future>
 #include <random>
+#include <map>
+#include <optional>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -59,10 +61,12 @@ class SchedulerTest : public ::testing::Test {
     return scheduler_->FinishJob(req);
   }
   absl::StatusOr<v1::ReportMetricsResponse> Report(const v1::AcquireJobResponse& lease,
-                                                   int64_t first_step, int64_t last_step) {
+                                                   int64_t first_step, int64_t last_step,
+                                                   std::optional<int64_t> resumed = {}) {
     v1::ReportMetricsRequest req;
     req.set_job_id(lease.job_id());
     req.set_attempt_id(lease.attempt_id());
+    if (resumed) req.set_resumed_from_step(*resumed);
     for (int64_t s = first_step; s <= last_step; ++s) {
       auto* p = req.add_points();
       p->set_step(s);
@@ -726,6 +730,125 @@ TEST(SchedulerReadTest, InMemoryDatabaseReadsThroughTheWriter) {
   auto again = storage::Database::Open(":memory:");
   EXPECT_EQ(Scheduler::Create(std::move(*again), &clock, bad).status().code(),
             absl::StatusCode::kInvalidArgument);
+// The job's canonical "loss" steps (ReadWatch with attempt 0), by step:
+// the attempt that each step's point came from.
+std::map<int64_t, std::vector<int64_t>> CanonicalSteps(Scheduler& s, int64_t job_id) {
+  std::map<int64_t, std::vector<int64_t>> out;
+  auto batch = s.ReadWatch(job_id, 0, 0, 100000);
+  EXPECT_TRUE(batch.ok()) << batch.status();
+  if (!batch.ok()) return out;
+  for (const auto& p : batch->points) {
+    if (p.name == "loss") out[p.step].push_back(p.attempt_id);
+  }
+  return out;
+}
+
+// Issue 19: points are relayed live, so a retried attempt that resumes
+// from an earlier checkpoint re-logs steps the lost attempt stored. The
+// canonical history keeps each step once (the earlier attempt's up to the
+// resume step, the retry's after it); the abandoned points stay readable
+// under their attempt.
+TEST_F(SchedulerTest, ResumedAttemptSupersedesAbandonedPointsAndKeepsThemPerAttempt) {
+  ASSERT_TRUE(scheduler_->SubmitSweep(SmallSpec("s", {"pre_ln"}, {1e-3})).ok());
+  Register("w1");
+  Register("w2");
+  auto first = Acquire("w1");
+  ASSERT_TRUE(Report(first, 1, 0, /*resumed=*/0).ok());  // the trainer's start
+  ASSERT_TRUE(Report(first, 1, 30).ok());                // live, past its checkpoint at 20
+  // w1 is lost: its lease expires; w2 resumes from the checkpoint at step 20.
+  clock_.AdvanceMs(10001);
+  ASSERT_EQ(*scheduler_->ExpireLeases(), 1);
+  clock_.AdvanceMs(1000);
+  auto second = Acquire("w2");
+  ASSERT_EQ(second.job_id(), first.job_id());
+  uint64_t version = scheduler_->ChangeVersion();
+  ASSERT_TRUE(Report(second, 1, 0, /*resumed=*/20).ok());
+  EXPECT_GT(scheduler_->ChangeVersion(), version);
+  // A watcher learns where the retry resumed.
+  auto watch = scheduler_->ReadWatch(first.job_id(), 0, 0, 1000);
+  ASSERT_TRUE(watch.ok());
+  EXPECT_EQ(watch->attempt_id, second.attempt_id());
+  EXPECT_EQ(watch->resumed_from_step, 20);
+  // Steps 21..30 of the first attempt left the history.
+  auto steps = CanonicalSteps(*scheduler_, first.job_id());
+  ASSERT_EQ(steps.size(), 20u);
+  EXPECT_EQ(steps.rbegin()->first, 20);
+  // The retry re-runs 21..40; each step once, from the attempt that made it.
+  ASSERT_TRUE(Report(second, 21, 40).ok());
+  steps = CanonicalSteps(*scheduler_, first.job_id());
+  ASSERT_EQ(steps.size(), 40u);
+  for (const auto& [step, attempts] : steps) {
+    ASSERT_EQ(attempts.size(), 1u) << "step " << step;
+    EXPECT_EQ(attempts[0], step <= 20 ? first.attempt_id() : second.attempt_id()) << step;
+  }
+  // Per attempt, nothing was lost: the first attempt's 30 points are stored.
+  auto mine = scheduler_->ReadWatch(first.job_id(), 0, 0, 1000, first.attempt_id());
+  ASSERT_TRUE(mine.ok());
+  ASSERT_EQ(mine->points.size(), 30u);
+  EXPECT_EQ(mine->points.back().step, 30);
+  EXPECT_EQ(mine->points.back().superseded_by, second.attempt_id());
+  EXPECT_EQ(mine->points.front().superseded_by, 0);
+  // GetJob shows where each attempt started.
+  auto job = scheduler_->GetJob(first.job_id());
+  ASSERT_EQ(job->attempts_size(), 2);
+  EXPECT_EQ(job->attempts(0).resumed_from_step(), 0);
+  EXPECT_EQ(job->attempts(1).resumed_from_step(), 20);
+  // An attempt of another job is refused, naming the field.
+  auto other = scheduler_->ReadWatch(first.job_id(), 0, 0, 10, 999999);
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(std::string(other.status().message()).find("attempt_id"), std::string::npos);
+  // A negative resume step is bad input.
+  EXPECT_EQ(Report(second, 41, 41, -1).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A retry re-publishes what the lost attempt logged up to the resume step
+// but never delivered (the worker's replay): stored where the history lacks
+// the step, a duplicate where it has it, also after a scheduler restart.
+TEST_F(SchedulerTest, ReplayedPointsFillGapsOnly) {
+  ASSERT_TRUE(scheduler_->SubmitSweep(SmallSpec("s", {"pre_ln"}, {1e-3})).ok());
+  Register("w1");
+  Register("w2");
+  auto first = Acquire("w1");
+  ASSERT_TRUE(Report(first, 1, 15, /*resumed=*/0).ok());  // 16..20 lost in w1's relay
+  clock_.AdvanceMs(10001);
+  ASSERT_EQ(*scheduler_->ExpireLeases(), 1);
+  clock_.AdvanceMs(1000);
+  auto second = Acquire("w2");
+  ASSERT_TRUE(Report(second, 1, 0, /*resumed=*/20).ok());
+  Reopen();  // the cache of resume steps is rebuilt from the database
+  Register("w2");
+  v1::HeartbeatRequest hb;
+  hb.set_worker_id("w2");
+  hb.add_running()->set_job_id(second.job_id());
+  hb.mutable_running(0)->set_attempt_id(second.attempt_id());
+  ASSERT_TRUE(scheduler_->Heartbeat(hb).ok());
+  auto replay = Report(second, 11, 20);  // 11..15 stored already
+  ASSERT_TRUE(replay.ok()) << replay.status();
+  EXPECT_EQ(replay->accepted(), 5);
+  EXPECT_EQ(replay->duplicates(), 5);
+  ASSERT_TRUE(Report(second, 21, 25).ok());
+  auto steps = CanonicalSteps(*scheduler_, first.job_id());
+  ASSERT_EQ(steps.size(), 25u);
+  for (const auto& [step, attempts] : steps) {
+    ASSERT_EQ(attempts.size(), 1u) << "step " << step;
+    EXPECT_EQ(attempts[0], step <= 15 ? first.attempt_id() : second.attempt_id()) << step;
+  }
+  // FinishJob's trailing points follow the same rule.
+  v1::FinishJobRequest fin;
+  fin.set_job_id(second.job_id());
+  fin.set_attempt_id(second.attempt_id());
+  fin.set_status(v1::FINISH_SUCCEEDED);
+  fin.set_resumed_from_step(20);
+  for (int64_t s : {14, 26}) {
+    auto* p = fin.add_points();
+    p->set_step(s);
+    p->set_name("loss");
+    p->set_value(1);
+  }
+  ASSERT_TRUE(scheduler_->FinishJob(fin).ok());
+  steps = CanonicalSteps(*scheduler_, first.job_id());
+  ASSERT_EQ(steps.size(), 26u);
+  EXPECT_EQ(steps[14], std::vector<int64_t>{first.attempt_id()});
 }
 
 }  // namespace

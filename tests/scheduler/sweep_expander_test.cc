@@ -111,6 +111,7 @@ TEST(SweepExpanderTest, EveryTrainingSettingIsATrainerKey) {
   t->set_eval_interval(20);
   t->set_eval_batches(4);
   t->set_checkpoint_interval(40);
+  t->set_checkpoint_minutes(7.5);
   t->set_threads(2);
   t->set_warmup_frac(0.05);
   t->set_min_lr_frac(0.1);
@@ -125,7 +126,8 @@ TEST(SweepExpanderTest, EveryTrainingSettingIsATrainerKey) {
   ASSERT_EQ(expanded->jobs.size(), 1u);
   const std::string& config = expanded->jobs[0].config_json;
   EXPECT_EQ(config,
-            R"({"arch":"hc","batch":8,"checkpoint_interval":40,"d_ff":256,"d_model":96,)"
+            R"({"arch":"hc","batch":8,"checkpoint_interval":40,"checkpoint_minutes":7.5,)"
+            R"("d_ff":256,"d_model":96,)"
             R"("data":"brown","eval_batches":4,"eval_interval":20,"explode_threshold":12.5,)"
             R"("grad_clip":0.5,"hc_form":"code","hc_streams":4,"heads":4,"kv_heads":2,)"
             R"("layers":4,"log_interval":5,"lr":0.003,"min_lr_frac":0.1,"seed":7,)"
@@ -134,6 +136,7 @@ TEST(SweepExpanderTest, EveryTrainingSettingIsATrainerKey) {
   auto parsed = TrainConfigFromJson(nlohmann::json::parse(config));
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_TRUE(parsed->hc_code_form);
+  EXPECT_DOUBLE_EQ(parsed->checkpoint_minutes, 7.5);
   EXPECT_DOUBLE_EQ(parsed->grad_clip, 0.5);
   EXPECT_EQ(parsed->shape.kv_heads, 2);
   const google::protobuf::Descriptor* fields = depthbench::v1::TrainingSettings::descriptor();
@@ -222,6 +225,9 @@ INSTANTIATE_TEST_SUITE_P(
         BadSpecCase{"bad_hc_form",
                     [](SweepSpec* s) { s->mutable_training()->set_hc_form("mine"); },
                     "spec.training.hc_form: must be \"paper\" or \"code\""},
+        BadSpecCase{"checkpoint_minutes",
+                    [](SweepSpec* s) { s->mutable_training()->set_checkpoint_minutes(-5); },
+                    "spec.training.checkpoint_minutes: must be >= 0, got -5"},
         BadSpecCase{"warmup",
                     [](SweepSpec* s) { s->mutable_training()->set_warmup_frac(1.5); },
                     "spec.training.warmup_frac: must be in [0, 1)"},

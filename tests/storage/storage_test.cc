@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -152,6 +153,81 @@ TEST(MetricStoreTest, InsertIsIdempotentPerJobAttemptStepName) {
   auto all = metrics.Read(1, 0, 0, 100);
   ASSERT_TRUE(all.ok());
   EXPECT_DOUBLE_EQ((*all)[0].value, 3.0);
+}
+
+// Schema v5 (issue 19): a later attempt's resume moves earlier attempts'
+// later points out of the canonical history, which Read (attempt 0) and the
+// canonical_metric_points view return; Read(attempt) still has them all.
+TEST(MetricStoreTest, SupersedeKeepsEachStepOnceAndPerAttemptPointsReadable) {
+  auto db = Database::Open(":memory:");
+  ASSERT_TRUE(db.ok());
+  ASSERT_TRUE(Migrate(db->get()).ok());
+  MetricStore metrics(db->get());
+  std::vector<MetricRecord> first;
+  for (int64_t s = 1; s <= 6; ++s) first.push_back({0, 1, 10, s, "loss", 1.0 * s, 0});
+  ASSERT_TRUE(metrics.Insert(first).ok());
+  // Another job's points are not touched.
+  ASSERT_TRUE(metrics.Insert({{0, 2, 5, 9, "loss", 1.0, 0}}).ok());
+  // Attempt 11 resumed from step 4: steps 5 and 6 of attempt 10 abandoned.
+  auto superseded = metrics.Supersede(1, 11, 4);
+  ASSERT_TRUE(superseded.ok());
+  EXPECT_EQ(*superseded, 2);
+  EXPECT_EQ(*metrics.Supersede(1, 11, 4), 0);  // idempotent
+  std::vector<MetricRecord> second;
+  for (int64_t s = 5; s <= 8; ++s) second.push_back({0, 1, 11, s, "loss", 10.0 * s, 0});
+  // A replayed step (<= 4) is stored only where the history lacks it.
+  second.push_back({0, 1, 11, 3, "loss", 99.0, 0});
+  auto counts = metrics.Insert(second, /*replay_through=*/4);
+  ASSERT_TRUE(counts.ok());
+  EXPECT_EQ(counts->accepted, 4);
+  EXPECT_EQ(counts->duplicates, 1);
+  auto canonical = metrics.Read(1, 0, 0, 100);
+  ASSERT_TRUE(canonical.ok());
+  std::map<int64_t, std::pair<int64_t, double>> by_step;
+  for (const MetricRecord& p : *canonical) {
+    EXPECT_TRUE(by_step.emplace(p.step, std::make_pair(p.attempt_id, p.value)).second)
+        << "step " << p.step << " twice";
+    EXPECT_EQ(p.superseded_by, 0);
+  }
+  ASSERT_EQ(by_step.size(), 8u);
+  EXPECT_EQ(by_step[4], std::make_pair(int64_t{10}, 4.0));
+  EXPECT_EQ(by_step[5], std::make_pair(int64_t{11}, 50.0));
+  auto attempt = metrics.Read(1, 0, 0, 100, /*attempt_id=*/10);
+  ASSERT_TRUE(attempt.ok());
+  ASSERT_EQ(attempt->size(), 6u);
+  EXPECT_EQ(attempt->back().superseded_by, 11);
+  auto view = (*db)->Prepare(
+      "SELECT COUNT(*), COUNT(DISTINCT step) FROM canonical_metric_points WHERE job_id = 1");
+  ASSERT_TRUE(view.ok());
+  ASSERT_TRUE(*view->Step());
+  EXPECT_EQ(view->ColumnInt(0), 8);
+  EXPECT_EQ(view->ColumnInt(1), 8);
+}
+
+TEST(JobStoreTest, RecordsWhereAnAttemptResumed) {
+  auto db = Database::Open(":memory:");
+  ASSERT_TRUE(db.ok());
+  ASSERT_TRUE(Migrate(db->get()).ok());
+  SweepStore sweeps(db->get());
+  ASSERT_TRUE(sweeps.Insert({0, "s", "spec", 1, false}).ok());
+  JobStore jobs(db->get());
+  JobRecord job;
+  job.sweep_id = 1;
+  job.arch = "pre_ln";
+  job.config_json = "{}";
+  job.checkpoint_dir = "s/1";
+  auto job_id = jobs.Insert(job);
+  ASSERT_TRUE(job_id.ok());
+  AttemptRecord a;
+  a.job_id = *job_id;
+  a.number = 1;
+  a.worker_id = "w";
+  auto attempt_id = jobs.InsertAttempt(a);
+  ASSERT_TRUE(attempt_id.ok());
+  EXPECT_FALSE((*jobs.GetAttempt(*attempt_id))->resumed_from_step.has_value());
+  ASSERT_TRUE(jobs.SetResumedFromStep(*attempt_id, 40).ok());
+  EXPECT_EQ((*jobs.GetAttempt(*attempt_id))->resumed_from_step, 40);
+  EXPECT_EQ(jobs.SetResumedFromStep(12345, 1).code(), absl::StatusCode::kNotFound);
 }
 
 TEST(JobStoreTest, RoundTripsAndFilters) {

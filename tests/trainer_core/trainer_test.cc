@@ -3,6 +3,7 @@
 // falling on the Brown corpus.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <filesystem>
 #include <random>
@@ -96,6 +97,8 @@ TEST(TrainConfigTest, ErrorsNameTheField) {
       {With(base, "bogus", 1), "config.bogus: unknown key"},
       {With(base, "data", "/x.bin"), "config.vocab: required"},
       {With(base, "hc_form", "other"), "config.hc_form:"},
+      {With(base, "checkpoint_minutes", -1.0), "config.checkpoint_minutes: must be >= 0"},
+      {With(base, "checkpoint_minutes", "often"), "config.checkpoint_minutes: expected a number"},
   };
   for (const Case& c : cases) {
     auto parsed = TrainConfigFromJson(c.config);
@@ -181,6 +184,61 @@ TEST(TrainerTest, ResumeReproducesUninterruptedLossesExactly) {
     EXPECT_EQ(resumed[i], full_losses[i]) << "step " << i + 1;  // bit-exact
   }
   EXPECT_EQ(second_result->val_loss, full_result->val_loss);
+}
+
+// Monotonic time that moves `step_ms` forward at every reading (each step
+// "takes" that long); wall time stands still.
+class SteppingClock final : public Clock {
+ public:
+  explicit SteppingClock(int64_t step_ms) : step_ms_(step_ms) {}
+  int64_t NowMonotonicMs() const override { return now_ms_.fetch_add(step_ms_); }
+  int64_t NowWallMs() const override { return 1'700'000'000'000; }
+
+ private:
+  const int64_t step_ms_;
+  mutable std::atomic<int64_t> now_ms_{0};
+};
+
+std::vector<std::pair<int64_t, std::string>> Checkpoints(const std::vector<nlohmann::json>& events) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  for (const auto& e : events) {
+    if (e["event"] != "checkpoint") continue;
+    out.emplace_back(e["step"].get<int64_t>(), e["trigger"].get<std::string>());
+    EXPECT_GE(e["seconds"].get<double>(), 0.0);
+  }
+  return out;
+}
+
+// Issue 19: checkpoints by training time, on by default, with their write
+// time in the event (and every event stamped with the wall clock).
+TEST(TrainerTest, CheckpointsByTimeAndReportsTheirDuration) {
+  Trainer::ClearStop();
+  TrainConfig config = TinyConfig(10);
+  EXPECT_DOUBLE_EQ(config.checkpoint_minutes, 10.0);  // the default
+  config.checkpoint_minutes = 2;
+  SteppingClock clock(60'000);  // a minute per reading
+  std::vector<nlohmann::json> events;
+  TrainerOptions options{TempDir("ckpt_time"), false, ""};
+  options.clock = &clock;
+  Trainer trainer(config, options, [&](const nlohmann::json& e) { events.push_back(e); });
+  ASSERT_TRUE(trainer.Run().ok());
+  // Readings: the start, then one per step and one after each checkpoint,
+  // so two minutes pass between checkpoints every second step.
+  using Ckpt = std::pair<int64_t, std::string>;
+  EXPECT_EQ(Checkpoints(events), (std::vector<Ckpt>{{2, "time"}, {4, "time"}, {6, "time"},
+                                                    {8, "time"}, {10, "final"}}));
+  for (const auto& e : events) EXPECT_EQ(e["time_ms"], 1'700'000'000'000) << e.dump();
+  ASSERT_TRUE(std::filesystem::exists(CheckpointPath(options.out_dir)));
+  EXPECT_FALSE(std::filesystem::exists(CheckpointPath(options.out_dir) + ".tmp"));
+
+  // 0 turns them off; the step interval still applies.
+  config.checkpoint_minutes = 0;
+  config.checkpoint_interval = 4;
+  events.clear();
+  options.out_dir = TempDir("ckpt_off");
+  Trainer off(config, options, [&](const nlohmann::json& e) { events.push_back(e); });
+  ASSERT_TRUE(off.Run().ok());
+  EXPECT_EQ(Checkpoints(events), (std::vector<Ckpt>{{4, "steps"}, {8, "steps"}, {10, "final"}}));
 }
 
 TEST(TrainerTest, ResumeRefusesACheckpointOfAnotherShape) {

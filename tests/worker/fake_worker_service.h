@@ -53,6 +53,11 @@ class FakeWorkerService final : public depthbench::v1::WorkerService::Service {
     }
     return out;
   }
+  // resumed_from_step of every accepted chunk that carried one, in order.
+  std::vector<int64_t> resumes() const {
+    absl::MutexLock lock(&mu_);
+    return resumes_;
+  }
   std::vector<depthbench::v1::FinishJobRequest> finishes() const {
     absl::MutexLock lock(&mu_);
     return finishes_;
@@ -72,6 +77,7 @@ class FakeWorkerService final : public depthbench::v1::WorkerService::Service {
       return grpc::Status(fail_code_, "injected failure");
     }
     for (const auto& c : chunks) {
+      if (c.has_resumed_from_step()) resumes_.push_back(c.resumed_from_step());
       for (const auto& p : c.points()) {
         Key k{c.job_id(), c.attempt_id(), p.step(), p.name()};
         if (points_.emplace(k, p.value()).second) {
@@ -100,6 +106,7 @@ class FakeWorkerService final : public depthbench::v1::WorkerService::Service {
   mutable absl::Mutex mu_;
   std::map<Key, double> points_;
   std::vector<depthbench::v1::FinishJobRequest> finishes_;
+  std::vector<int64_t> resumes_;
   int fail_reports_ = 0;
   grpc::StatusCode fail_code_ = grpc::StatusCode::UNAVAILABLE;
   bool stale_ = false;

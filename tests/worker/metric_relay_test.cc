@@ -147,5 +147,37 @@ TEST(MetricRelayTest, AnnounceSendsAnEmptyReport) {
   EXPECT_EQ(server.service().stored(), 0u);
 }
 
+// Issue 19: the step a trainer resumed from reaches the scheduler with the
+// attempt's first acknowledged report, through failures, and only once.
+TEST(MetricRelayTest, AnnouncedResumeStepIsDeliveredOnceThroughFailures) {
+  FakeSchedulerServer server;
+  server.service().FailNextReports(2, grpc::StatusCode::UNAVAILABLE);
+  SchedulerClient client({server.address(), "", 2000, ""});
+  MetricRelay relay(&client, 1, 1, Fast(), {});
+  relay.Announce(40);
+  ASSERT_TRUE(relay.Push(Steps(41, 45)));
+  ASSERT_TRUE(WaitFor([&] { return server.service().stored() == 5; }));
+  ASSERT_TRUE(relay.Push(Steps(46, 50)));
+  ASSERT_TRUE(WaitFor([&] { return server.service().stored() == 10; }));
+  EXPECT_TRUE(relay.Close().empty());
+  EXPECT_GE(server.service().report_calls(), 3);
+  EXPECT_EQ(server.service().resumes(), std::vector<int64_t>{40});
+}
+
+// Live delivery: a single point is sent after about flush_ms, not held for
+// a full batch (the job runner no longer waits for checkpoints either).
+TEST(MetricRelayTest, APartialBatchIsFlushedWithinFlushMs) {
+  FakeSchedulerServer server;
+  SchedulerClient client({server.address(), "", 2000, ""});
+  MetricRelayOptions o = Fast();
+  o.batch = 512;
+  o.flush_ms = 50;
+  MetricRelay relay(&client, 1, 1, o, {});
+  ASSERT_TRUE(relay.Push(Steps(1, 1)));
+  // Generous for a loaded machine; the bound that matters is "not never".
+  ASSERT_TRUE(WaitFor([&] { return server.service().stored() == 1; }, 5000));
+  EXPECT_EQ(relay.sent_points(), 1);
+}
+
 }  // namespace
 }  // namespace depthbench::worker

@@ -57,6 +57,8 @@ INSTANTIATE_TEST_SUITE_P(
         Case{R"({"event":"eval","step":20,"val_loss":4.5})", true, EventKind::kEval, 20, {"val_loss"}},
         Case{R"({"event":"checkpoint","step":20,"path":"/r/checkpoint.pt"})", true,
              EventKind::kCheckpoint, 20, {"checkpoint"}},
+        Case{R"({"event":"checkpoint","step":40,"path":"/r/checkpoint.pt","seconds":0.25})", true,
+             EventKind::kCheckpoint, 40, {"checkpoint", "checkpoint_seconds"}},
         Case{R"({"event":"done","status":"succeeded","step":60,"val_loss":3.2})", true,
              EventKind::kDone, 60, {}},
         Case{R"({"event":"interrupted","step":7})", true, EventKind::kInterrupted, 7, {}},
@@ -81,6 +83,29 @@ TEST(TrainerEventsTest, DoneAndDiagnosticsFields) {
   auto start = ParseTrainerEvent(R"({"event":"start","resumed_from_step":40})");
   ASSERT_TRUE(start.ok());
   EXPECT_EQ(start->resumed_from_step, 40);
+}
+
+TEST(TrainerEventsTest, TrainerTimestampAndCheckpointDuration) {
+  auto step = ParseTrainerEvent(
+      R"({"event":"step","step":4,"loss":5.0,"lr":0.1,"grad_norm":1,"tokens_per_s":9,"time_ms":1700000000123})");
+  ASSERT_TRUE(step.ok());
+  EXPECT_EQ(step->time_ms, 1700000000123);
+  // The trainer's timestamp wins over the time the worker read the line.
+  for (const auto& p : PointsFor(*step, 5)) EXPECT_EQ(p.wall_ms(), 1700000000123);
+  auto ckpt = ParseTrainerEvent(R"({"event":"checkpoint","step":40,"path":"p","seconds":1.5})");
+  ASSERT_TRUE(ckpt.ok());
+  ASSERT_TRUE(ckpt->has_checkpoint_seconds);
+  EXPECT_DOUBLE_EQ(ckpt->checkpoint_seconds, 1.5);
+  std::vector<depthbench::v1::MetricPoint> points = PointsFor(*ckpt, 7);
+  ASSERT_EQ(points.size(), 2u);
+  EXPECT_EQ(points[1].name(), "checkpoint_seconds");
+  EXPECT_DOUBLE_EQ(points[1].value(), 1.5);
+  EXPECT_EQ(points[1].step(), 40);
+  // A negative or missing duration is not a point.
+  auto bad = ParseTrainerEvent(R"({"event":"checkpoint","step":40,"path":"p","seconds":-1})");
+  ASSERT_TRUE(bad.ok());
+  EXPECT_FALSE(bad->has_checkpoint_seconds);
+  EXPECT_EQ(PointsFor(*bad, 7).size(), 1u);
 }
 
 }  // namespace
