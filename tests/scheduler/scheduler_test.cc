@@ -730,6 +730,8 @@ TEST(SchedulerReadTest, InMemoryDatabaseReadsThroughTheWriter) {
   auto again = storage::Database::Open(":memory:");
   EXPECT_EQ(Scheduler::Create(std::move(*again), &clock, bad).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
 // The job's canonical "loss" steps (ReadWatch with attempt 0), by step:
 // the attempt that each step's point came from.
 std::map<int64_t, std::vector<int64_t>> CanonicalSteps(Scheduler& s, int64_t job_id) {
