@@ -326,9 +326,29 @@ TEST(DesignInitTest, HcInitialMapIdentityAndStreamKRead) {
   auto maps = m->design().ResidualMaps();
   ASSERT_EQ(maps.size(), 8u);
   for (const auto& M : maps) EXPECT_TRUE(torch::equal(M, torch::eye(4).expand_as(M)));
-  // Static routing and gains take no decay; dynamic projections decay.
+  // Weight decay (spec section 9): only the static routing (static_a,
+  // static_b) is exempt; the dynamic projections and the two tanh gains
+  // decay.
   ParamGroups g = m->ParameterGroups();
-  EXPECT_EQ(g.no_decay.size(), 8u * 4);
+  EXPECT_EQ(g.no_decay.size(), 8u * 2);
+  auto in = [](const std::vector<torch::Tensor>& group, const torch::Tensor& p) {
+    for (const auto& q : group) {
+      if (q.unsafeGetTensorImpl() == p.unsafeGetTensorImpl()) return true;
+    }
+    return false;
+  };
+  for (int64_t k = 0; k < 8; ++k) {
+    const std::string site = "design.block_" + std::to_string(k / 2) + (k % 2 ? ".ffn_hc." : ".attn_hc.");
+    for (const char* name : {"static_a", "static_b"}) {
+      EXPECT_TRUE(in(g.no_decay, Param(m, site + name))) << site << name;
+      EXPECT_FALSE(in(g.decay, Param(m, site + name))) << site << name;
+    }
+    for (const char* name : {"gain_a", "gain_b", "dynamic_a", "dynamic_b"}) {
+      EXPECT_TRUE(in(g.decay, Param(m, site + name))) << site << name;
+      EXPECT_FALSE(in(g.no_decay, Param(m, site + name))) << site << name;
+    }
+  }
+  EXPECT_EQ(g.decay.size() + g.no_decay.size(), m->parameters().size());
   // o_proj scaled 1/sqrt(n) = 1/2: std about 0.01.
   torch::Tensor o = Param(m, "design.block_0.attn.o_proj.weight");
   EXPECT_NEAR(o.std().item<double>(), 0.01, 0.0015);
