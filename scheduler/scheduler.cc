@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
+#include <tuple>
 #include <optional>
 #include <utility>
 
@@ -15,6 +17,7 @@
 #include "scheduler/sweep_expander.h"
 #include "storage/migrations.h"
 #include "trainer_core/arch.h"
+#include "trainer_core/train_config.h"
 
 namespace depthbench::scheduler {
 
@@ -523,9 +526,48 @@ absl::StatusOr<v1::QueryResultsResponse> Scheduler::QueryResults(const std::stri
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(storage::SweepRecord sweep, SweepByName(name));
   ASSIGN_OR_RETURN(std::vector<storage::ResultRecord> rows, results_.List(sweep.id));
+  ASSIGN_OR_RETURN(std::vector<JobRecord> jobs, jobs_.ListBySweep(sweep.id));
+  ASSIGN_OR_RETURN(const v1::SweepSpec* spec, SpecFor(sweep.id));
+  const double fixed_lr = spec->diagnostics().fixed_lr();
+  // Per (arch, L, d): the train runs and one of their configs (the token
+  // budget is the same for every run of a group).
+  struct GroupInfo {
+    std::vector<storage::GroupMember> members;
+    std::string config_json;
+  };
+  std::map<std::tuple<std::string, int64_t, int64_t>, GroupInfo> groups;
+  for (const JobRecord& job : jobs) {
+    if (job.kind != "train") continue;
+    GroupInfo& g = groups[{job.arch, job.layers, job.d_model}];
+    storage::GroupMember m;
+    m.id = job.id;
+    m.state = job.state;
+    m.lr = job.lr;
+    m.val_loss = job.val_loss;
+    m.is_best = job.is_best;
+    g.members.push_back(m);
+    if (g.config_json.empty()) g.config_json = job.config_json;
+  }
   v1::QueryResultsResponse out;
   for (const storage::ResultRecord& r : rows) {
     v1::ResultRow* row = out.add_rows();
+    auto g = groups.find({r.arch, r.layers, r.d_model});
+    if (g != groups.end()) {
+      absl::StatusOr<TrainConfig> config =
+          TrainConfigFromJson(nlohmann::json::parse(g->second.config_json, nullptr, false));
+      if (config.ok()) {
+        const TokenBudget budget = ResolveTokenBudget(*config);
+        row->set_budget_params(budget.params);
+        row->set_budget_tokens(budget.tokens);
+        row->set_budget_steps(budget.steps);
+      }
+      const int64_t target =
+          DiagnosisTarget(SelectBest(g->second.members), g->second.members, fixed_lr);
+      row->set_diagnosed_job_id(target);
+      for (const storage::GroupMember& m : g->second.members) {
+        if (m.id == target) row->set_diagnosed_lr(m.lr);
+      }
+    }
     row->set_arch(r.arch);
     row->set_layers(r.layers);
     row->set_d_model(r.d_model);
@@ -553,7 +595,6 @@ absl::StatusOr<v1::QueryResultsResponse> Scheduler::QueryResults(const std::stri
       }
     }
   }
-  ASSIGN_OR_RETURN(std::vector<JobRecord> jobs, jobs_.ListBySweep(sweep.id));
   for (const JobRecord& job : jobs) {
     if (job.kind != "train") continue;
     v1::RunSummary* run = out.add_runs();
@@ -896,7 +937,14 @@ absl::Status Scheduler::RecordDiagnostics(const JobRecord& job,
   }
   ASSIGN_OR_RETURN(std::optional<storage::ResultRecord> row,
                    results_.Get(job.sweep_id, job.arch, job.layers, job.d_model));
-  if (!row || row->best_job_id != job.parent_job_id) return absl::OkStatus();
+  // Only the diagnostics of the group's current diagnosis target (the best
+  // run, or the run at spec.diagnostics.fixed_lr) reach the results row.
+  ASSIGN_OR_RETURN(std::vector<storage::GroupMember> group,
+                   jobs_.ListGroup(job.sweep_id, job.arch, job.layers, job.d_model));
+  ASSIGN_OR_RETURN(const v1::SweepSpec* spec, SpecFor(job.sweep_id));
+  const int64_t target =
+      DiagnosisTarget(SelectBest(group), group, spec->diagnostics().fixed_lr());
+  if (!row || target == 0 || target != job.parent_job_id) return absl::OkStatus();
   nlohmann::json existing = nlohmann::json::parse(row->diagnostics_json, nullptr, false);
   if (!existing.is_object()) existing = nlohmann::json::object();
   for (auto& [kind, data] : merged.items()) existing[kind] = data;
@@ -929,21 +977,24 @@ absl::Status Scheduler::UpdateGroup(const JobRecord& changed) {
     bool best = member.id == best_job;
     if (member.is_best != best) RETURN_IF_ERROR(jobs_.SetBest(member.id, best));
   }
-  if (best_job == 0) return absl::OkStatus();
+  // Any change to the group's runs passes through an incomplete group (best
+  // 0), which cleared the diagnostics above; so they always belong to the
+  // current target, in either mode.
   ASSIGN_OR_RETURN(const v1::SweepSpec* spec, SpecFor(changed.sweep_id));
   if (spec->diagnostics().kinds_size() == 0) return absl::OkStatus();
+  const DiagnoseSettings settings = DiagnoseSettingsFromSpec(spec->diagnostics());
+  const int64_t target = DiagnosisTarget(selection, group, settings.fixed_lr);
+  if (target == 0) return absl::OkStatus();
   ASSIGN_OR_RETURN(std::optional<storage::SweepRecord> sweep, sweeps_.Get(changed.sweep_id));
   if (!sweep || sweep->cancelled) return absl::OkStatus();
-  ASSIGN_OR_RETURN(bool queued, jobs_.HasChildren(best_job));
+  ASSIGN_OR_RETURN(bool queued, jobs_.HasChildren(target));
   if (queued) return absl::OkStatus();
-  ASSIGN_OR_RETURN(JobRecord best, jobs_.Get(best_job));
-  std::vector<std::string> kinds(spec->diagnostics().kinds().begin(),
-                                 spec->diagnostics().kinds().end());
+  ASSIGN_OR_RETURN(JobRecord best, jobs_.Get(target));
   JobRecord diag = best;
   diag.id = 0;
   diag.kind = "diagnose";
   diag.state = "pending";
-  diag.config_json = DiagnoseConfigJson(best.config_json, best.checkpoint_dir, kinds);
+  diag.config_json = DiagnoseConfigJson(best.config_json, best.checkpoint_dir, settings);
   diag.attempts_used = 0;
   diag.max_attempts = RetryFromSpec(spec->retry()).max_attempts;
   diag.current_attempt_id = 0;
