@@ -553,9 +553,13 @@ absl::StatusOr<v1::QueryResultsResponse> Scheduler::QueryResults(const std::stri
     v1::ResultRow* row = out.add_rows();
     auto g = groups.find({r.arch, r.layers, r.d_model});
     if (g != groups.end()) {
-      absl::StatusOr<TrainConfig> config =
-          TrainConfigFromJson(nlohmann::json::parse(g->second.config_json, nullptr, false));
+      const nlohmann::json config_json =
+          nlohmann::json::parse(g->second.config_json, nullptr, false);
+      absl::StatusOr<TrainConfig> config = TrainConfigFromJson(config_json);
       if (config.ok()) {
+        // Jobs submitted before budget_params existed trained on the
+        // design's own count, which the row's params is.
+        if (!config_json.contains("budget_params") && r.params > 0) config->budget_params = r.params;
         const TokenBudget budget = ResolveTokenBudget(*config);
         row->set_budget_params(budget.params);
         row->set_budget_tokens(budget.tokens);

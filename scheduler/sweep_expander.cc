@@ -407,7 +407,9 @@ std::string DiagnoseConfigJson(const std::string& train_config_json,
   if (!j.is_object()) j = nlohmann::json::object();
   j["checkpoint"] = checkpoint_dir;
   j["kinds"] = settings.kinds;
-  j["num_sequences"] = settings.num_sequences;
+  // 0 (auto) is the trainer's own default: left out, so the key appears
+  // only when the spec fixes N.
+  if (settings.num_sequences > 0) j["num_sequences"] = settings.num_sequences;
   j["allow_small_n"] = settings.allow_small_n;
   j["causal_form"] = settings.causal_form;
   return j.dump();

@@ -92,9 +92,10 @@ std::string TrainConfigJson(const depthbench::v1::TrainingSettings& training,
                             double lr, int64_t seed);
 
 // Diagnose-config JSON: the diagnosed run's train config plus
-// {"checkpoint": checkpoint_dir, "kinds": [...], "num_sequences": N (0 =
-// auto), "allow_small_n": bool, "causal_form": "per_token"|"ratio_of_means"}
-// (the keys of trainer_core/diagnostics/run.h's diagnose config).
+// {"checkpoint": checkpoint_dir, "kinds": [...], "num_sequences": N (only
+// when the spec fixes N; absent = auto, the trainer's default),
+// "allow_small_n": bool, "causal_form": "per_token"|"ratio_of_means"} (the
+// keys of trainer_core/diagnostics/run.h's diagnose config).
 std::string DiagnoseConfigJson(const std::string& train_config_json,
                                const std::string& checkpoint_dir,
                                const DiagnoseSettings& settings);

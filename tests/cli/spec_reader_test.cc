@@ -300,12 +300,13 @@ INSTANTIATE_TEST_SUITE_P(
         ErrorCase{"DiagnosticsNotAList", kYaml, "diagnostics: {kinds: deff}",
                   "spec.diagnostics.kinds: expected a list, got a string"},
         ErrorCase{"AllowSmallNNotABool", kYaml, "diagnostics: {kinds: [deff], allow_small_n: yes}",
-                  "spec.diagnostics.allow_small_n: expected true or false, got a string"},
+                  "spec.diagnostics.allow_small_n: expected true or false, got a string \"yes\""},
         ErrorCase{"NumSequencesNotAnInt", kJson,
                   R"({"diagnostics": {"kinds": ["deff"], "num_sequences": 1.5}})",
-                  "spec.diagnostics.num_sequences: expected an integer"},
+                  "spec.diagnostics.num_sequences: expected an integer, got a number 1.5"},
         ErrorCase{"UnknownDiagnosticsField", kYaml, "diagnostics: {kinds: [deff], n: 4}",
-                  "spec.diagnostics.n: unknown field (valid: "},
+                  "spec.diagnostics.n: unknown field (valid: allow_small_n, causal_form, fixed_lr, kinds, "
+                  "num_sequences)"},
         // Keys given twice: the reader refuses rather than keep one.
         ErrorCase{"DuplicateKeyYaml", kYaml, "name: a\narchitectures: [hc]\nname: b",
                   "spec.name: duplicate key"},

@@ -156,7 +156,7 @@ TEST(SweepExpanderTest, DiagnoseConfigAddsCheckpointKindsAndSettings) {
   EXPECT_EQ(j["arch"], "hc");
   EXPECT_EQ(j["layers"], 2);
   // Defaults: automatic N, per-token causal score.
-  EXPECT_EQ(j["num_sequences"], 0);
+  EXPECT_FALSE(j.contains("num_sequences"));  // auto: the trainer's default
   EXPECT_EQ(j["allow_small_n"], false);
   EXPECT_EQ(j["causal_form"], "per_token");
 
