@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
-#include <tuple>
 #include <optional>
+#include <tuple>
 #include <utility>
 
 #include <google/protobuf/util/message_differencer.h>
