@@ -29,12 +29,10 @@
 #include "cli/commands.h"
 #include "cli/demo_sweep_yaml.h"
 #include "cli/output.h"
+#include "cli/results_doc.h"
 #include "cli/spec_reader.h"
 
 namespace depthbench::cli {
-
-// cmd_results.cc
-Table ResultsTable(const depthbench::v1::QueryResultsResponse& resp);
 
 namespace {
 
@@ -331,8 +329,11 @@ int RunDemo(CommandEnv& env, const DemoArgs& args) {
   if (!queried.ok()) return env.Fail(queried.status());
   const v1::QueryResultsResponse& results = *queried;
   out << "\nResults: best LR per (arch, shape) by final validation loss (nats/byte); "
-         "\"div\" = diverged, \"-\" = no finished run\n";
+         "\"div\" = diverged, \"-\" = no finished run; TOKENS/STEPS: the shape's token "
+         "budget (20 per Pre-LN parameter unless the spec fixes the steps), the same for "
+         "every design\n";
   ResultsTable(results).Print(out);
+  if (AnyLegacy(results)) out << "\n" << kLegacyFootnote << "\n";
   int failed = 0;
   {
     auto it = sweep.job_counts().find("failed");

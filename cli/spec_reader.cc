@@ -66,6 +66,11 @@ absl::StatusOr<double> Double(const json& j, const std::string& path) {
   return Err(path, absl::StrCat("expected a number, got ", Kind(j), " ", j.dump()));
 }
 
+absl::StatusOr<bool> Bool(const json& j, const std::string& path) {
+  if (j.is_boolean()) return j.get<bool>();
+  return Err(path, absl::StrCat("expected true or false, got ", Kind(j), " ", j.dump()));
+}
+
 absl::StatusOr<std::string> String(const json& j, const std::string& path) {
   if (j.is_string()) return j.get<std::string>();
   return Err(path, absl::StrCat("expected a string, got ", Kind(j), " ", j.dump()));
@@ -120,6 +125,14 @@ template <typename Setter>
 Handler DoubleField(Setter set) {
   return [set](const json& j, const std::string& p) -> absl::Status {
     ASSIGN_OR_RETURN(double v, Double(j, p));
+    set(v);
+    return absl::OkStatus();
+  };
+}
+template <typename Setter>
+Handler BoolField(Setter set) {
+  return [set](const json& j, const std::string& p) -> absl::Status {
+    ASSIGN_OR_RETURN(bool v, Bool(j, p));
     set(v);
     return absl::OkStatus();
   };
@@ -509,13 +522,18 @@ absl::StatusOr<v1::SweepSpec> SpecFromJson(const json& root) {
          });
        }},
       {"diagnostics", [s](const json& j, const std::string& p) -> absl::Status {
-         // Either a list of kinds or {kinds: [...]}.
+         // Either a list of kinds or {kinds: [...], num_sequences, ...}.
          const json* kinds = &j;
          std::string kp = p;
          if (j.is_object()) {
-           RETURN_IF_ERROR(Fields(j, p, {{"kinds", [](const json&, const std::string&) {
-                                            return absl::OkStatus();
-                                          }}}));
+           auto* d = s->mutable_diagnostics();
+           RETURN_IF_ERROR(Fields(j, p, {
+               {"kinds", [](const json&, const std::string&) { return absl::OkStatus(); }},
+               {"num_sequences", IntField([d](int64_t v) { d->set_num_sequences(v); })},
+               {"allow_small_n", BoolField([d](bool v) { d->set_allow_small_n(v); })},
+               {"causal_form", StringField([d](const std::string& v) { d->set_causal_form(v); })},
+               {"fixed_lr", DoubleField([d](double v) { d->set_fixed_lr(v); })},
+           }));
            if (!j.contains("kinds")) return absl::OkStatus();
            kinds = &j["kinds"];
            kp = p + ".kinds";

@@ -79,6 +79,32 @@ GroupSelection SelectBestFromTallies(const std::vector<storage::LrTally>& lrs) {
   return out;
 }
 
+int64_t DiagnosisTarget(const GroupSelection& selection,
+                        const std::vector<storage::GroupMember>& jobs, double fixed_lr) {
+  if (!selection.complete) return 0;
+  if (fixed_lr <= 0) return selection.best_job_id;
+  int64_t target = 0;
+  double best = 0;
+  for (const storage::GroupMember& job : jobs) {
+    if (job.lr != fixed_lr || job.state != "succeeded" || !job.val_loss.has_value()) continue;
+    if (target == 0 || *job.val_loss < best) {
+      target = job.id;
+      best = *job.val_loss;
+    }
+  }
+  return target;
+}
+
+int64_t DiagnosisTargetFromTallies(const GroupSelection& selection,
+                                   const std::vector<storage::LrTally>& lrs, double fixed_lr) {
+  if (!selection.complete) return 0;
+  if (fixed_lr <= 0) return selection.best_job_id;
+  for (const storage::LrTally& t : lrs) {
+    if (t.lr == fixed_lr) return t.best_job_id;
+  }
+  return 0;
+}
+
 std::string LrsToJson(const std::vector<LrSummary>& lrs) {
   nlohmann::json arr = nlohmann::json::array();
   for (const LrSummary& s : lrs) {

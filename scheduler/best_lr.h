@@ -57,6 +57,20 @@ storage::LrTally TallyOf(const std::string& state, std::optional<double> val_los
 // loss is lower (callers add jobs by id, so ties keep the lowest id).
 void Accumulate(storage::LrTally* into, const storage::LrTally& add);
 
+// The run a group's diagnose job examines, 0 while there is none. Nothing
+// before the group is complete (spec section 6: once every LR has ended).
+// fixed_lr == 0: the best run (selection.best_job_id). fixed_lr > 0 (spec
+// section 9, the paper's Figures 5-6 at 2e-3): the succeeded run at exactly
+// that LR with the lowest validation loss over its seeds, whether or not it
+// is the best LR; 0 when every run at that LR diverged or failed (such an LR
+// has no checkpoint worth diagnosing).
+int64_t DiagnosisTarget(const GroupSelection& selection,
+                        const std::vector<storage::GroupMember>& jobs, double fixed_lr);
+// The same from the group's LR tallies (each LR's best_job_id is its
+// succeeded run with the lowest loss, ties to the lowest id).
+int64_t DiagnosisTargetFromTallies(const GroupSelection& selection,
+                                   const std::vector<storage::LrTally>& lrs, double fixed_lr);
+
 // lrs as JSON: [{"lr":..,"val_loss":..|null,"diverged":bool,"succeeded":n,
 // "diverged_runs":n,"failed_runs":n}, ...]
 std::string LrsToJson(const std::vector<LrSummary>& lrs);

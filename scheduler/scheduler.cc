@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <functional>
+#include <map>
 #include <optional>
 #include <tuple>
 #include <utility>
@@ -18,6 +19,7 @@
 #include "scheduler/sweep_expander.h"
 #include "storage/migrations.h"
 #include "trainer_core/arch.h"
+#include "trainer_core/train_config.h"
 
 namespace depthbench::scheduler {
 
@@ -790,9 +792,40 @@ absl::StatusOr<v1::QueryResultsResponse> Scheduler::QueryResults(
     ASSIGN_OR_RETURN(storage::SweepRecord sweep, FindSweep(db, request.sweep()));
     v1::QueryResultsResponse out;
     if (request.page_token().empty()) {
-      ASSIGN_OR_RETURN(std::vector<storage::ResultRecord> rows,
-                       storage::ResultStore(db).List(sweep.id));
-      for (const storage::ResultRecord& r : rows) *out.add_rows() = ResultRowProto(r);
+      ASSIGN_OR_RETURN(v1::SweepSpec spec, ParseSpec(sweep));
+      const double fixed_lr = spec.diagnostics().fixed_lr();
+      storage::ResultStore results(db);
+      storage::JobStore jobs(db);
+      ASSIGN_OR_RETURN(std::vector<storage::ResultRecord> rows, results.List(sweep.id));
+      for (const storage::ResultRecord& r : rows) {
+        v1::ResultRow* row = out.add_rows();
+        *row = ResultRowProto(r);
+        // The token budget is the same for every run of a group: one
+        // config per group (O(groups), not O(jobs)).
+        ASSIGN_OR_RETURN(std::string config_text,
+                         jobs.GroupConfig(sweep.id, r.arch, r.layers, r.d_model));
+        const nlohmann::json config_json = nlohmann::json::parse(config_text, nullptr, false);
+        absl::StatusOr<TrainConfig> config = TrainConfigFromJson(config_json);
+        if (config.ok()) {
+          // Jobs submitted before budget_params existed trained on the
+          // design's own count, which the row's params is.
+          if (!config_json.contains("budget_params") && r.params > 0) {
+            config->budget_params = r.params;
+          }
+          const TokenBudget budget = ResolveTokenBudget(*config);
+          row->set_budget_params(budget.params);
+          row->set_budget_tokens(budget.tokens);
+          row->set_budget_steps(budget.steps);
+        }
+        ASSIGN_OR_RETURN(std::vector<storage::LrTally> tallies,
+                         results.ListLrs(sweep.id, r.arch, r.layers, r.d_model));
+        const GroupSelection selection = SelectBestFromTallies(tallies);
+        const int64_t target = DiagnosisTargetFromTallies(selection, tallies, fixed_lr);
+        row->set_diagnosed_job_id(target);
+        if (target != 0) {
+          row->set_diagnosed_lr(fixed_lr > 0 ? fixed_lr : selection.best_lr.value_or(0));
+        }
+      }
     }
     // One extra row tells whether another page exists.
     ASSIGN_OR_RETURN(std::vector<storage::RunRecord> runs,
@@ -1331,7 +1364,14 @@ absl::Status Scheduler::RecordDiagnostics(const JobRecord& job,
   }
   ASSIGN_OR_RETURN(std::optional<storage::ResultRecord> row,
                    results_.Get(job.sweep_id, job.arch, job.layers, job.d_model));
-  if (!row || row->best_job_id != job.parent_job_id) return absl::OkStatus();
+  // Only the diagnostics of the group's current diagnosis target (the best
+  // run, or the run at spec.diagnostics.fixed_lr) reach the results row.
+  ASSIGN_OR_RETURN(std::vector<storage::GroupMember> group,
+                   jobs_.ListGroup(job.sweep_id, job.arch, job.layers, job.d_model));
+  ASSIGN_OR_RETURN(const v1::SweepSpec* spec, SpecFor(job.sweep_id));
+  const int64_t target =
+      DiagnosisTarget(SelectBest(group), group, spec->diagnostics().fixed_lr());
+  if (!row || target == 0 || target != job.parent_job_id) return absl::OkStatus();
   nlohmann::json existing = nlohmann::json::parse(row->diagnostics_json, nullptr, false);
   if (!existing.is_object()) existing = nlohmann::json::object();
   for (auto& [kind, data] : merged.items()) existing[kind] = data;
@@ -1407,21 +1447,24 @@ absl::Status Scheduler::UpdateGroup(const JobRecord& changed, const std::string&
     if (previous_best != 0) RETURN_IF_ERROR(jobs_.SetBest(previous_best, false));
     if (best_job != 0) RETURN_IF_ERROR(jobs_.SetBest(best_job, true));
   }
-  if (best_job == 0) return absl::OkStatus();
+  // Any change to the group's runs passes through an incomplete group (best
+  // 0), which cleared the diagnostics above; so they always belong to the
+  // current target, in either mode.
   ASSIGN_OR_RETURN(const v1::SweepSpec* spec, SpecFor(changed.sweep_id));
   if (spec->diagnostics().kinds_size() == 0) return absl::OkStatus();
+  const DiagnoseSettings settings = DiagnoseSettingsFromSpec(spec->diagnostics());
+  const int64_t target = DiagnosisTargetFromTallies(selection, tallies, settings.fixed_lr);
+  if (target == 0) return absl::OkStatus();
   ASSIGN_OR_RETURN(std::optional<storage::SweepRecord> sweep, sweeps_.Get(changed.sweep_id));
   if (!sweep || sweep->cancelled) return absl::OkStatus();
-  ASSIGN_OR_RETURN(bool queued, jobs_.HasChildren(best_job));
+  ASSIGN_OR_RETURN(bool queued, jobs_.HasChildren(target));
   if (queued) return absl::OkStatus();
-  ASSIGN_OR_RETURN(JobRecord best, jobs_.Get(best_job));
-  std::vector<std::string> kinds(spec->diagnostics().kinds().begin(),
-                                 spec->diagnostics().kinds().end());
+  ASSIGN_OR_RETURN(JobRecord best, jobs_.Get(target));
   JobRecord diag = best;
   diag.id = 0;
   diag.kind = "diagnose";
   diag.state = "pending";
-  diag.config_json = DiagnoseConfigJson(best.config_json, best.checkpoint_dir, kinds);
+  diag.config_json = DiagnoseConfigJson(best.config_json, best.checkpoint_dir, settings);
   diag.attempts_used = 0;
   diag.max_attempts = RetryFromSpec(spec->retry()).max_attempts;
   diag.current_attempt_id = 0;

@@ -162,10 +162,66 @@ absl::Status ValidateTraining(const TrainingSettings& t) {
   return absl::OkStatus();
 }
 
+// spec.diagnostics beyond the kinds: the D_eff sample size against every
+// shape's width, the causal form, and a fixed LR that every architecture's
+// grid holds exactly.
+absl::Status ValidateDiagnostics(const SweepSpec& spec, const std::vector<ModelShape>& shapes) {
+  const auto& d = spec.diagnostics();
+  if (d.num_sequences() < 0) {
+    return Field("diagnostics.num_sequences",
+                 absl::StrCat("must be >= 0 (0 = auto), got ", d.num_sequences()));
+  }
+  if (d.num_sequences() > 0 && !d.allow_small_n()) {
+    for (const ModelShape& shape : shapes) {
+      if (d.num_sequences() < shape.d_model) {
+        return Field("diagnostics.num_sequences", absl::StrCat(
+            d.num_sequences(), " sequences is below d_model ", shape.d_model, " of shape ",
+            shape.layers, "x", shape.d_model, ": linear CKA of so few pooled states is near 1 "
+            "for any model, so D_eff would mean nothing; use 0 (auto, several times d_model), "
+            "at least ", shape.d_model, ", or set diagnostics.allow_small_n"));
+      }
+    }
+  }
+  if (!d.causal_form().empty() && d.causal_form() != "per_token" &&
+      d.causal_form() != "ratio_of_means") {
+    return Field("diagnostics.causal_form", absl::StrCat(
+        "must be \"per_token\" or \"ratio_of_means\", got \"", d.causal_form(), "\""));
+  }
+  if (!std::isfinite(d.fixed_lr()) || d.fixed_lr() < 0) {
+    return Field("diagnostics.fixed_lr", absl::StrCat(
+        "must be 0 (diagnose the best-LR run) or a learning rate of the grid, got ", d.fixed_lr()));
+  }
+  if (d.fixed_lr() > 0) {
+    for (const std::string& arch_name : spec.architectures()) {
+      std::vector<double> lrs;
+      auto grid = spec.lr_grids().find(arch_name);
+      if (grid != spec.lr_grids().end()) {
+        lrs.assign(grid->second.lrs().begin(), grid->second.lrs().end());
+      } else {
+        absl::StatusOr<Arch> arch = ParseArch(arch_name);
+        if (arch.ok()) lrs = DefaultLrGrid(*arch);
+      }
+      bool found = false;
+      for (double lr : lrs) found = found || lr == d.fixed_lr();
+      if (!found) {
+        std::string listed;
+        for (double lr : lrs) absl::StrAppend(&listed, listed.empty() ? "" : ", ", lr);
+        return Field("diagnostics.fixed_lr", absl::StrCat(
+            d.fixed_lr(), " is not in the LR grid of ", arch_name, " (", listed,
+            "): the diagnosed run must be one the sweep trains"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 nlohmann::json TrainConfigObject(const TrainingSettings& t, const std::string& arch,
                                  const ModelShape& shape, double lr, int64_t seed) {
   nlohmann::json j;
   j["arch"] = arch;
+  // Spec section 5: the budget is 20 tokens per Pre-LN parameter of the
+  // shape for every design; written out so the job config shows it.
+  j["budget_params"] = TotalParams(shape);
   j["layers"] = shape.layers;
   j["d_model"] = shape.d_model;
   j["d_ff"] = shape.d_ff;
@@ -346,12 +402,13 @@ absl::StatusOr<ExpandedSweep> ExpandSweep(const SweepSpec& spec) {
     if (!ok) return Field(path, absl::StrCat("must be a lowercase identifier, got \"", kind, "\""));
     if (!kinds.insert(kind).second) return Field(path, absl::StrCat("duplicate kind \"", kind, "\""));
   }
+  RETURN_IF_ERROR(ValidateDiagnostics(spec, shapes));
   RETURN_IF_ERROR(NonNegative(true, spec.resources().devices(), "resources.devices"));
   RETURN_IF_ERROR(NonNegative(true, spec.resources().memory_mb(), "resources.memory_mb"));
 
   ExpandedSweep out;
   out.retry = RetryFromSpec(retry);
-  out.diagnostics.assign(spec.diagnostics().kinds().begin(), spec.diagnostics().kinds().end());
+  out.diagnose = DiagnoseSettingsFromSpec(spec.diagnostics());
   int64_t total = 0;
   for (const std::string& arch_name : spec.architectures()) {
     Arch arch = *ParseArch(arch_name);
@@ -374,6 +431,7 @@ absl::StatusOr<ExpandedSweep> ExpandSweep(const SweepSpec& spec) {
       group.params = TotalParams(shape) +
                      ExtraParamsFormula(arch, shape.layers, shape.d_model, shape.kv_dim(), streams);
       group.lrs = lrs;
+      const size_t group_index = out.groups.size();
       out.groups.push_back(group);
       for (double lr : lrs) {
         for (int64_t seed : seeds) {
@@ -383,6 +441,12 @@ absl::StatusOr<ExpandedSweep> ExpandSweep(const SweepSpec& spec) {
           absl::StatusOr<TrainConfig> parsed = TrainConfigFromJson(config);
           if (!parsed.ok()) {
             return TrainerRefused(parsed.status(), arch_name, shape, lr, seed);
+          }
+          if (out.groups[group_index].budget_steps == 0) {
+            const TokenBudget budget = ResolveTokenBudget(*parsed);
+            out.groups[group_index].budget_params = budget.params;
+            out.groups[group_index].budget_tokens = budget.tokens;
+            out.groups[group_index].budget_steps = budget.steps;
           }
           out.jobs.push_back({arch_name, shape, lr, seed, config.dump()});
         }
@@ -397,13 +461,28 @@ std::string TrainConfigJson(const TrainingSettings& t, const std::string& arch,
   return TrainConfigObject(t, arch, shape, lr, seed).dump();
 }
 
+DiagnoseSettings DiagnoseSettingsFromSpec(const depthbench::v1::DiagnosticsSpec& d) {
+  DiagnoseSettings out;
+  out.kinds.assign(d.kinds().begin(), d.kinds().end());
+  out.num_sequences = d.num_sequences();
+  out.allow_small_n = d.allow_small_n();
+  if (!d.causal_form().empty()) out.causal_form = d.causal_form();
+  out.fixed_lr = d.fixed_lr();
+  return out;
+}
+
 std::string DiagnoseConfigJson(const std::string& train_config_json,
                                const std::string& checkpoint_dir,
-                               const std::vector<std::string>& kinds) {
+                               const DiagnoseSettings& settings) {
   nlohmann::json j = nlohmann::json::parse(train_config_json, nullptr, false);
   if (!j.is_object()) j = nlohmann::json::object();
   j["checkpoint"] = checkpoint_dir;
-  j["kinds"] = kinds;
+  j["kinds"] = settings.kinds;
+  // 0 (auto) is the trainer's own default: left out, so the key appears
+  // only when the spec fixes N.
+  if (settings.num_sequences > 0) j["num_sequences"] = settings.num_sequences;
+  j["allow_small_n"] = settings.allow_small_n;
+  j["causal_form"] = settings.causal_form;
   return j.dump();
 }
 

@@ -43,7 +43,25 @@ struct PlannedGroup {
   ModelShape shape;
   int64_t params = 0;  // total + the design's extra parameters
   std::vector<double> lrs;
+  // The token budget of every run of the group (trainer_core/train_config.h
+  // ResolveTokenBudget), identical for every design at this shape.
+  int64_t budget_params = 0;  // the shape's Pre-LN count
+  int64_t budget_tokens = 0;
+  int64_t budget_steps = 0;
 };
+
+// What the diagnose jobs get (spec.diagnostics, defaults applied).
+struct DiagnoseSettings {
+  std::vector<std::string> kinds;
+  int64_t num_sequences = 0;  // 0 = auto
+  bool allow_small_n = false;
+  std::string causal_form = "per_token";
+  double fixed_lr = 0;  // 0 = the best-LR run
+};
+
+// The diagnose settings of a spec, defaults applied (not validated:
+// ExpandSweep validates).
+DiagnoseSettings DiagnoseSettingsFromSpec(const depthbench::v1::DiagnosticsSpec& spec);
 
 struct RetrySettings {
   int64_t max_attempts = 3;
@@ -56,7 +74,7 @@ struct ExpandedSweep {
   std::vector<PlannedJob> jobs;
   std::vector<PlannedGroup> groups;
   RetrySettings retry;
-  std::vector<std::string> diagnostics;
+  DiagnoseSettings diagnose;
 };
 
 // Retry policy with defaults applied (validated).
@@ -68,7 +86,9 @@ absl::StatusOr<ExpandedSweep> ExpandSweep(const depthbench::v1::SweepSpec& spec)
 absl::StatusOr<std::vector<ModelShape>> SpecShapes(
     const depthbench::v1::SweepSpec& spec);
 
-// Train-config JSON for one point of the grid: the grid point plus every
+// Train-config JSON for one point of the grid: the grid point, its token
+// budget's parameter count `budget_params` (the shape's Pre-LN count,
+// TotalParams(shape): the same for every design at the shape), plus every
 // setting `training` sets (TrainingSettings' field names are the trainer's
 // keys); unset settings are left to the trainer's defaults. Not validated
 // (ExpandSweep validates).
@@ -77,10 +97,13 @@ std::string TrainConfigJson(const depthbench::v1::TrainingSettings& training,
                             double lr, int64_t seed);
 
 // Diagnose-config JSON: the diagnosed run's train config plus
-// {"checkpoint": checkpoint_dir, "kinds": kinds}.
+// {"checkpoint": checkpoint_dir, "kinds": [...], "num_sequences": N (only
+// when the spec fixes N; absent = auto, the trainer's default),
+// "allow_small_n": bool, "causal_form": "per_token"|"ratio_of_means"} (the
+// keys of trainer_core/diagnostics/run.h's diagnose config).
 std::string DiagnoseConfigJson(const std::string& train_config_json,
                                const std::string& checkpoint_dir,
-                               const std::vector<std::string>& kinds);
+                               const DiagnoseSettings& settings);
 
 }  // namespace depthbench::scheduler
 

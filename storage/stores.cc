@@ -297,6 +297,16 @@ absl::StatusOr<std::vector<JobRecord>> JobStore::ListBySweep(int64_t sweep_id) {
   return ReadJobs(q);
 }
 
+absl::StatusOr<std::string> JobStore::GroupConfig(int64_t sweep_id, const std::string& arch,
+                                                   int64_t layers, int64_t d_model) {
+  ASSIGN_OR_RETURN(Query q, db_->Prepare(
+      "SELECT config_json FROM jobs WHERE sweep_id = ? AND arch = ? AND layers = ? AND "
+      "d_model = ? AND kind = 'train' LIMIT 1"));
+  q.Bind(1, sweep_id).Bind(2, arch).Bind(3, layers).Bind(4, d_model);
+  ASSIGN_OR_RETURN(bool row, q.Step());
+  return row ? q.ColumnText(0) : std::string("{}");
+}
+
 absl::StatusOr<std::vector<GroupMember>> JobStore::ListGroup(
     int64_t sweep_id, const std::string& arch, int64_t layers, int64_t d_model) {
   ASSIGN_OR_RETURN(Query q, db_->Prepare(

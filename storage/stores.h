@@ -84,6 +84,10 @@ class JobStore {
   absl::StatusOr<std::vector<JobRecord>> ListBySweep(int64_t sweep_id);
   // Train jobs of one (arch, shape) group of a sweep, by id: the columns
   // best-LR selection needs.
+  // The config of one train job of the group (they share shape and
+  // budget); "{}" when the group has none.
+  absl::StatusOr<std::string> GroupConfig(int64_t sweep_id, const std::string& arch,
+                                          int64_t layers, int64_t d_model);
   absl::StatusOr<std::vector<GroupMember>> ListGroup(int64_t sweep_id,
                                                      const std::string& arch,
                                                      int64_t layers,

@@ -89,6 +89,7 @@ const std::vector<FlagSpec>& TrainFlags() {
       {"--steps", "steps", Kind::kInt, "optimizer steps (overrides tokens)"},
       {"--tokens", "tokens", Kind::kInt, "training tokens (overrides tokens-per-param)"},
       {"--tokens-per-param", "tokens_per_param", Kind::kDouble, "tokens per parameter (default 20)"},
+      {"--budget-params", "budget_params", Kind::kInt, "parameter count the token budget counts (default: the shape's Pre-LN count, the same for every design)"},
       {"--lr", "lr", Kind::kDouble, "peak learning rate"},
       {"--seed", "seed", Kind::kInt, "seed for init and data order (default 0)"},
       {"--threads", "threads", Kind::kInt, "LibTorch intra-op threads (default: all cores)"},

@@ -154,12 +154,14 @@ absl::StatusOr<SuiteDefinition> NamedSuite(std::string_view name) {
     s.match = MatchBy::kBackbone;
   } else if (name == "ladder200M" || name == "ladder300M" ||
              name == "ladder400M" || name == "ladder500M") {
-    // Three aspect ratios near 76, 43 and 28 around each reference.
-    s.aspect_targets = {76.0, 43.0, 28.0};
-    if (name == "ladder200M") { s.ref_layers = 18; s.ref_d_model = 768; }
-    if (name == "ladder300M") { s.ref_layers = 21; s.ref_d_model = 896; }
-    if (name == "ladder400M") { s.ref_layers = 24; s.ref_d_model = 1024; }
-    if (name == "ladder500M") { s.ref_layers = 26; s.ref_d_model = 1120; }
+    // Spec section 4: three aspect ratios near 28, 43 and 76 per budget, with
+    // the depths fixed per budget (the paper's Appendix B configurations) and
+    // d solved. Listed deep, reference, shallow; e.g. ladder500M gives
+    // (34, 992), (26, 1120), (17, 1344).
+    if (name == "ladder200M") { s.ref_layers = 18; s.ref_d_model = 768; s.layers = {24, 18, 12}; }
+    if (name == "ladder300M") { s.ref_layers = 21; s.ref_d_model = 896; s.layers = {28, 21, 14}; }
+    if (name == "ladder400M") { s.ref_layers = 24; s.ref_d_model = 1024; s.layers = {32, 24, 16}; }
+    if (name == "ladder500M") { s.ref_layers = 26; s.ref_d_model = 1120; s.layers = {34, 26, 17}; }
   } else if (name == "gqa1.6B") {
     s.ref_layers = 28; s.ref_d_model = 2048;
     s.layers = {28, 40, 54};

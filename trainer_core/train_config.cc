@@ -60,7 +60,8 @@ absl::Status GetString(const json& j, const std::string& key, std::string* out) 
 const std::set<std::string>& KnownKeys() {
   static const auto* keys = new std::set<std::string>{
       "arch", "layers", "d_model", "d_ff", "heads", "kv_heads", "vocab",
-      "seq_len", "batch", "steps", "tokens", "tokens_per_param", "lr", "seed",
+      "seq_len", "batch", "steps", "tokens", "tokens_per_param", "budget_params",
+      "lr", "seed",
       "threads", "data", "eval_interval", "eval_batches",
       "checkpoint_interval", "checkpoint_minutes", "warmup_frac", "min_lr_frac", "weight_decay",
       "grad_clip", "explode_threshold", "hc_streams", "hc_form", "init",
@@ -117,6 +118,11 @@ absl::StatusOr<TrainConfig> TrainConfigFromJson(const json& j) {
     c.tokens = v;
   }
   RETURN_IF_ERROR(GetDouble(j, "tokens_per_param", &c.tokens_per_param));
+  if (j.contains("budget_params")) {
+    int64_t v = 0;
+    RETURN_IF_ERROR(GetInt(j, "budget_params", &v));
+    c.budget_params = v;
+  }
   RETURN_IF_ERROR(GetDouble(j, "lr", &c.lr));
   int64_t seed = 0;
   RETURN_IF_ERROR(GetInt(j, "seed", &seed));
@@ -204,6 +210,7 @@ absl::Status ValidateTrainConfig(const TrainConfig& c) {
   if (c.steps) RETURN_IF_ERROR(positive("steps", static_cast<double>(*c.steps)));
   if (c.tokens) RETURN_IF_ERROR(positive("tokens", static_cast<double>(*c.tokens)));
   RETURN_IF_ERROR(positive("tokens_per_param", c.tokens_per_param));
+  if (c.budget_params) RETURN_IF_ERROR(positive("budget_params", static_cast<double>(*c.budget_params)));
   RETURN_IF_ERROR(positive("lr", c.lr));
   RETURN_IF_ERROR(non_negative("threads", static_cast<double>(c.threads)));
   RETURN_IF_ERROR(non_negative("eval_interval", static_cast<double>(c.eval_interval)));
@@ -232,13 +239,18 @@ absl::Status ValidateTrainConfig(const TrainConfig& c) {
   return absl::OkStatus();
 }
 
-int64_t ResolveTotalSteps(const TrainConfig& c, int64_t parameter_count) {
-  if (c.steps) return *c.steps;
-  const double tokens = c.tokens ? static_cast<double>(*c.tokens)
-                                 : c.tokens_per_param * static_cast<double>(parameter_count);
+TokenBudget ResolveTokenBudget(const TrainConfig& c) {
+  TokenBudget b;
+  b.params = c.budget_params ? *c.budget_params : TotalParams(c.shape);
+  b.tokens = c.tokens ? *c.tokens
+                      : static_cast<int64_t>(std::ceil(c.tokens_per_param * static_cast<double>(b.params)));
   const double per_step = static_cast<double>(c.batch * c.seq_len);
-  return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(tokens / per_step)));
+  b.steps = c.steps ? *c.steps
+                    : std::max<int64_t>(1, static_cast<int64_t>(std::ceil(static_cast<double>(b.tokens) / per_step)));
+  return b;
 }
+
+int64_t ResolveTotalSteps(const TrainConfig& c) { return ResolveTokenBudget(c).steps; }
 
 nlohmann::json TrainConfig::ToJson() const {
   json j;
@@ -254,6 +266,7 @@ nlohmann::json TrainConfig::ToJson() const {
   if (steps) j["steps"] = *steps;
   if (tokens) j["tokens"] = *tokens;
   j["tokens_per_param"] = tokens_per_param;
+  if (budget_params) j["budget_params"] = *budget_params;
   j["lr"] = lr;
   j["seed"] = seed;
   j["threads"] = threads;

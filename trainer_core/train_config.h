@@ -26,6 +26,11 @@ struct TrainConfig {
   std::optional<int64_t> steps;
   std::optional<int64_t> tokens;
   double tokens_per_param = 20.0;
+  // The parameter count the token budget is 20 (tokens_per_param) tokens per:
+  // spec section 5, the Pre-LN count of the shape (TotalParams(shape)), the
+  // same for every design at that shape; a design's extra parameters buy no
+  // extra tokens. Unset = TotalParams(shape); the scheduler always sets it.
+  std::optional<int64_t> budget_params;
   double lr = 0.0;
   uint64_t seed = 0;
   int64_t threads = 0;         // 0: all cores
@@ -76,9 +81,21 @@ absl::StatusOr<TrainConfig> TrainConfigFromJson(const nlohmann::json& j);
 // shape; the error names the field.
 absl::Status ValidateTrainConfig(const TrainConfig& config);
 
-// Total optimizer steps: `steps` if given, else ceil(tokens / (B * T)), with
-// tokens = `tokens` if given, else tokens_per_param * parameter_count.
-int64_t ResolveTotalSteps(const TrainConfig& config, int64_t parameter_count);
+// The token budget of a run (spec section 5), identical for every design at
+// one shape: `budget_params` (default: the Pre-LN count TotalParams(shape));
+// `tokens` = the config's `tokens` if given, else
+// ceil(tokens_per_param * budget_params); `steps` = the config's `steps` if
+// given, else ceil(tokens / (batch * seq_len)) (at least 1). The design's own
+// parameter count plays no part.
+struct TokenBudget {
+  int64_t params = 0;
+  int64_t tokens = 0;
+  int64_t steps = 0;
+};
+TokenBudget ResolveTokenBudget(const TrainConfig& config);
+
+// ResolveTokenBudget(config).steps: the run's total optimizer steps.
+int64_t ResolveTotalSteps(const TrainConfig& config);
 
 }  // namespace depthbench
 

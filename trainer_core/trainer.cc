@@ -138,7 +138,9 @@ absl::StatusOr<RunResult> Trainer::Run() {
   ModelOptions model_options = ModelOptionsFor(config_);
   ASSIGN_OR_RETURN(LanguageModel model, BuildModel(model_options));
   model->train();
-  const int64_t total_steps = ResolveTotalSteps(config_, model->ParameterCount());
+  // The budget counts the shape's Pre-LN parameters, not this design's.
+  const TokenBudget budget = ResolveTokenBudget(config_);
+  const int64_t total_steps = budget.steps;
 
   std::unique_ptr<torch::optim::AdamW> optimizer_owner =
       MakeAdamW(model->ParameterGroups(), config_.lr, config_.weight_decay);
@@ -184,6 +186,7 @@ absl::StatusOr<RunResult> Trainer::Run() {
                   {"backbone", BackboneParams(config_.shape)},
                   {"extra", count.ok() ? count->extra : 0}}},
       {"total_steps", total_steps},
+      {"budget", {{"params", budget.params}, {"tokens", budget.tokens}, {"steps", budget.steps}}},
       {"threads", threads},
       {"device", device.str()},
       {"fused_ops", device.is_cuda() && FusedOpsAvailable()},

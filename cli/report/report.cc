@@ -56,6 +56,10 @@ struct Row {
   std::vector<LrLoss> lr_losses;  // sorted by lr
   std::optional<double> r_causal, r_perm, deff_over_l;
   std::optional<Matrix> angular, causal, perm;
+  std::optional<int64_t> budget_tokens, budget_steps, deff_n;
+  std::optional<double> diagnosed_lr;
+  std::string causal_form;
+  bool legacy = false;
 };
 
 struct Curve {
@@ -90,6 +94,16 @@ absl::StatusOr<int64_t> PositiveInt(const json& obj, const char* key,
   const json& v = obj[key];
   if (!v.is_number_integer() || v.get<int64_t>() <= 0) {
     return Bad(absl::StrCat(where, ".", key), "must be a positive integer");
+  }
+  return v.get<int64_t>();
+}
+
+absl::StatusOr<std::optional<int64_t>> OptCount(const json& obj, const char* key,
+                                                const std::string& where) {
+  if (!obj.contains(key) || obj[key].is_null()) return std::nullopt;
+  const json& v = obj[key];
+  if (!v.is_number_integer() || v.get<int64_t>() < 0) {
+    return Bad(absl::StrCat(where, ".", key), "must be a non-negative integer or null");
   }
   return v.get<int64_t>();
 }
@@ -162,6 +176,9 @@ absl::StatusOr<Results> Parse(const json& doc) {
       }
       row.params = j["params"].get<int64_t>();
     }
+    ASSIGN_OR_RETURN(row.budget_tokens, OptCount(j, "budget_tokens", where));
+    ASSIGN_OR_RETURN(row.budget_steps, OptCount(j, "budget_steps", where));
+    ASSIGN_OR_RETURN(row.diagnosed_lr, OptNumber(j, "diagnosed_lr", where));
     ASSIGN_OR_RETURN(row.best_lr, OptNumber(j, "best_lr", where));
     ASSIGN_OR_RETURN(row.val_loss, OptNumber(j, "val_loss", where));
     if (j.contains("run_id") && !j["run_id"].is_null()) {
@@ -199,6 +216,15 @@ absl::StatusOr<Results> Parse(const json& doc) {
       ASSIGN_OR_RETURN(row.r_causal, OptNumber(d, "r_causal", dw));
       ASSIGN_OR_RETURN(row.r_perm, OptNumber(d, "r_perm", dw));
       ASSIGN_OR_RETURN(row.deff_over_l, OptNumber(d, "deff_over_l", dw));
+      ASSIGN_OR_RETURN(row.deff_n, OptCount(d, "deff_n", dw));
+      if (d.contains("causal_form") && !d["causal_form"].is_null()) {
+        if (!d["causal_form"].is_string()) return Bad(dw + ".causal_form", "must be a string");
+        row.causal_form = d["causal_form"].get<std::string>();
+      }
+      if (d.contains("legacy") && !d["legacy"].is_null()) {
+        if (!d["legacy"].is_boolean()) return Bad(dw + ".legacy", "must be true or false");
+        row.legacy = d["legacy"].get<bool>();
+      }
       ASSIGN_OR_RETURN(row.angular, OptMatrix(d, "angular", dw));
       ASSIGN_OR_RETURN(row.causal, OptMatrix(d, "causal", dw));
       ASSIGN_OR_RETURN(row.perm, OptMatrix(d, "perm", dw));
@@ -275,8 +301,10 @@ std::string ParamsM(const Row& row) {
 std::string CsvOf(const Results& r) {
   const std::vector<double> lrs = AllLrs(r);
   std::vector<std::string> header = {
-      "sweep",   "arch",     "layers",   "d_model", "aspect_ratio", "params",
-      "best_lr", "val_loss", "r_causal", "r_perm",  "deff_over_l",  "run_id"};
+      "sweep",    "arch",     "layers",      "d_model", "aspect_ratio",
+      "params",   "tokens",   "steps",       "best_lr", "val_loss",
+      "diag_lr",  "r_causal", "causal_form", "r_perm",  "deff_over_l",
+      "deff_n",   "legacy",   "run_id"};
   for (double lr : lrs) header.push_back(absl::StrCat("loss@lr=", LrLabel(lr)));
   std::string out = absl::StrJoin(header, ",") + "\n";
   for (const Row& row : r.rows) {
@@ -287,12 +315,18 @@ std::string CsvOf(const Results& r) {
         absl::StrCat(row.d_model),
         absl::StrFormat("%.4f", row.aspect),
         row.params ? absl::StrCat(*row.params) : "",
+        row.budget_tokens ? absl::StrCat(*row.budget_tokens) : "",
+        row.budget_steps ? absl::StrCat(*row.budget_steps) : "",
         Num(row.best_lr, "%.6g"),
         row.val_loss ? Num(row.val_loss, "%.6f")
                      : (row.lr_losses.empty() ? "" : "diverged"),
+        Num(row.diagnosed_lr, "%.6g"),
         Num(row.r_causal, "%.6f"),
+        CsvField(row.causal_form),
         Num(row.r_perm, "%.6f"),
         Num(row.deff_over_l, "%.6f"),
+        row.deff_n ? absl::StrCat(*row.deff_n) : "",
+        row.legacy ? "yes" : "",
         CsvField(row.run_id)};
     for (double lr : lrs) {
       std::string cell;
@@ -317,20 +351,44 @@ std::string MarkdownOf(const Results& r,
                   " (architecture, shape) points; validation loss at each "
                   "point's best learning rate. R_causal / R_perm: fraction of "
                   "late-layer pairs (first block >= ceil(L/4)) above 0.45 / "
-                  "0.15. D_eff/L: effective depth over depth.\n\n");
+                  "0.15; R_causal's form in brackets (per_token: mean over tokens "
+                  "of per-token ratios; ratio_of_means). D_eff/L: effective depth "
+                  "over depth, from N held-out sequences. Tokens: the shape's "
+                  "training budget (20 per Pre-LN parameter), the same for every "
+                  "design. Diag LR: the LR of the diagnosed run.\n\n");
   out +=
-      "| arch | L | d_model | d/L | params (M) | best LR | val loss | "
-      "R_causal | R_perm | D_eff/L |\n"
-      "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+      "| arch | L | d_model | d/L | params (M) | tokens (M) | best LR | val loss | "
+      "diag LR | R_causal | R_perm | D_eff/L | D_eff N |\n"
+      "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+  bool any_legacy = false;
   for (const Row& row : r.rows) {
     const std::string loss = row.val_loss
                                  ? Num(row.val_loss, "%.4f")
                                  : (row.lr_losses.empty() ? "" : "diverged");
+    const std::string tokens =
+        row.budget_tokens ? absl::StrFormat("%.1f", *row.budget_tokens / 1e6) : "";
+    std::string causal = Pct(row.r_causal);
+    if (!causal.empty() && !row.causal_form.empty()) {
+      absl::StrAppend(&causal, " (", MdCell(row.causal_form), ")");
+    }
+    std::string n = row.deff_n ? absl::StrCat(*row.deff_n) : "";
+    if (row.legacy) {
+      any_legacy = true;
+      absl::StrAppend(&n, n.empty() ? "" : " ", "(legacy\\*)");
+    }
     absl::StrAppend(&out, "| ", MdCell(row.arch), " | ", row.layers, " | ",
                     row.d_model, " | ", absl::StrFormat("%.2f", row.aspect),
-                    " | ", ParamsM(row), " | ", Num(row.best_lr, "%.3g"), " | ",
-                    loss, " | ", Pct(row.r_causal), " | ", Pct(row.r_perm),
-                    " | ", Num(row.deff_over_l, "%.3f"), " |\n");
+                    " | ", ParamsM(row), " | ", tokens, " | ", Num(row.best_lr, "%.3g"),
+                    " | ", loss, " | ", Num(row.diagnosed_lr, "%.3g"), " | ", causal,
+                    " | ", Pct(row.r_perm), " | ", Num(row.deff_over_l, "%.3f"), " | ", n,
+                    " |\n");
+  }
+  if (any_legacy) {
+    out +=
+        "\n\\* legacy: diagnostics stored before the causal form and the D_eff "
+        "sample size were recorded (the old ratio-of-means causal score under the "
+        "old skip rules; D_eff possibly from N far below d_model). Not comparable "
+        "with the other rows; re-run their diagnose jobs.\n";
   }
   // Pivot: arch x L -> val loss; best shape per arch in bold.
   std::set<int64_t> layer_set;

@@ -12,6 +12,10 @@
 //         "layers": 16, "d_model": 1216,         // required, > 0
 //         "aspect_ratio": 76.0,                  // optional; d_model / layers
 //         "params": 407000000,                   // optional integer
+//         "budget_tokens": 8108134400,           // optional: the shape's token
+//         "budget_steps": 7733,                  //   budget (same every design)
+//         "diagnosed_lr": 0.002,                 // optional: the LR whose run
+//                                                //   the diagnostics examine
 //         "best_lr": 0.002,                      // optional; null: none
 //         "val_loss": 2.759,                     // optional; at best_lr; null:
 //                                                //   every LR diverged
@@ -21,6 +25,9 @@
 //                                                //   diverged
 //         "diagnostics": {                       // optional; all keys optional
 //           "r_causal": 0.01, "r_perm": 0.08, "deff_over_l": 0.40,
+//           "causal_form": "per_token",  // or "ratio_of_means", "legacy"
+//           "deff_n": 4096,              // D_eff sample size (sequences)
+//           "legacy": false,             // computed with the old forms
 //           "angular": [[...]],  // (L+1) x (L+1): [l][n], l = state (0 =
 //                                // embedding), n = offset; null = undefined
 //           "causal":  [[...]],  // L x L: [s][l], s skipped block, 0-indexed

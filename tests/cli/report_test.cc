@@ -80,13 +80,14 @@ TEST(ReportTest, CsvHasLrColumnsAndDivergence) {
   auto csv = ResultsCsv(Minimal());
   ASSERT_TRUE(csv.ok()) << csv.status();
   EXPECT_EQ(*csv,
-            "sweep,arch,layers,d_model,aspect_ratio,params,best_lr,val_loss,"
-            "r_causal,r_perm,deff_over_l,run_id,loss@lr=0.002,loss@lr=0.004\n"
-            "s,pre_ln,4,64,16.0000,,0.002,3.000000,,,,,3.000000,diverged\n");
+            "sweep,arch,layers,d_model,aspect_ratio,params,tokens,steps,best_lr,val_loss,"
+            "diag_lr,r_causal,causal_form,r_perm,deff_over_l,deff_n,legacy,run_id,"
+            "loss@lr=0.002,loss@lr=0.004\n"
+            "s,pre_ln,4,64,16.0000,,,,0.002,3.000000,,,,,,,,,3.000000,diverged\n");
   auto all = ResultsCsv(Sample());
   ASSERT_TRUE(all.ok());
   // deepnorm: every LR diverged.
-  EXPECT_NE(all->find("demo,deepnorm,8,176,22.0000,,,diverged"),
+  EXPECT_NE(all->find("demo,deepnorm,8,176,22.0000,,,,,diverged"),
             std::string::npos)
       << *all;
 }

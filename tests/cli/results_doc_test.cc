@@ -5,6 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <sstream>
+#include <string>
+
 #include "cli/report/report.h"
 
 namespace depthbench::cli {
@@ -74,6 +77,119 @@ TEST(ResultsDocTest, BuildsAValidResultsDocument) {
   ASSERT_TRUE(md.ok());
   EXPECT_NE(md->find("25.0%"), std::string::npos);  // R_causal in the table
   EXPECT_NE(md->find("50.0%"), std::string::npos);  // R_perm
+}
+
+// Diagnostics carrying the new records: the causal form, the D_eff N.
+constexpr char kDiagNew[] = R"({
+  "causal": {"r_causal": 0.2, "form": "per_token"},
+  "permutation": {"r_perm": 0.4},
+  "deff": {"deff_over_l": 0.5, "num_sequences": 4096, "sequences": 4096}
+})";
+
+TEST(ResultsDocTest, CausalFormAndDeffNAndLegacyMarking) {
+  DiagnosticsSummary now = SummarizeDiagnostics(kDiagNew);
+  EXPECT_EQ(now.causal_form, "per_token");
+  ASSERT_TRUE(now.deff_n.has_value());
+  EXPECT_EQ(*now.deff_n, 4096);
+  EXPECT_FALSE(now.legacy());
+  EXPECT_EQ(CausalFormCell(now), "per_token");
+  EXPECT_EQ(DeffNCell(now), "4096");
+  // Stored before this version: no "form", no "num_sequences".
+  DiagnosticsSummary old = SummarizeDiagnostics(
+      R"({"causal": {"r_causal": 0.3}, "deff": {"deff_over_l": 0.9, "sequences": 16}})");
+  EXPECT_TRUE(old.legacy());
+  EXPECT_EQ(old.causal_form, "legacy");
+  EXPECT_TRUE(old.deff_legacy);
+  EXPECT_EQ(DeffNCell(old), "16 (legacy)");
+  EXPECT_EQ(DeffNCell(SummarizeDiagnostics(R"({"deff": {"deff_over_l": 0.9}})")), "legacy");
+  ASSERT_TRUE(old.r_causal.has_value());  // still readable
+  EXPECT_DOUBLE_EQ(*old.r_causal, 0.3);
+  // Only one kind legacy is enough to mark the row.
+  EXPECT_TRUE(SummarizeDiagnostics(R"({"causal": {"r_causal": 0.3}})").legacy());
+  // No diagnostics: nothing to mark.
+  DiagnosticsSummary none = SummarizeDiagnostics("{}");
+  EXPECT_FALSE(none.legacy());
+  EXPECT_EQ(CausalFormCell(none), "-");
+  EXPECT_EQ(DeffNCell(none), "-");
+}
+
+v1::QueryResultsResponse TwoRows() {
+  v1::QueryResultsResponse resp;
+  for (int i = 0; i < 2; ++i) {
+    v1::ResultRow* row = resp.add_rows();
+    row->set_arch(i == 0 ? "pre_ln" : "mhc");
+    row->set_layers(4);
+    row->set_d_model(96);
+    row->set_aspect_ratio(24);
+    row->set_params(i == 0 ? 455520 : 470000);
+    row->set_budget_params(455520);
+    row->set_budget_tokens(9110400);
+    row->set_budget_steps(17794);
+    row->set_has_best(true);
+    row->set_best_lr(0.003);
+    row->set_best_val_loss(2.5);
+    row->set_best_job_id(3 + i);
+    row->set_diagnosed_job_id(3 + i);
+    row->set_diagnosed_lr(0.002);
+    row->set_complete(true);
+    row->set_diagnostics_json(i == 0 ? kDiagNew
+                                     : R"({"causal": {"r_causal": 0.3}, "deff": {"deff_over_l": 0.9,
+                                          "sequences": 16}})");
+    v1::LrLoss* l = row->add_lrs();
+    l->set_lr(0.003);
+    l->set_has_loss(true);
+    l->set_val_loss(2.5);
+  }
+  return resp;
+}
+
+TEST(ResultsDocTest, ResultsTableShowsBudgetFormNAndLegacy) {
+  const v1::QueryResultsResponse resp = TwoRows();
+  std::ostringstream csv;
+  ResultsTable(resp).PrintCsv(csv);
+  std::istringstream lines(csv.str());
+  std::string header, pre_ln, mhc;
+  std::getline(lines, header);
+  std::getline(lines, pre_ln);
+  std::getline(lines, mhc);
+  EXPECT_EQ(header,
+            "ARCH,L,D,ASPECT,PARAMS,BEST_LR,VAL_LOSS,TOKENS,STEPS,LR=0.003,DIAG_LR,R_CAUSAL,"
+            "CAUSAL_FORM,R_PERM,DEFF/L,DEFF_N,DONE");
+  EXPECT_EQ(pre_ln, "pre_ln,4,96,24,455520,0.003,2.5,9110400,17794,2.5,0.002,0.2,per_token,0.4,"
+                    "0.5,4096,yes");
+  // The same budget for mhc although it has more parameters; legacy marked.
+  EXPECT_EQ(mhc, "mhc,4,96,24,470000,0.003,2.5,9110400,17794,2.5,0.002,0.3,legacy,-,0.9,"
+                 "16 (legacy),yes");
+  EXPECT_TRUE(AnyLegacy(resp));
+  v1::QueryResultsResponse fresh = resp;
+  fresh.mutable_rows()->RemoveLast();
+  EXPECT_FALSE(AnyLegacy(fresh));
+
+  nlohmann::json j = ResultsJson(resp);
+  ASSERT_EQ(j["rows"].size(), 2u);
+  EXPECT_EQ(j["rows"][0]["summary"]["causal_form"], "per_token");
+  EXPECT_EQ(j["rows"][0]["summary"]["deff_n"], 4096);
+  EXPECT_EQ(j["rows"][0]["summary"]["legacy"], false);
+  EXPECT_EQ(j["rows"][1]["summary"]["causal_form"], "legacy");
+  EXPECT_EQ(j["rows"][1]["summary"]["legacy"], true);
+  EXPECT_EQ(j["rows"][1]["budget_tokens"], "9110400");  // proto JSON: int64 as a string
+
+  nlohmann::json doc = ResultsDocument("s", resp, {});
+  ASSERT_TRUE(report::ValidateResults(doc).ok()) << report::ValidateResults(doc);
+  EXPECT_EQ(doc["rows"][0]["budget_tokens"], 9110400);
+  EXPECT_EQ(doc["rows"][0]["diagnostics"]["causal_form"], "per_token");
+  EXPECT_EQ(doc["rows"][0]["diagnostics"]["deff_n"], 4096);
+  EXPECT_EQ(doc["rows"][1]["diagnostics"]["legacy"], true);
+  auto md = report::ResultsMarkdown(doc);
+  ASSERT_TRUE(md.ok()) << md.status();
+  EXPECT_NE(md->find("20.0% (per_token)"), std::string::npos) << *md;
+  EXPECT_NE(md->find("30.0% (legacy)"), std::string::npos) << *md;
+  EXPECT_NE(md->find("| 9.1 |"), std::string::npos) << *md;  // tokens (M)
+  EXPECT_NE(md->find("legacy: diagnostics stored before"), std::string::npos) << *md;
+  auto csv_doc = report::ResultsCsv(doc);
+  ASSERT_TRUE(csv_doc.ok());
+  EXPECT_NE(csv_doc->find(",per_token,"), std::string::npos) << *csv_doc;
+  EXPECT_NE(csv_doc->find(",legacy,"), std::string::npos) << *csv_doc;
 }
 
 }  // namespace

@@ -57,7 +57,12 @@ training:
   hc_form: paper
   log_interval: 5
 retry: {max_attempts: 4, initial_backoff_ms: 250, backoff_multiplier: 1.5, max_backoff_ms: 8000}
-diagnostics: [angular, deff]
+diagnostics:
+  kinds: [angular, deff]
+  num_sequences: 64
+  allow_small_n: true
+  causal_form: ratio_of_means
+  fixed_lr: 2e-3
 resources:
   devices: 1
   memory_mb: 2048
@@ -80,7 +85,8 @@ constexpr char kFullJson[] = R"json({
                "log_interval": 5},
   "retry": {"max_attempts": 4, "initial_backoff_ms": 250, "backoff_multiplier": 1.5,
             "max_backoff_ms": 8000},
-  "diagnostics": {"kinds": ["angular", "deff"]},
+  "diagnostics": {"kinds": ["angular", "deff"], "num_sequences": 64, "allow_small_n": true,
+                  "causal_form": "ratio_of_means", "fixed_lr": 0.002},
   "resources": {"devices": 1, "memory_mb": 2048, "labels": {"pool": "a100", "zone": "7"}}
 })json";
 
@@ -119,6 +125,10 @@ TEST(SpecReaderTest, YamlAndJsonReadToTheSameSpec) {
   EXPECT_DOUBLE_EQ(s.retry().backoff_multiplier(), 1.5);
   ASSERT_EQ(s.diagnostics().kinds_size(), 2);
   EXPECT_EQ(s.diagnostics().kinds(1), "deff");
+  EXPECT_EQ(s.diagnostics().num_sequences(), 64);
+  EXPECT_TRUE(s.diagnostics().allow_small_n());
+  EXPECT_EQ(s.diagnostics().causal_form(), "ratio_of_means");
+  EXPECT_DOUBLE_EQ(s.diagnostics().fixed_lr(), 2e-3);
   EXPECT_EQ(s.resources().devices(), 1);
   EXPECT_EQ(s.resources().labels().at("zone"), "7");  // quoted: stays a string
 }
@@ -192,6 +202,12 @@ TEST(SpecReaderTest, DemoSpecReadsAndExpands) {
   ASSERT_TRUE(expanded.ok()) << expanded.status();
   EXPECT_EQ(expanded->jobs.size(), 24u);  // 4 archs x 3 tiny shapes x 2 LRs
   EXPECT_EQ(expanded->retry.max_attempts, 2);
+  // Nothing special: D_eff N automatic, the per-token causal form, the
+  // best-LR run diagnosed.
+  EXPECT_EQ(expanded->diagnose.num_sequences, 0);
+  EXPECT_FALSE(expanded->diagnose.allow_small_n);
+  EXPECT_EQ(expanded->diagnose.causal_form, "per_token");
+  EXPECT_EQ(expanded->diagnose.fixed_lr, 0);
 }
 
 // --- errors the reader reports --------------------------------------------
@@ -286,6 +302,14 @@ INSTANTIATE_TEST_SUITE_P(
                   "spec.shapes.explicit_shapes: give either explicit or explicit_shapes, not both"},
         ErrorCase{"DiagnosticsNotAList", kYaml, "diagnostics: {kinds: deff}",
                   "spec.diagnostics.kinds: expected a list, got a string"},
+        ErrorCase{"AllowSmallNNotABool", kYaml, "diagnostics: {kinds: [deff], allow_small_n: yes}",
+                  "spec.diagnostics.allow_small_n: expected true or false, got a string \"yes\""},
+        ErrorCase{"NumSequencesNotAnInt", kJson,
+                  R"({"diagnostics": {"kinds": ["deff"], "num_sequences": 1.5}})",
+                  "spec.diagnostics.num_sequences: expected an integer, got a number 1.5"},
+        ErrorCase{"UnknownDiagnosticsField", kYaml, "diagnostics: {kinds: [deff], n: 4}",
+                  "spec.diagnostics.n: unknown field (valid: allow_small_n, causal_form, fixed_lr, kinds, "
+                  "num_sequences)"},
         // Keys given twice: the reader refuses rather than keep one.
         ErrorCase{"DuplicateKeyYaml", kYaml, "name: a\narchitectures: [hc]\nname: b",
                   "spec.name: duplicate key"},
@@ -359,7 +383,14 @@ INSTANTIATE_TEST_SUITE_P(
                      "spec.training.hc_form: must be \"paper\" or \"code\", got \"papr\""},
         SemanticCase{"ZeroSteps", "training: {steps: 0}",
                      "spec.training.steps: must be positive, got 0"},
-        SemanticCase{"DuplicateSeed", "seeds: [1, 2, 1]", "spec.seeds[2]: duplicate seed 1"}),
+        SemanticCase{"DuplicateSeed", "seeds: [1, 2, 1]", "spec.seeds[2]: duplicate seed 1"},
+        SemanticCase{"SmallN", "diagnostics: {kinds: [deff], num_sequences: 16}",
+                     "spec.diagnostics.num_sequences: 16 sequences is below d_model 96 of shape 4x96"},
+        SemanticCase{"BadCausalForm", "diagnostics: {kinds: [causal], causal_form: mean}",
+                     "spec.diagnostics.causal_form: must be \"per_token\" or \"ratio_of_means\""},
+        SemanticCase{"FixedLrNotInGrid",
+                     "diagnostics: {kinds: [causal], fixed_lr: 3e-3}",
+                     "spec.diagnostics.fixed_lr: 0.003 is not in the LR grid of pre_ln"}),
     [](const ::testing::TestParamInfo<SemanticCase>& info) { return info.param.name; });
 
 }  // namespace

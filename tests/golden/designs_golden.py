@@ -8,7 +8,8 @@ names and shapes) and one raw little-endian float32 file per parameter
 (docs/DEPTHBENCH.md sections 2, 3, 9) in float64, computes the
 logits and takes one AdamW step (lr 1e-3, betas 0.9/0.95, eps 1e-8, weight
 decay 0.1 on the decay group, 0 on the no-decay group, chosen here from the
-spec: HC static routing and gains, mHC biases and gains do not decay), and
+spec: HC static routing (the tanh gains decay), mHC biases and gains do not
+decay), and
 writes DIR/<model>/out_logits.f32, DIR/<model>/grad_<name>.f32 (gradients
 before the step) and DIR/<model>/out_<name>.f32 (parameters after it).
 
@@ -239,7 +240,7 @@ class Model:
 def no_decay(arch, name):
     leaf = name.split(".")[-1]
     if arch == "hc":
-        return leaf in ("static_a", "static_b", "gain_a", "gain_b")
+        return leaf in ("static_a", "static_b")  # the tanh gains decay
     if arch == "mhc":
         return leaf in ("bias", "gains")
     return False

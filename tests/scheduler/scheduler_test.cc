@@ -12,6 +12,7 @@
 #include "scheduler/lease_manager.h"
 #include "storage/stores.h"
 #include "tests/scheduler/test_util.h"
+#include "trainer_core/shapes.h"
 
 namespace depthbench::scheduler {
 namespace {
@@ -343,6 +344,83 @@ TEST_F(SchedulerTest, BestLrSkipsDivergedAndQueuesDiagnostics) {
   auto diag_json = nlohmann::json::parse(results->rows(0).diagnostics_json());
   EXPECT_DOUBLE_EQ(diag_json["deff"]["d_eff_over_l"].get<double>(), 0.75);
   EXPECT_EQ(scheduler_->GetSweep("s")->state(), v1::SWEEP_COMPLETED);
+}
+
+// spec.diagnostics.fixed_lr (the paper's Figures 5-6 at 2e-3): the diagnose
+// job goes to the run at that LR although another LR is best; its
+// diagnostics reach the row, which names the diagnosed run and LR; the
+// settings reach the diagnose config; the row shows the token budget.
+TEST_F(SchedulerTest, FixedLrQueuesDiagnosticsOnThatLrsRun) {
+  auto spec = SmallSpec("fixed", {"pre_ln"}, {1e-3, 2e-3, 5e-3});
+  spec.mutable_training()->clear_steps();
+  spec.mutable_training()->set_batch(4);
+  spec.mutable_diagnostics()->add_kinds("causal");
+  spec.mutable_diagnostics()->set_fixed_lr(2e-3);
+  spec.mutable_diagnostics()->set_num_sequences(128);
+  spec.mutable_diagnostics()->set_causal_form("ratio_of_means");
+  ASSERT_TRUE(scheduler_->SubmitSweep(spec).ok());
+  Register("w1", 8);
+  std::map<double, v1::AcquireJobResponse> by_lr;
+  for (int i = 0; i < 3; ++i) {
+    auto lease = Acquire("w1");
+    by_lr[scheduler_->GetJob(lease.job_id())->lr()] = lease;
+  }
+  ASSERT_TRUE(Finish(by_lr[1e-3], v1::FINISH_SUCCEEDED, 2.5).ok());  // the best LR
+  ASSERT_TRUE(Finish(by_lr[2e-3], v1::FINISH_SUCCEEDED, 2.9).ok());
+  EXPECT_FALSE(Acquire("w1").has_job());  // not before the group ends
+  ASSERT_TRUE(Finish(by_lr[5e-3], v1::FINISH_SUCCEEDED, 3.1).ok());
+  auto diag = Acquire("w1");
+  ASSERT_TRUE(diag.has_job());
+  EXPECT_EQ(diag.kind(), v1::DIAGNOSE);
+  EXPECT_FALSE(Acquire("w1").has_job());  // exactly one diagnose job
+  auto config = nlohmann::json::parse(diag.config_json());
+  EXPECT_EQ(config["checkpoint"], "fixed/" + std::to_string(by_lr[2e-3].job_id()));
+  EXPECT_DOUBLE_EQ(config["lr"].get<double>(), 2e-3);
+  EXPECT_EQ(config["num_sequences"], 128);
+  EXPECT_EQ(config["allow_small_n"], false);
+  EXPECT_EQ(config["causal_form"], "ratio_of_means");
+  v1::FinishJobRequest finish;
+  finish.set_job_id(diag.job_id());
+  finish.set_attempt_id(diag.attempt_id());
+  finish.set_status(v1::FINISH_SUCCEEDED);
+  auto* d = finish.add_diagnostics();
+  d->set_kind("causal");
+  d->set_data_json(R"({"r_causal":0.25,"form":"ratio_of_means"})");
+  ASSERT_TRUE(scheduler_->FinishJob(finish).ok());
+  auto results = scheduler_->QueryResults("fixed");
+  ASSERT_TRUE(results.ok());
+  const v1::ResultRow& row = results->rows(0);
+  EXPECT_DOUBLE_EQ(row.best_lr(), 1e-3);
+  EXPECT_EQ(row.best_job_id(), by_lr[1e-3].job_id());
+  EXPECT_EQ(row.diagnosed_job_id(), by_lr[2e-3].job_id());
+  EXPECT_DOUBLE_EQ(row.diagnosed_lr(), 2e-3);
+  auto diag_json = nlohmann::json::parse(row.diagnostics_json());
+  EXPECT_DOUBLE_EQ(diag_json["causal"]["r_causal"].get<double>(), 0.25);
+  // The budget: 20 tokens per Pre-LN parameter of the 2x64 shape.
+  const int64_t pre_ln = TotalParams(MakeShape(2, 64, 256));
+  EXPECT_EQ(row.budget_params(), pre_ln);
+  EXPECT_EQ(row.budget_tokens(), 20 * pre_ln);
+  EXPECT_EQ(row.budget_steps(), (20 * pre_ln + 4 * 32 - 1) / (4 * 32));
+}
+
+TEST(BestLrTest, DiagnosisTargetBestOrFixedLr) {
+  auto job = [](int64_t id, double lr, const std::string& state, std::optional<double> loss) {
+    storage::GroupMember j;
+    j.id = id;
+    j.lr = lr;
+    j.state = state;
+    j.val_loss = loss;
+    return j;
+  };
+  std::vector<storage::GroupMember> jobs = {
+      job(1, 1e-3, "succeeded", 2.5), job(2, 2e-3, "succeeded", 2.9),
+      job(3, 2e-3, "succeeded", 2.8), job(4, 5e-3, "diverged", std::nullopt)};
+  GroupSelection sel = SelectBest(jobs);
+  EXPECT_EQ(DiagnosisTarget(sel, jobs, 0), 1);     // the best run
+  EXPECT_EQ(DiagnosisTarget(sel, jobs, 2e-3), 3);  // that LR's best seed
+  EXPECT_EQ(DiagnosisTarget(sel, jobs, 5e-3), 0);  // diverged: nothing to diagnose
+  jobs.push_back(job(5, 2e-3, "running", std::nullopt));
+  EXPECT_EQ(DiagnosisTarget(SelectBest(jobs), jobs, 2e-3), 0);  // group not complete
 }
 
 TEST(BestLrTest, MeansOverSeedsAndMarksDivergedLrs) {

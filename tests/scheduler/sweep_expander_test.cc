@@ -1,5 +1,6 @@
 #include "scheduler/sweep_expander.h"
 
+#include <map>
 #include <set>
 
 #include <google/protobuf/descriptor.h>
@@ -126,7 +127,8 @@ TEST(SweepExpanderTest, EveryTrainingSettingIsATrainerKey) {
   ASSERT_EQ(expanded->jobs.size(), 1u);
   const std::string& config = expanded->jobs[0].config_json;
   EXPECT_EQ(config,
-            R"({"arch":"hc","batch":8,"checkpoint_interval":40,"checkpoint_minutes":7.5,)"
+            R"({"arch":"hc","batch":8,"budget_params":455520,"checkpoint_interval":40,)"
+            R"("checkpoint_minutes":7.5,)"
             R"("d_ff":256,"d_model":96,)"
             R"("data":"brown","eval_batches":4,"eval_interval":20,"explode_threshold":12.5,)"
             R"("grad_clip":0.5,"hc_form":"code","hc_streams":4,"heads":4,"kv_heads":2,)"
@@ -147,14 +149,72 @@ TEST(SweepExpanderTest, EveryTrainingSettingIsATrainerKey) {
   }
 }
 
-TEST(SweepExpanderTest, DiagnoseConfigAddsCheckpointAndKinds) {
-  std::string config = DiagnoseConfigJson(R"({"arch":"hc","layers":2})", "s/7",
-                                          {"angular", "deff"});
+TEST(SweepExpanderTest, DiagnoseConfigAddsCheckpointKindsAndSettings) {
+  DiagnoseSettings settings;
+  settings.kinds = {"angular", "deff"};
+  std::string config = DiagnoseConfigJson(R"({"arch":"hc","layers":2})", "s/7", settings);
   auto j = nlohmann::json::parse(config);
   EXPECT_EQ(j["checkpoint"], "s/7");
   EXPECT_EQ(j["kinds"], nlohmann::json({"angular", "deff"}));
   EXPECT_EQ(j["arch"], "hc");
   EXPECT_EQ(j["layers"], 2);
+  // Defaults: automatic N, per-token causal score.
+  EXPECT_FALSE(j.contains("num_sequences"));  // auto: the trainer's default
+  EXPECT_EQ(j["allow_small_n"], false);
+  EXPECT_EQ(j["causal_form"], "per_token");
+
+  // The spec's settings reach the diagnose config under the trainer's keys.
+  SweepSpec spec = depthbench::testing::SmallSpec("diag", {"pre_ln"}, {1e-3, 2e-3});
+  auto* d = spec.mutable_diagnostics();
+  d->add_kinds("deff");
+  d->set_num_sequences(8);
+  d->set_allow_small_n(true);
+  d->set_causal_form("ratio_of_means");
+  d->set_fixed_lr(2e-3);
+  auto expanded = ExpandSweep(spec);
+  ASSERT_TRUE(expanded.ok()) << expanded.status();
+  EXPECT_EQ(expanded->diagnose.fixed_lr, 2e-3);
+  auto k = nlohmann::json::parse(DiagnoseConfigJson(expanded->jobs[0].config_json, "s/1",
+                                                    expanded->diagnose));
+  EXPECT_EQ(k["num_sequences"], 8);
+  EXPECT_EQ(k["allow_small_n"], true);
+  EXPECT_EQ(k["causal_form"], "ratio_of_means");
+  EXPECT_EQ(k["kinds"], nlohmann::json({"deff"}));
+  EXPECT_FALSE(k.contains("fixed_lr"));  // a scheduling choice, not the trainer's
+}
+
+// Spec section 5: the token budget is 20 tokens per Pre-LN parameter of the
+// shape for every design; mhc's and moda's extra parameters buy no tokens.
+// Every job config carries the budget; every design at a shape resolves to
+// the same steps.
+TEST(SweepExpanderTest, SameShapeSameTokenBudgetForEveryDesign) {
+  SweepSpec spec;
+  spec.set_name("budget");
+  for (const char* arch : {"pre_ln", "mhc", "moda"}) spec.add_architectures(arch);
+  spec.mutable_shapes()->set_suite("tiny");
+  spec.mutable_training()->set_seq_len(64);
+  spec.mutable_training()->set_batch(8);
+  auto expanded = ExpandSweep(spec);
+  ASSERT_TRUE(expanded.ok()) << expanded.status();
+  std::map<int64_t, std::set<int64_t>> steps_by_layers, budget_by_layers;
+  for (const PlannedJob& job : expanded->jobs) {
+    auto config = TrainConfigFromJson(nlohmann::json::parse(job.config_json));
+    ASSERT_TRUE(config.ok()) << config.status();
+    EXPECT_EQ(nlohmann::json::parse(job.config_json)["budget_params"], TotalParams(job.shape));
+    const int64_t want = (20 * TotalParams(job.shape) + 8 * 64 - 1) / (8 * 64);
+    EXPECT_EQ(ResolveTotalSteps(*config), want) << job.arch << " L=" << job.shape.layers;
+    steps_by_layers[job.shape.layers].insert(ResolveTotalSteps(*config));
+  }
+  ASSERT_EQ(steps_by_layers.size(), 3u);
+  for (const auto& [layers, steps] : steps_by_layers) {
+    EXPECT_EQ(steps.size(), 1u) << "L=" << layers << ": designs train different lengths";
+  }
+  for (const PlannedGroup& g : expanded->groups) {
+    EXPECT_EQ(g.budget_params, TotalParams(g.shape));
+    EXPECT_EQ(g.budget_tokens, 20 * TotalParams(g.shape));
+    EXPECT_EQ(g.budget_steps, *steps_by_layers[g.shape.layers].begin());
+    if (g.arch != "pre_ln") EXPECT_GT(g.params, g.budget_params) << g.arch;
+  }
 }
 
 struct BadSpecCase {
@@ -246,6 +306,25 @@ INSTANTIATE_TEST_SUITE_P(
         BadSpecCase{"diag_kind",
                     [](SweepSpec* s) { s->mutable_diagnostics()->add_kinds("Bad Kind"); },
                     "spec.diagnostics.kinds[0]: must be a lowercase identifier"},
+        BadSpecCase{"diag_small_n",
+                    [](SweepSpec* s) {
+                      s->mutable_diagnostics()->add_kinds("deff");
+                      s->mutable_diagnostics()->set_num_sequences(32);
+                    },
+                    "spec.diagnostics.num_sequences: 32 sequences is below d_model"},
+        BadSpecCase{"diag_negative_n",
+                    [](SweepSpec* s) { s->mutable_diagnostics()->set_num_sequences(-1); },
+                    "spec.diagnostics.num_sequences: must be >= 0 (0 = auto), got -1"},
+        BadSpecCase{"diag_causal_form",
+                    [](SweepSpec* s) { s->mutable_diagnostics()->set_causal_form("median"); },
+                    "spec.diagnostics.causal_form: must be \"per_token\" or \"ratio_of_means\", "
+                    "got \"median\""},
+        BadSpecCase{"diag_fixed_lr_not_in_grid",
+                    [](SweepSpec* s) { s->mutable_diagnostics()->set_fixed_lr(2e-3); },
+                    "spec.diagnostics.fixed_lr: 0.002 is not in the LR grid of pre_ln (0.001)"},
+        BadSpecCase{"diag_fixed_lr_negative",
+                    [](SweepSpec* s) { s->mutable_diagnostics()->set_fixed_lr(-1e-3); },
+                    "spec.diagnostics.fixed_lr: must be 0"},
         BadSpecCase{"devices",
                     [](SweepSpec* s) { s->mutable_resources()->set_devices(-2); },
                     "spec.resources.devices: must be >= 0"}),

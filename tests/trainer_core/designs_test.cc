@@ -21,6 +21,7 @@
 #include "trainer_core/batcher.h"
 #include "trainer_core/data.h"
 #include "trainer_core/model/attnres_common.h"
+#include "trainer_core/model/layers.h"
 #include "trainer_core/model/model.h"
 #include "trainer_core/shapes.h"
 
@@ -326,12 +327,119 @@ TEST(DesignInitTest, HcInitialMapIdentityAndStreamKRead) {
   auto maps = m->design().ResidualMaps();
   ASSERT_EQ(maps.size(), 8u);
   for (const auto& M : maps) EXPECT_TRUE(torch::equal(M, torch::eye(4).expand_as(M)));
-  // Static routing and gains take no decay; dynamic projections decay.
+  // Weight decay (spec section 9): only the static routing (static_a,
+  // static_b) is exempt; the dynamic projections and the two tanh gains
+  // decay.
   ParamGroups g = m->ParameterGroups();
-  EXPECT_EQ(g.no_decay.size(), 8u * 4);
+  EXPECT_EQ(g.no_decay.size(), 8u * 2);
+  auto in = [](const std::vector<torch::Tensor>& group, const torch::Tensor& p) {
+    for (const auto& q : group) {
+      if (q.unsafeGetTensorImpl() == p.unsafeGetTensorImpl()) return true;
+    }
+    return false;
+  };
+  for (int64_t k = 0; k < 8; ++k) {
+    const std::string site = "design.block_" + std::to_string(k / 2) + (k % 2 ? ".ffn_hc." : ".attn_hc.");
+    for (const char* name : {"static_a", "static_b"}) {
+      EXPECT_TRUE(in(g.no_decay, Param(m, site + name))) << site << name;
+      EXPECT_FALSE(in(g.decay, Param(m, site + name))) << site << name;
+    }
+    for (const char* name : {"gain_a", "gain_b", "dynamic_a", "dynamic_b"}) {
+      EXPECT_TRUE(in(g.decay, Param(m, site + name))) << site << name;
+      EXPECT_FALSE(in(g.no_decay, Param(m, site + name))) << site << name;
+    }
+  }
+  EXPECT_EQ(g.decay.size() + g.no_decay.size(), m->parameters().size());
   // o_proj scaled 1/sqrt(n) = 1/2: std about 0.01.
   torch::Tensor o = Param(m, "design.block_0.attn.o_proj.weight");
   EXPECT_NEAR(o.std().item<double>(), 0.01, 0.0015);
+}
+
+// MoDA's depth keys and RoPE (issue 12 item 9; the choice is documented in
+// trainer_core/model/moda.cc): a cached depth key is rotated at its own
+// token's position, like the query that reads it, so the depth logit of
+// token t is q_t . k_t / sqrt(hd) of the unrotated vectors: relative offset
+// 0, no absolute position. The authors' code caches unrotated keys and
+// rotates only the query, (R_t q_t) . k_t, which depends on t. The model must
+// match an explicit L = 2 forward of the first form and clearly differ from
+// the second.
+TEST(DesignInitTest, ModaDepthKeysCarryNoAbsolutePosition) {
+  const int64_t B = 2, T = 6, d = 32, H = 4, hd = 8;
+  LanguageModel m = Build(TinyOptions({Arch::kModa}, 2, d, H, H), 11);
+  {  // Large, varied weights, so that logits reflect every term.
+    torch::NoGradGuard no_grad;
+    for (auto& item : m->named_parameters()) {
+      torch::Tensor p = item.value();
+      if (item.key().find("norm") != std::string::npos) {
+        p.copy_(1 + 0.1 * torch::randn_like(p));
+      } else {
+        p.copy_(0.3 * torch::randn_like(p));
+      }
+    }
+  }
+  torch::NoGradGuard no_grad;
+  torch::Tensor tokens = torch::randint(0, 256, {B, T}, torch::kLong);
+  torch::Tensor logits = m->forward(tokens).to(torch::kFloat64);
+
+  auto P = [&](const std::string& name) { return Param(m, name).detach().to(torch::kFloat64); };
+  const Rope rope(hd, 64);
+  auto rot = [&](const torch::Tensor& x) {
+    return rope.Apply(x.to(torch::kFloat32)).to(torch::kFloat64);
+  };
+  auto heads = [&](const torch::Tensor& x) { return x.view({B, T, H, hd}).transpose(1, 2); };
+  auto merge = [&](const torch::Tensor& x) { return x.transpose(1, 2).reshape({B, T, d}); };
+  auto lin = [](const torch::Tensor& x, const torch::Tensor& w) { return torch::matmul(x, w.t()); };
+  auto norm = [](const torch::Tensor& x, const torch::Tensor& w) {
+    return x / torch::sqrt(x.pow(2).mean(-1, true) + 1e-6) * w;
+  };
+  auto ffn = [&](const torch::Tensor& x, const std::string& pre) {
+    return lin(torch::silu(lin(x, P(pre + "gate_proj.weight"))) * lin(x, P(pre + "up_proj.weight")),
+               P(pre + "down_proj.weight"));
+  };
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  torch::Tensor mask = torch::full({T, T}, -INFINITY, torch::kFloat64).triu(1);
+
+  auto forward = [&](bool code_form) {
+    torch::Tensor h = P("embed.weight").index_select(0, tokens.flatten()).view({B, T, d});
+    // Block 0: plain causal attention; caches its K/V (slot 0) and the FFN's
+    // own K/V of its normalised input (slot 1), both unrotated here.
+    const std::string b0 = "design.block_0.";
+    torch::Tensor x = norm(h, P(b0 + "attn_norm.weight"));
+    torch::Tensor q = heads(lin(x, P(b0 + "attn.q_proj.weight")));
+    torch::Tensor k0 = heads(lin(x, P(b0 + "attn.k_proj.weight")));
+    torch::Tensor v0 = heads(lin(x, P(b0 + "attn.v_proj.weight")));
+    torch::Tensor att =
+        torch::softmax(torch::matmul(rot(q), rot(k0).transpose(-2, -1)) * scale + mask, -1);
+    h = h + lin(merge(torch::matmul(att, v0)), P(b0 + "attn.o_proj.weight"));
+    torch::Tensor xf = norm(h, P(b0 + "ffn_norm.weight"));
+    torch::Tensor fk = heads(lin(xf, P(b0 + "ffn_depth_k.weight")));
+    torch::Tensor fv = heads(lin(xf, P(b0 + "ffn_depth_v.weight")));
+    h = h + ffn(xf, b0 + "ffn.");
+    // Block 1: one softmax over the causal sequence and the two depth slots.
+    const std::string b1 = "design.block_1.";
+    x = norm(h, P(b1 + "attn_norm.weight"));
+    q = heads(lin(x, P(b1 + "attn.q_proj.weight")));
+    torch::Tensor k = heads(lin(x, P(b1 + "attn.k_proj.weight")));
+    torch::Tensor v = heads(lin(x, P(b1 + "attn.v_proj.weight")));
+    torch::Tensor seq = torch::matmul(rot(q), rot(k).transpose(-2, -1)) * scale + mask;
+    torch::Tensor qd = code_form ? rot(q) : q;  // the query the depth keys meet
+    torch::Tensor d0 = (qd * k0).sum(-1, true) * scale;
+    torch::Tensor d1 = (qd * fk).sum(-1, true) * scale;
+    torch::Tensor probs = torch::softmax(torch::cat({seq, d0, d1}, -1), -1);
+    torch::Tensor out = torch::matmul(probs.narrow(-1, 0, T), v) +
+                        probs.narrow(-1, T, 1) * v0 + probs.narrow(-1, T + 1, 1) * fv;
+    h = h + lin(merge(out), P(b1 + "attn.o_proj.weight"));
+    h = h + ffn(norm(h, P(b1 + "ffn_norm.weight")), b1 + "ffn.");
+    return lin(norm(h, P("design.final_norm.weight")), P("head.weight"));
+  };
+  const double size = logits.abs().max().item<double>();
+  const double ours = (logits - forward(false)).abs().max().item<double>() / size;
+  const double code = (logits - forward(true)).abs().max().item<double>() / size;
+  EXPECT_LT(ours, 1e-4) << "MoDA differs from the relative-offset-0 depth-key form";
+  EXPECT_GT(code, 1e-2) << "the test cannot tell the two RoPE treatments apart";
+  // Position 0 is unrotated in both forms: there they agree.
+  torch::Tensor first = logits.narrow(1, 0, 1);
+  EXPECT_LT((first - forward(true).narrow(1, 0, 1)).abs().max().item<double>() / size, 1e-4);
 }
 
 TEST(DesignInitTest, DeepNormBetaAndKeelFirstBlock) {

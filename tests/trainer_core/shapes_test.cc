@@ -2,6 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <utility>
+#include <vector>
+
 #include "trainer_core/arch.h"
 #include "trainer_core/flops.h"
 
@@ -33,6 +37,43 @@ TEST(ShapesTest, Main400MTableMatchesSpecExactly) {
     EXPECT_NEAR(r.shape.aspect_ratio(), want[i].aspect, 0.005);
     EXPECT_NEAR(r.diff_pct, want[i].diff_pct, 0.005);
     EXPECT_EQ((r.total_params + 500000) / 1000000, want[i].total_millions);
+  }
+}
+
+// Spec section 4: the multi-scale ladders fix the depths per budget and solve
+// d. The solver must reproduce the paper's Appendix B configurations (the
+// authors' released configs llama_{200,300,500}m_L*.json; 400M is Table 3):
+// deep (aspect near 28), reference (near 43), shallow (near 76).
+TEST(ShapesTest, LadderSuitesGiveThePapersShapes) {
+  struct Ladder {
+    const char* name;
+    std::vector<std::pair<int64_t, int64_t>> shapes;  // (L, d): deep, ref, shallow
+    std::vector<int64_t> d_ff;
+  };
+  const std::vector<Ladder> ladders = {
+      {"ladder200M", {{24, 672}, {18, 768}, {12, 896}}, {1792, 2048, 2400}},
+      {"ladder300M", {{28, 800}, {21, 896}, {14, 1056}}, {2144, 2400, 2816}},
+      {"ladder400M", {{32, 896}, {24, 1024}, {16, 1216}}, {2400, 2736, 3248}},
+      {"ladder500M", {{34, 992}, {26, 1120}, {17, 1344}}, {2656, 2992, 3584}},
+  };
+  for (const Ladder& ladder : ladders) {
+    SCOPED_TRACE(ladder.name);
+    auto suite = NamedSuite(ladder.name);
+    ASSERT_TRUE(suite.ok()) << suite.status();
+    auto rows = SolveSuite(*suite);
+    ASSERT_TRUE(rows.ok()) << rows.status();
+    ASSERT_EQ(rows->size(), 3u);
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_EQ((*rows)[i].shape.layers, ladder.shapes[i].first);
+      EXPECT_EQ((*rows)[i].shape.d_model, ladder.shapes[i].second);
+      EXPECT_EQ((*rows)[i].shape.d_ff, ladder.d_ff[i]);
+      EXPECT_LT(std::fabs((*rows)[i].diff_pct), 3.5);  // matched within the budget
+    }
+    EXPECT_DOUBLE_EQ((*rows)[1].diff_pct, 0.0);  // the reference
+    // Aspect ratios near 28, 43 and 76.
+    EXPECT_NEAR((*rows)[0].shape.aspect_ratio(), 28, 2.0);
+    EXPECT_NEAR((*rows)[1].shape.aspect_ratio(), 43, 2.0);
+    EXPECT_NEAR((*rows)[2].shape.aspect_ratio(), 76, 3.5);
   }
 }
 

@@ -7,12 +7,14 @@
 #include <cmath>
 #include <filesystem>
 #include <random>
+#include <sstream>
 
 #include "trainer_core/checkpoint.h"
 #include "trainer_core/model/model.h"
 #include "trainer_core/optim.h"
 #include "trainer_core/schedule.h"
 #include "trainer_core/train_config.h"
+#include "trainer_core/tools.h"
 #include "trainer_core/trainer.h"
 
 namespace depthbench {
@@ -118,14 +120,75 @@ TEST(TrainConfigTest, ErrorsNameTheField) {
 
 TEST(TrainConfigTest, TotalStepsFromTokensPerParam) {
   TrainConfig c;
+  c.shape = MakeShape(2, 32, 256, FfnRule::kSwiGlu83, 4, 4);
   c.batch = 4;
   c.seq_len = 10;
   c.tokens_per_param = 20;
-  EXPECT_EQ(ResolveTotalSteps(c, 1000), 500);  // 20000 tokens / 40 per step
+  // Default budget: the shape's Pre-LN count.
+  TokenBudget b = ResolveTokenBudget(c);
+  EXPECT_EQ(b.params, TotalParams(c.shape));
+  EXPECT_EQ(b.tokens, 20 * TotalParams(c.shape));
+  EXPECT_EQ(b.steps, (20 * TotalParams(c.shape) + 39) / 40);
+  c.budget_params = 1000;
+  EXPECT_EQ(ResolveTotalSteps(c), 500);  // 20000 tokens / 40 per step
   c.tokens = 400;
-  EXPECT_EQ(ResolveTotalSteps(c, 1000), 10);
+  EXPECT_EQ(ResolveTotalSteps(c), 10);
   c.steps = 7;
-  EXPECT_EQ(ResolveTotalSteps(c, 1000), 7);
+  EXPECT_EQ(ResolveTotalSteps(c), 7);
+  EXPECT_EQ(ResolveTokenBudget(c).tokens, 400);
+}
+
+// Spec section 5: the token budget is per shape, not per design. pre_ln, mhc
+// and moda at one shape train for the same number of steps (20 tokens per
+// Pre-LN parameter of the shape), although mhc and moda have more parameters.
+TEST(TrainerTest, SameShapeSameStepsWhateverTheDesign) {
+  Trainer::ClearStop();
+  std::vector<int64_t> steps, params;
+  for (const char* arch : {"pre_ln", "mhc", "moda"}) {
+    nlohmann::json j = {{"arch", arch}, {"layers", 2}, {"d_model", 32}, {"heads", 4},
+                        {"seq_len", 32}, {"batch", 4}, {"tokens_per_param", 0.02},
+                        {"lr", 3e-3}, {"threads", 1}, {"seed", 7}, {"eval_batches", 1}};
+    auto config = TrainConfigFromJson(j);
+    ASSERT_TRUE(config.ok()) << config.status();
+    std::vector<nlohmann::json> events;
+    Trainer t(*config, TrainerOptions{TempDir(std::string("budget_") + arch), false, ""},
+              [&](const nlohmann::json& e) { events.push_back(e); });
+    auto result = t.Run();
+    ASSERT_TRUE(result.ok()) << arch << ": " << result.status();
+    ASSERT_FALSE(events.empty());
+    const nlohmann::json& start = events.front();
+    ASSERT_EQ(start["event"], "start");
+    EXPECT_EQ(start["budget"]["params"], TotalParams(config->shape)) << arch;
+    EXPECT_EQ(start["budget"]["steps"], start["total_steps"]) << arch;
+    EXPECT_EQ(result->steps_done, start["total_steps"].get<int64_t>()) << arch;
+    steps.push_back(result->steps_done);
+    params.push_back(start["params"]["total"].get<int64_t>());
+  }
+  // ceil(0.02 * TotalParams / (4 * 32)) for every design.
+  const int64_t total = TotalParams(MakeShape(2, 32, 256, FfnRule::kSwiGlu83, 4, 4));
+  const int64_t want = static_cast<int64_t>(std::ceil(std::ceil(0.02 * total) / 128.0));
+  EXPECT_EQ(steps, std::vector<int64_t>({want, want, want}));
+  EXPECT_GT(params[1], params[0]);  // mhc's routing parameters
+  EXPECT_GT(params[2], params[0]);  // moda's FFN depth K/V projections
+}
+
+// `depthbench-train shapes --suite ladder500M` prints the paper's deep 500M
+// shape (34 x 992, the authors' llama_500m_L34 config) first.
+TEST(ToolsTest, ShapesLadder500MGivesThePapersDeepShape) {
+  ToolFlags flags;
+  flags.suite = "ladder500M";
+  flags.json = true;
+  std::ostringstream out;
+  ASSERT_TRUE(RunShapesCommand(flags, out).ok());
+  nlohmann::json j = nlohmann::json::parse(out.str());
+  ASSERT_EQ(j["shapes"].size(), 3u);
+  EXPECT_EQ(j["shapes"][0]["layers"], 34);
+  EXPECT_EQ(j["shapes"][0]["d_model"], 992);
+  EXPECT_EQ(j["shapes"][0]["d_ff"], 2656);
+  EXPECT_EQ(j["shapes"][1]["layers"], 26);
+  EXPECT_EQ(j["shapes"][1]["d_model"], 1120);
+  EXPECT_EQ(j["shapes"][2]["layers"], 17);
+  EXPECT_EQ(j["shapes"][2]["d_model"], 1344);
 }
 
 TrainConfig TinyConfig(int64_t steps) {

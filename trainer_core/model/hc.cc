@@ -18,8 +18,10 @@
 // weights), A_static[:, 1:] = I; b_static = 1; attention o_proj and FFN
 // down_proj scaled by 1/sqrt(n). The embedding is replicated over the streams;
 // the streams are summed before the final norm. Routing coefficients are
-// computed in fp32 whatever the stream dtype. Static routing and the two
-// gains take no weight decay; W_a and w_b decay.
+// computed in fp32 whatever the stream dtype. Weight decay (spec section 9,
+// as the authors' code groups them): only the static routing parameters
+// A_static and b_static are exempt; W_a, w_b and the two tanh gains s_a, s_b
+// decay like every other weight.
 #include <cmath>
 #include <string>
 
@@ -79,7 +81,8 @@ class HcConnectorImpl : public torch::nn::Module {
     return HcWriteOp(h, code_form ? torch::Tensor() : ar, b, y);
   }
 
-  std::vector<torch::Tensor> NoDecay() { return {static_a, static_b, gain_a, gain_b}; }
+  // Static routing only: the tanh gains decay (spec section 9).
+  std::vector<torch::Tensor> NoDecay() { return {static_a, static_b}; }
 
   torch::Tensor static_a, static_b, dynamic_a, dynamic_b, gain_a, gain_b;
 };

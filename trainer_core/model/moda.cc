@@ -13,6 +13,22 @@
 // attention. A skipped block writes nothing into the slots it owns: they
 // stay zero (spec section 9, as in the authors' preallocated cache), so
 // later attention still sees them (a zero key, logit 0, and a zero value).
+//
+// RoPE and the depth keys (issue 12 item 9). The paper (Table 1 and Appendix
+// A) defines the depth part of the softmax as the same token's K/V from
+// earlier layers at scale 1/sqrt(head_dim) and gives no position treatment
+// for it. We rotate a depth key at its own token's position t, like the
+// query t that reads it: (R_t q_t) . (R_t k_t) = q_t . k_t, i.e. RoPE at
+// relative offset 0, so a depth logit carries no absolute position, as every
+// RoPE attention logit depends on relative offsets only. The authors' code
+// (olmo_core/nn/moda.py) caches the keys before RoPE and rotates only the
+// query, so its depth logits are (R_t q_t) . k_t and vary with the absolute
+// position t for the same content; we read that as an artefact of sharing
+// the sequence path's rotated query with a cache filled pre-rotation, not as
+// a design the paper states, and do not reproduce it.
+// tests/trainer_core/designs_test.cc (ModaDepthKeysCarryNoAbsolutePosition)
+// checks the model against an explicit forward of this form and that the
+// other form gives clearly different logits.
 #include <string>
 
 #include "trainer_core/model/design.h"
