@@ -78,6 +78,10 @@ TEST(ChildProcessTest, ExitedAndWaitKillADetachedGrandchild) {
   ASSERT_GT(n, 0);
   const pid_t grandchild = static_cast<pid_t>(std::stol(buf));
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  // $! is known before the grandchild ran setsid.
+  while (getpgid(grandchild) == (*child)->pid() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
   while (!(*child)->Exited() && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
