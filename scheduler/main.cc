@@ -201,8 +201,9 @@ int main(int argc, char** argv) {
   int sig = 0;
   sigwait(&signals, &sig);
   spdlog::info("signal {}: shutting down", sig);
-  server.Shutdown();
-  // Stop scraping before the scheduler and the registry go.
+  // Stop scraping first: /readyz probes the gRPC server, and the scheduler
+  // and the registry go after it.
   if (http != nullptr) http->Stop();
+  server.Shutdown();
   return 0;
 }
