@@ -1,6 +1,8 @@
 #include "common/metrics_http_server.h"
 
 #include <chrono>
+#include <list>
+#include <memory>
 #include <optional>
 #include <thread>
 #include <utility>
@@ -117,6 +119,16 @@ class Session : public std::enable_shared_from_this<Session> {
                                             shared_from_this()));
   }
 
+  // Closes the connection from any thread (on the session's strand); the
+  // pending operation ends with an error and the session goes away.
+  void Evict() {
+    net::post(stream_.get_executor(), [self = shared_from_this()] {
+      beast::error_code ec;
+      self->stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
+      self->stream_.close();
+    });
+  }
+
  private:
   void DoRead() {
     parser_.emplace();
@@ -164,6 +176,49 @@ class Session : public std::enable_shared_from_this<Session> {
   const std::chrono::milliseconds timeout_;
 };
 
+// The open sessions, oldest first (shared with the accept handler; the
+// entries are weak, so a closed session simply expires).
+class SessionList {
+ public:
+  // Adds `session` and picks the oldest sessions to evict so that at most
+  // `max` stay open. Returns false (the new connection must be refused)
+  // while evicted ones are slow to close and twice `max` still hold
+  // descriptors.
+  bool Admit(const std::shared_ptr<Session>& session, size_t max,
+             std::vector<std::shared_ptr<Session>>* evict) {
+    absl::MutexLock lock(&mu_);
+    size_t kept = 0;
+    for (auto it = sessions_.begin(); it != sessions_.end();) {
+      if (it->session.expired()) {
+        it = sessions_.erase(it);
+      } else {
+        kept += it->evicted ? 0 : 1;
+        ++it;
+      }
+    }
+    if (sessions_.size() >= 2 * max) return false;
+    sessions_.push_back({session, false});
+    ++kept;
+    for (auto it = sessions_.begin(); kept > max && it != sessions_.end(); ++it) {
+      if (it->evicted) continue;
+      it->evicted = true;
+      --kept;
+      if (std::shared_ptr<Session> old = it->session.lock()) {
+        evict->push_back(std::move(old));
+      }
+    }
+    return true;
+  }
+
+ private:
+  struct Entry {
+    std::weak_ptr<Session> session;
+    bool evicted;
+  };
+  absl::Mutex mu_;
+  std::list<Entry> sessions_ ABSL_GUARDED_BY(mu_);
+};
+
 }  // namespace
 
 class MetricsHttpServer::Impl {
@@ -172,6 +227,7 @@ class MetricsHttpServer::Impl {
        const MetricsRegistry* registry, ReadinessCheck readiness)
       : router_(registry, std::move(readiness)),
         timeout_(options.io_timeout_ms),
+        max_connections_(static_cast<size_t>(options.max_connections)),
         acceptor_(ioc_),
         retry_timer_(ioc_) {}
 
@@ -238,7 +294,13 @@ class MetricsHttpServer::Impl {
             });
             return;
           }
-          std::make_shared<Session>(std::move(s), &router_, timeout_)->Run();
+          auto session =
+              std::make_shared<Session>(std::move(s), &router_, timeout_);
+          std::vector<std::shared_ptr<Session>> evict;
+          if (sessions_->Admit(session, max_connections_, &evict)) {
+            for (const auto& old : evict) old->Evict();
+            session->Run();
+          }  // else: dropped here, which closes the socket
           DoAccept();
         });
   }
@@ -247,6 +309,8 @@ class MetricsHttpServer::Impl {
   net::io_context ioc_;
   const Router router_;
   const std::chrono::milliseconds timeout_;
+  const size_t max_connections_;
+  const std::shared_ptr<SessionList> sessions_ = std::make_shared<SessionList>();
   tcp::acceptor acceptor_;
   net::steady_timer retry_timer_;
   HostPort bound_;
@@ -259,9 +323,11 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   if (registry == nullptr) {
     return absl::InvalidArgumentError("metrics http: registry is null");
   }
-  if (options.num_threads < 1 || options.io_timeout_ms < 1) {
+  if (options.num_threads < 1 || options.io_timeout_ms < 1 ||
+      options.max_connections < 1) {
     return absl::InvalidArgumentError(
-        "metrics http: num_threads and io_timeout_ms must be positive");
+        "metrics http: num_threads, io_timeout_ms and max_connections must be "
+        "positive");
   }
   ASSIGN_OR_RETURN(HostPort address, ParseHostPort(options.listen));
   auto impl = std::make_unique<Impl>(options, registry, std::move(readiness));

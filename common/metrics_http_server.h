@@ -10,7 +10,10 @@
 //
 // Query strings are ignored ("/metrics?x=1" is "/metrics"). Connections are
 // HTTP/1.1 keep-alive; a request must arrive within `io_timeout_ms` and its
-// headers may not exceed 8 KiB (no request bodies are accepted).
+// headers may not exceed 8 KiB (no request bodies are accepted). At most
+// `max_connections` are kept open: a new one closes the oldest, so idle
+// clients can neither lock out a scrape nor use up the process's file
+// descriptors (which the daemon's gRPC listener needs too).
 //
 //   MetricsHttpServerOptions options;
 //   options.listen = "0.0.0.0:9100";
@@ -55,6 +58,8 @@ struct MetricsHttpServerOptions {
   // A connection idle (or a request/response not progressing) this long is
   // closed.
   int64_t io_timeout_ms = 10'000;
+  // Open connections kept; must be positive.
+  int max_connections = 64;
 };
 
 class MetricsHttpServer {

@@ -25,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "common/daemon_metrics.h"
+#include "common/fd_limit.h"
 #include "common/metrics.h"
 #include "common/metrics_http_server.h"
 #include "scheduler/scheduler.h"
@@ -104,6 +105,15 @@ int main(int argc, char** argv) {
   // Debian builds Abseil with mutex deadlock detection on; it costs CPU on
   // every lock and the scheduler has one lock order.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  // One EMFILE stops gRPC's listener for good: use every descriptor the
+  // hard limit allows (the metrics endpoint caps its own connections).
+  if (absl::StatusOr<depthbench::FdLimit> fds = depthbench::RaiseFdLimit(); fds.ok()) {
+    if (fds->soft != fds->previous_soft) {
+      spdlog::info("open-file limit raised from {} to {}", fds->previous_soft, fds->soft);
+    }
+  } else {
+    spdlog::warn("{}", fds.status().ToString());
+  }
   if (tls_cert.empty() != tls_key.empty()) {
     std::fprintf(stderr, "error: --tls-cert and --tls-key must be given together\n");
     return 2;
@@ -183,8 +193,13 @@ int main(int argc, char** argv) {
   if (!metrics_listen.empty()) {
     depthbench::MetricsHttpServerOptions http_options;
     http_options.listen = metrics_listen;
+    // Ready: the database is, and the gRPC port still accepts.
     auto http_started = depthbench::MetricsHttpServer::Start(
-        http_options, &registry, [&source] { return source.CheckReady(); });
+        http_options, &registry, [&source, &server]() -> absl::Status {
+          absl::Status db = source.CheckReady();
+          if (!db.ok()) return db;
+          return server.CheckAccepting(1000);
+        });
     if (!http_started.ok()) {
       std::fprintf(stderr, "error: --metrics-listen: %s\n",
                    http_started.status().ToString().c_str());
@@ -202,8 +217,9 @@ int main(int argc, char** argv) {
   int sig = 0;
   sigwait(&signals, &sig);
   spdlog::info("signal {}: shutting down", sig);
-  server.Shutdown();
-  // Stop scraping before the scheduler and the registry go.
+  // Stop scraping first: /readyz probes the gRPC server, and the scheduler
+  // and the registry go after it.
   if (http != nullptr) http->Stop();
+  server.Shutdown();
   return 0;
 }

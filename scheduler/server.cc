@@ -1,8 +1,12 @@
 #include "scheduler/server.h"
 
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/security/tls_credentials_options.h>
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 
 namespace depthbench::scheduler {
 
@@ -26,13 +30,20 @@ absl::Status SchedulerServer::Start() {
   } else {
     creds = grpc::InsecureServerCredentials();
   }
+  // grpc.health.v1.Health for CheckAccepting() and outside probes.
+  grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options_.listen, creds, &port_);
   builder.RegisterService(&sweep_service_);
   builder.RegisterService(&worker_service_);
   if (options_.rpc_observer) {
-    builder.experimental().SetInterceptorCreators(
-        MakeRpcMetricsInterceptors(options_.rpc_observer));
+    // Health probes are not the API's traffic: not counted.
+    RpcObserver observer = [inner = options_.rpc_observer](const std::string& method,
+                                                           const std::string& code,
+                                                           double seconds) {
+      if (method != "Check") inner(method, code, seconds);
+    };
+    builder.experimental().SetInterceptorCreators(MakeRpcMetricsInterceptors(observer));
   }
   // Keep idle handler threads around: with many concurrent workers the
   // default (at most 2 idle pollers) creates and destroys a thread per burst.
@@ -67,6 +78,52 @@ absl::Status SchedulerServer::Start() {
 std::string SchedulerServer::address() const {
   std::string host = options_.listen.substr(0, options_.listen.rfind(':'));
   return absl::StrCat(host, ":", port_);
+}
+
+absl::Status SchedulerServer::CheckAccepting(int64_t timeout_ms) const {
+  if (server_ == nullptr || port_ == 0) return absl::UnavailableError("gRPC server not started");
+  std::string host = options_.listen.substr(0, options_.listen.rfind(':'));
+  if (host.empty() || host == "0.0.0.0") host = "127.0.0.1";
+  if (host == "[::]" || host == "::") host = "[::1]";
+  const std::string target = absl::StrCat(host, ":", port_);
+  std::shared_ptr<grpc::ChannelCredentials> creds;
+  if (!options_.tls_cert_pem.empty()) {
+    // Our own server: the handshake is what is checked, not its identity.
+    grpc::experimental::TlsChannelCredentialsOptions tls;
+    tls.set_verify_server_certs(false);
+    tls.set_check_call_host(false);
+    tls.set_certificate_verifier(std::make_shared<grpc::experimental::NoOpCertificateVerifier>());
+    creds = grpc::experimental::TlsCredentials(tls);
+  } else {
+    creds = grpc::InsecureChannelCredentials();
+  }
+  grpc::ChannelArguments args;
+  // A connection of its own: one shared with earlier probes (or clients)
+  // would still work after the listener died.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
+  auto channel = grpc::CreateCustomChannel(target, creds, args);
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms));
+  ctx.set_wait_for_ready(true);  // wait for the connection within the deadline
+  // An empty HealthCheckRequest (zero bytes; a ByteBuffer without a slice
+  // is not a message): the server as a whole.
+  grpc::Slice empty(std::string{});
+  grpc::ByteBuffer request(&empty, 1), response;
+  grpc::Status status;
+  absl::Notification done;
+  stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request,
+                 &response, [&](grpc::Status s) {
+                   status = std::move(s);
+                   done.Notify();
+                 });
+  done.WaitForNotification();
+  if (!status.ok()) {
+    return absl::UnavailableError(absl::StrCat("gRPC port ", port_, " does not answer (",
+                                               status.error_message(), ")"));
+  }
+  return absl::OkStatus();
 }
 
 void SchedulerServer::Wait() {

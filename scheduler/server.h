@@ -2,6 +2,12 @@
 // token and TLS) plus a ticker thread that expires leases. Used by the
 // depthbench-scheduler binary and in-process by the benchmark.
 //
+// The server also answers the standard gRPC health service
+// (grpc.health.v1.Health/Check, no token needed), which CheckAccepting()
+// calls over a fresh connection: a listener that stopped accepting (gRPC
+// 1.51 gives up on its listening socket after one failed accept(), e.g.
+// EMFILE) makes it fail, so readiness can say so.
+//
 // Thread safety: Start/Shutdown from one thread; the server's handlers run
 // on gRPC's pool. Ownership: borrows the Scheduler (must outlive this).
 #ifndef DEPTHBENCH_SCHEDULER_SERVER_H_
@@ -47,6 +53,11 @@ class SchedulerServer {
   std::string address() const;
   void Wait();
   void Shutdown();
+
+  // OK if a new connection to the bound port is accepted and answered
+  // within `timeout_ms`; Unavailable (saying so) otherwise. Makes one
+  // short-lived connection; safe from any thread after Start().
+  absl::Status CheckAccepting(int64_t timeout_ms) const;
 
  private:
   Scheduler* scheduler_;

@@ -6,8 +6,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -40,6 +47,46 @@ namespace {
   _exit(127);
 }
 
+// Every process of this machine: pid -> parent pid (racy by nature: a
+// snapshot).
+std::map<pid_t, pid_t> ParentPids() {
+  std::map<pid_t, pid_t> out;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(entry.path() / "stat");
+    std::string stat;
+    if (!std::getline(in, stat)) continue;
+    size_t close = stat.rfind(')');
+    if (close == std::string::npos || close + 2 >= stat.size()) continue;
+    std::istringstream rest(stat.substr(close + 2));
+    char state = 0;
+    pid_t ppid = 0;
+    rest >> state >> ppid;
+    if (state == 'Z' || state == 'X') continue;  // already dead
+    out[static_cast<pid_t>(std::stol(name))] = ppid;
+  }
+  return out;
+}
+
+// True if /proc/<pid>/environ (readable for this user's processes only)
+// holds exactly `entry` ("VAR=value").
+bool HasEnvEntry(pid_t pid, const std::string& entry) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/environ", std::ios::binary);
+  if (!in) return false;
+  std::string var;
+  while (std::getline(in, var, '\0')) {
+    if (var == entry) return true;
+  }
+  return false;
+}
+
+std::string NewTag() {
+  static std::atomic<uint64_t> counter{0};
+  return absl::StrCat(getpid(), ".", ++counter);
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Spawn(const ChildSpec& spec) {
@@ -54,9 +101,14 @@ absl::StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Spawn(const ChildSpe
   for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
     std::string kv = *e;
     std::string key = kv.substr(0, kv.find('='));
-    if (spec.env.count(key) == 0) env_strings.push_back(std::move(kv));
+    // A worker started by a trainer (tests) must not pass its own tag on.
+    if (spec.env.count(key) == 0 && key != kChildTagVar) env_strings.push_back(std::move(kv));
   }
-  for (const auto& [k, v] : spec.env) env_strings.push_back(absl::StrCat(k, "=", v));
+  for (const auto& [k, v] : spec.env) {
+    if (k != kChildTagVar) env_strings.push_back(absl::StrCat(k, "=", v));
+  }
+  const std::string tag = NewTag();
+  env_strings.push_back(absl::StrCat(kChildTagVar, "=", tag));
   std::vector<char*> envp;
   for (std::string& e : env_strings) envp.push_back(e.data());
   envp.push_back(nullptr);
@@ -109,7 +161,7 @@ absl::StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Spawn(const ChildSpe
   setpgid(pid, pid);
   close(out_pipe[1]);
   close(err_pipe[1]);
-  return std::unique_ptr<ChildProcess>(new ChildProcess(pid, out_pipe[0], err_pipe[0]));
+  return std::unique_ptr<ChildProcess>(new ChildProcess(pid, out_pipe[0], err_pipe[0], tag));
 }
 
 ChildProcess::~ChildProcess() {
@@ -134,6 +186,62 @@ bool ChildProcess::SignalGroup(int sig) {
   return kill(-pid_, sig) == 0;
 }
 
+int ChildProcess::KillTree() {
+  absl::MutexLock lock(&mu_);
+  if (reaped_) return 0;
+  return KillTreeLocked();
+}
+
+int ChildProcess::KillTreeLocked() {
+  // Until reaped, the (possibly zombie) leader keeps the pid and group id
+  // reserved, so neither kill can hit an unrelated process.
+  kill(-pid_, SIGKILL);
+  const std::string entry = absl::StrCat(kChildTagVar, "=", tag_);
+  const pid_t self = getpid();
+  std::set<pid_t> killed;  // outside the group
+  // A few rounds: a process may fork between the snapshot and the kill.
+  for (int round = 0; round < 5; ++round) {
+    std::map<pid_t, pid_t> parents = ParentPids();
+    std::map<pid_t, std::vector<pid_t>> children;
+    for (const auto& [pid, ppid] : parents) children[ppid].push_back(pid);
+    std::vector<pid_t> victims;
+    // Descendants still linked to the child by parent pids...
+    std::vector<pid_t> todo = {pid_};
+    while (!todo.empty()) {
+      pid_t p = todo.back();
+      todo.pop_back();
+      for (pid_t c : children[p]) {
+        victims.push_back(c);
+        todo.push_back(c);
+      }
+    }
+    // ... and the re-parented ones, by their tag.
+    for (const auto& [pid, ppid] : parents) {
+      if (pid != self && pid != pid_ && HasEnvEntry(pid, entry)) victims.push_back(pid);
+    }
+    bool new_ones = false;
+    for (pid_t v : victims) {
+      if (v == self || v == pid_ || v <= 1) continue;
+      if (getpgid(v) == pid_) continue;  // the group kill has it
+      if (kill(v, SIGKILL) == 0 && killed.insert(v).second) new_ones = true;
+    }
+    if (!new_ones) break;
+  }
+  return static_cast<int>(killed.size());
+}
+
+bool ChildProcess::Exited() {
+  absl::MutexLock lock(&mu_);
+  if (reaped_ || exited_) return true;
+  siginfo_t info;
+  memset(&info, 0, sizeof(info));
+  if (waitid(P_PID, static_cast<id_t>(pid_), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+      info.si_pid == pid_) {
+    exited_ = true;
+  }
+  return exited_;
+}
+
 ExitInfo ChildProcess::Wait() {
   absl::MutexLock wait_lock(&wait_mu_);
   {
@@ -147,7 +255,8 @@ ExitInfo ChildProcess::Wait() {
     if (errno != EINTR) break;
   }
   absl::MutexLock lock(&mu_);
-  kill(-pid_, SIGKILL);  // any grandchild left in the group
+  exited_ = true;
+  KillTreeLocked();  // any descendant left behind
   int status = 0;
   while (waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
   }

@@ -22,8 +22,18 @@
 //   child->SignalGroup(SIGTERM);
 //   ExitInfo info = child->Wait();
 //
-// Thread safety: SignalGroup() may be called from any thread, concurrently
-// with Wait(); it is a no-op once the child has been reaped. The fds belong
+// The whole tree: without cgroups, a descendant can leave the group
+// (setsid) and, once the trainer exits, is re-parented away from it. Every
+// child therefore carries an environment tag (kChildTagVar=<unique token>)
+// that its descendants inherit; KillTree() SIGKILLs the group, the
+// descendants still linked by parent pids, and every process of this user
+// whose /proc/<pid>/environ holds the tag. Wait() does so after the child
+// exited, so no path leaves a descendant behind (one that cleared its
+// environment and left the group escapes; a cgroup would be needed).
+//
+// Thread safety: SignalGroup(), KillTree() and Exited() may be called from
+// any thread, concurrently with Wait(); they are no-ops once the child has
+// been reaped. The fds belong
 // to the object and are read by one thread. Ownership: owns both pipe fds;
 // the destructor SIGKILLs and reaps a child that was not waited for.
 #ifndef DEPTHBENCH_WORKER_CHILD_PROCESS_H_
@@ -41,6 +51,9 @@
 #include "absl/synchronization/mutex.h"
 
 namespace depthbench::worker {
+
+// The environment variable that tags a child's process tree.
+inline constexpr char kChildTagVar[] = "DEPTHBENCH_WORKER_CHILD_TAG";
 
 struct ChildSpec {
   std::vector<std::string> argv;  // argv[0] is the executable path
@@ -77,21 +90,34 @@ class ChildProcess {
   // kill(-pgid, sig). Returns false if the child was already reaped.
   bool SignalGroup(int sig);
 
+  // SIGKILLs the child's whole tree (see above); returns how many other
+  // processes (outside the group) the sweep found. No-op once reaped.
+  int KillTree();
+
+  // True once the child itself has exited (not reaped: Wait() still
+  // returns its status). Does not block.
+  bool Exited();
+
   // Blocks until the child exits; idempotent (returns the same info). After
-  // it returns, SIGKILLs the rest of the group so no grandchild survives.
+  // it returns, KillTree()s the rest so no descendant survives.
   ExitInfo Wait();
 
+  const std::string& tag() const { return tag_; }
+
  private:
-  ChildProcess(pid_t pid, int out_fd, int err_fd)
-      : pid_(pid), stdout_fd_(out_fd), stderr_fd_(err_fd) {}
+  ChildProcess(pid_t pid, int out_fd, int err_fd, std::string tag)
+      : pid_(pid), stdout_fd_(out_fd), stderr_fd_(err_fd), tag_(std::move(tag)) {}
+  int KillTreeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const pid_t pid_;  // also the process group id
   const int stdout_fd_;
   const int stderr_fd_;
+  const std::string tag_;  // kChildTagVar's value
 
   absl::Mutex mu_;
   bool reaped_ ABSL_GUARDED_BY(mu_) = false;
   ExitInfo exit_ ABSL_GUARDED_BY(mu_);
+  bool exited_ ABSL_GUARDED_BY(mu_) = false;
   absl::Mutex wait_mu_;  // serialises waitpid() callers
 };
 

@@ -50,7 +50,63 @@ void WriteMarker(const std::string& run_dir, int64_t attempt_id, int64_t step) {
   fs::rename(tmp, fs::path(run_dir) / kMarkerFile, ec);
 }
 
+// Codes that refuse this particular request for good (retrying the same
+// bytes cannot help); INTERNAL also covers a busy database, so it counts
+// only after a few tries.
+bool RefusesRequest(const absl::Status& status, int internal_errors) {
+  switch (status.code()) {
+    case absl::StatusCode::kResourceExhausted:  // larger than the receive limit
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+      return true;
+    case absl::StatusCode::kInternal:  // e.g. a string that is not UTF-8
+      return internal_errors >= 3;
+    default:
+      return false;
+  }
+}
+
 }  // namespace
+
+void SanitizeFinishReport(v1::FinishJobRequest* request) {
+  request->set_reason(SanitizeUtf8(request->reason(), kMaxReasonBytes));
+  request->set_checkpoint_path(SanitizeUtf8(request->checkpoint_path(), 4096));
+  for (v1::DiagnosticResult& d : *request->mutable_diagnostics()) {
+    d.set_kind(SanitizeUtf8(d.kind(), 256));
+    // Replaces invalid bytes only: a cut would break the JSON (a report
+    // too large as a whole is handled by the caller).
+    d.set_data_json(SanitizeUtf8(d.data_json(), d.data_json().size() * 3 + 3));
+  }
+  for (v1::MetricPoint& p : *request->mutable_points()) {
+    if (!p.name().empty()) p.set_name(SanitizeUtf8(p.name(), 256));
+  }
+}
+
+v1::FinishJobRequest MinimalFinishReport(const v1::FinishJobRequest& request,
+                                         const std::string& why) {
+  v1::FinishJobRequest m;
+  m.set_job_id(request.job_id());
+  m.set_attempt_id(request.attempt_id());
+  m.set_status(request.status());
+  m.set_final_step(request.final_step());
+  if (request.has_val_loss()) {
+    m.set_has_val_loss(true);
+    m.set_final_val_loss(request.final_val_loss());
+  }
+  if (request.checkpoint_path().size() <= 1024) {
+    m.set_checkpoint_path(SanitizeUtf8(request.checkpoint_path(), 1024));
+  }
+  const std::string note = SanitizeUtf8(absl::StrCat("full report undeliverable: ", why), 512);
+  if (request.status() == v1::FINISH_SUCCEEDED && request.diagnostics_size() > 0) {
+    m.set_status(v1::FINISH_FAILED);
+    m.set_reason(absl::StrCat("diagnostics could not be reported (", note, ")"));
+  } else if (request.reason().empty()) {
+    m.set_reason(note);
+  } else {
+    m.set_reason(absl::StrCat(SanitizeUtf8(request.reason(), 1024), " [", note, "]"));
+  }
+  return m;
+}
 
 JobRunner::JobRunner(const SchedulerClient* client, Clock* clock, const WorkerMetrics* metrics,
                      JobRunnerOptions options, v1::AcquireJobResponse lease,
@@ -146,10 +202,10 @@ absl::StatusOr<std::vector<std::string>> JobRunner::Prepare() {
   }
   std::string log_path =
       (fs::path(run_dir_) / absl::StrCat("attempt-", attempt_id(), ".stderr.log")).string();
-  stderr_log_fd_ = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  stderr_log_.Open(log_path, options_.attempt_log_max_bytes);
   std::string events_path =
       (fs::path(run_dir_) / absl::StrCat("attempt-", attempt_id(), ".events.jsonl")).string();
-  events_fd_ = open(events_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  events_log_.Open(events_path, options_.attempt_log_max_bytes);
   published_through_.store(ReadMarker(run_dir_));
   if (diagnose) {
     return std::vector<std::string>{options_.train_binary, "diagnose", "--config", config_path,
@@ -162,17 +218,21 @@ absl::StatusOr<std::vector<std::string>> JobRunner::Prepare() {
 void JobRunner::HandleStdoutLine(const std::string& line, MetricRelay* relay) {
   if (line.empty()) return;
   const int64_t wall_ms = clock_->NowWallMs();
-  if (events_fd_ >= 0) {  // "<wall_ms> <event>": replayed by a resumed attempt
-    std::string record = absl::StrCat(wall_ms, " ", line, "\n");
-    ssize_t w = write(events_fd_, record.data(), record.size());
-    (void)w;
-  }
   absl::StatusOr<TrainerEvent> event = ParseTrainerEvent(line);
   if (!event.ok()) {
-    spdlog::warn("job {}: ignoring a stdout line that is not an event: {}", job_id(),
-                 line.substr(0, 200));
+    // Rate-limited: garbage on stdout must not become the worker's log.
+    ++non_event_lines_;
+    if (stdout_warnings_.Allow(clock_->NowMonotonicMs())) {
+      const int64_t suppressed = stdout_warnings_.TakeSuppressed();
+      spdlog::warn("job {}: ignoring a stdout line that is not an event{}: {}", job_id(),
+                   suppressed > 0 ? absl::StrCat(" (", suppressed, " more not shown)") : "",
+                   SanitizeUtf8(line, 200));
+    }
     return;
   }
+  // "<wall_ms> <event>": replayed by a resumed attempt. Events only (the
+  // replay reads nothing else), and bounded.
+  events_log_.Write(absl::StrCat(wall_ms, " ", line, "\n"));
   const TrainerEvent& e = *event;
   std::vector<v1::MetricPoint> points = PointsFor(e, wall_ms);
   switch (e.kind) {
@@ -277,15 +337,50 @@ void JobRunner::Replay(int64_t stored_through, int64_t resumed_from_step,
 }
 
 void JobRunner::HandleStderrLine(const std::string& line) {
-  stderr_tail_.push_back(line);
+  // Sanitized here: the tail goes into a protobuf string (UTF-8 only).
+  stderr_tail_.push_back(SanitizeUtf8(line, kMaxTailLineBytes));
   while (stderr_tail_.size() > static_cast<size_t>(kStderrTailLines)) stderr_tail_.pop_front();
 }
 
 void JobRunner::Supervise(ChildProcess* child, MetricRelay* relay) {
-  std::string out_buf, err_buf;
+  LineSplitter out_lines(options_.max_stdout_line_bytes);
+  LineSplitter err_lines(kMaxStderrLineBytes);
+  RateLimiter cut_warnings(3, 0.1);
+  const LineSplitter::Callback on_stdout = [&](std::string_view line, bool cut) {
+    if (cut) {  // a cut event is not valid JSON: drop it, say so (rarely)
+      if (cut_warnings.Allow(clock_->NowMonotonicMs())) {
+        spdlog::warn("job {} attempt {}: dropping a stdout line longer than {} bytes", job_id(),
+                     attempt_id(), options_.max_stdout_line_bytes);
+      }
+      return;
+    }
+    HandleStdoutLine(std::string(line), relay);
+  };
+  const LineSplitter::Callback on_stderr = [&](std::string_view line, bool /*cut*/) {
+    HandleStderrLine(std::string(line));  // a cut line keeps its head
+  };
   bool out_open = true, err_open = true;
+  bool exited = false;
+  int64_t drain_until = 0;
   char buf[65536];
   while (out_open || err_open) {
+    // The trainer's exit ends supervision, not its pipes' EOF: a
+    // descendant may hold them open for ever.
+    if (!exited && child->Exited()) {
+      exited = true;
+      int others = child->KillTree();
+      if (others > 0) {
+        spdlog::warn("job {} attempt {}: killed {} leftover process(es) of the trainer",
+                     job_id(), attempt_id(), others);
+      }
+      drain_until = clock_->NowMonotonicMs() + options_.drain_ms;
+    }
+    if (exited && clock_->NowMonotonicMs() >= drain_until) {
+      spdlog::warn("job {} attempt {}: the trainer's output is still open {} ms after it "
+                   "exited; not reading further",
+                   job_id(), attempt_id(), options_.drain_ms);
+      break;
+    }
     pollfd fds[2];
     int n = 0;
     int out_idx = -1, err_idx = -1;
@@ -302,52 +397,39 @@ void JobRunner::Supervise(ChildProcess* child, MetricRelay* relay) {
     {
       absl::MutexLock lock(&mu_);
       if (kill_at_ms_ > 0 && clock_->NowMonotonicMs() >= kill_at_ms_) {
-        if (child->SignalGroup(SIGKILL)) {
-          spdlog::warn("job {} attempt {}: grace period over: SIGKILL", job_id(), attempt_id());
-        }
-        kill_at_ms_ = -1;  // sent once
+        spdlog::warn("job {} attempt {}: grace period over: SIGKILL", job_id(), attempt_id());
+        child->KillTree();  // the group and any descendant that left it
+        kill_at_ms_ = -1;   // sent once
       }
     }
     if (rc <= 0) continue;
-    auto drain = [&](int idx, int fd, std::string* acc, bool* open, bool is_stdout) {
+    auto drain = [&](int idx, int fd, LineSplitter* lines, bool* open, bool is_stdout) {
       if (idx < 0 || !(fds[idx].revents & (POLLIN | POLLHUP | POLLERR))) return;
       ssize_t got = read(fd, buf, sizeof(buf));
       if (got < 0 && (errno == EINTR || errno == EAGAIN)) return;
+      const LineSplitter::Callback& on_line = is_stdout ? on_stdout : on_stderr;
       if (got <= 0) {
         *open = false;
-        if (!acc->empty()) {
-          if (is_stdout) {
-            HandleStdoutLine(*acc, relay);
-          } else {
-            HandleStderrLine(*acc);
-          }
-          acc->clear();
-        }
+        lines->Finish(on_line);
         return;
       }
-      if (!is_stdout && stderr_log_fd_ >= 0) {
-        ssize_t w = write(stderr_log_fd_, buf, static_cast<size_t>(got));
-        (void)w;
-      }
-      acc->append(buf, static_cast<size_t>(got));
-      size_t start = 0, nl;
-      while ((nl = acc->find('\n', start)) != std::string::npos) {
-        std::string line = acc->substr(start, nl - start);
-        if (is_stdout) {
-          HandleStdoutLine(line, relay);
-        } else {
-          HandleStderrLine(line);
-        }
-        start = nl + 1;
-      }
-      acc->erase(0, start);
-      if (!is_stdout && acc->size() > 4096) {  // an endless line: keep its head
-        HandleStderrLine(acc->substr(0, 4096));
-        acc->clear();
-      }
+      if (!is_stdout) stderr_log_.Write(std::string_view(buf, static_cast<size_t>(got)));
+      lines->Feed(buf, static_cast<size_t>(got), on_line);
     };
-    drain(out_idx, child->stdout_fd(), &out_buf, &out_open, true);
-    drain(err_idx, child->stderr_fd(), &err_buf, &err_open, false);
+    drain(out_idx, child->stdout_fd(), &out_lines, &out_open, true);
+    drain(err_idx, child->stderr_fd(), &err_lines, &err_open, false);
+  }
+  if (out_open) out_lines.Finish(on_stdout);
+  if (err_open) err_lines.Finish(on_stderr);
+  if (non_event_lines_ > 0) {
+    spdlog::warn("job {} attempt {}: {} stdout line(s) were not events (ignored)", job_id(),
+                 attempt_id(), non_event_lines_);
+  }
+  if (stderr_log_.dropped() > 0 || events_log_.dropped() > 0) {
+    spdlog::warn("job {} attempt {}: per-attempt logs capped at {} bytes ({} stderr and {} "
+                 "event bytes dropped)",
+                 job_id(), attempt_id(), options_.attempt_log_max_bytes, stderr_log_.dropped(),
+                 events_log_.dropped());
   }
 }
 
@@ -414,10 +496,8 @@ void JobRunner::Run() {
     child_ = nullptr;
     relay_ = nullptr;
   }
-  for (int* fd : {&stderr_log_fd_, &events_fd_}) {
-    if (*fd >= 0) close(*fd);
-    *fd = -1;
-  }
+  stderr_log_.Close();
+  events_log_.Close();
   std::vector<v1::MetricPoint> rest = relay.Close();
   bool cancelled, interrupted;
   std::string cancel_reason;
@@ -456,7 +536,8 @@ void JobRunner::Run() {
   } else if (exit.exited && exit.code == 3) {
     finish.set_status(v1::FINISH_DIVERGED);
     finish.set_reason(done_reason_.empty() ? "diverged" : done_reason_);
-  } else if ((exit.exited && exit.code == 4) || interrupted) {
+  } else if (interrupted) {
+    // Only a stop the worker asked for re-queues without using an attempt.
     finish.set_status(v1::FINISH_INTERRUPTED);
     finish.set_reason(absl::StrCat("worker shutting down; trainer ", exit.Describe(),
                                    " at step ", last_step_));
@@ -466,6 +547,7 @@ void JobRunner::Run() {
                            ? std::string("exit code 0 without a done event")
                            : exit.Describe();
     if (exit.exited && exit.code == 2) what += " (invalid input)";
+    if (exit.exited && exit.code == 4) what += " (interrupted, but the worker did not stop it)";
     finish.set_reason(absl::StrCat("depthbench-train ", what, " at step ", last_step_,
                                    "; stderr tail:\n", tail()));
   }
@@ -473,17 +555,56 @@ void JobRunner::Run() {
 }
 
 void JobRunner::Report(v1::FinishJobRequest request) {
-  const v1::FinishStatus status = request.status();
+  SanitizeFinishReport(&request);
+  if (request.ByteSizeLong() > kMaxReportBytes && request.points_size() > 0) {
+    // The points go ahead on their own; the report follows without them.
+    std::vector<v1::MetricPoint> points(request.points().begin(), request.points().end());
+    request.clear_points();
+    if (!DeliverPoints(points)) {
+      spdlog::warn("job {} attempt {}: some trailing points could not be delivered", job_id(),
+                   attempt_id());
+    }
+  }
+  bool minimal = false;
+  if (request.ByteSizeLong() > kMaxReportBytes) {
+    const std::string why = absl::StrCat("the report is ", request.ByteSizeLong(),
+                                         " bytes, above the limit of ", kMaxReportBytes);
+    spdlog::warn("job {} attempt {}: {}; sending a minimal report", job_id(), attempt_id(), why);
+    request = MinimalFinishReport(request, why);
+    minimal = true;
+  }
   int64_t last_point_step = 0;
   for (const v1::MetricPoint& p : request.points()) last_point_step = std::max(last_point_step, p.step());
   int64_t backoff_ms = 100;
   int64_t give_up_at = 0;
+  int internal_errors = 0;
+  bool delivered = false;
   while (true) {
     absl::StatusOr<v1::FinishJobResponse> resp = client_->FinishJob(request);
     if (resp.ok()) {
       if (last_point_step > 0) MarkPublished(last_point_step);
-      spdlog::info("job {} attempt {}: reported {} -> job {}", job_id(), attempt_id(),
-                   v1::FinishStatus_Name(status), v1::JobState_Name(resp->state()));
+      spdlog::info("job {} attempt {}: reported {}{} -> job {}", job_id(), attempt_id(),
+                   v1::FinishStatus_Name(request.status()), minimal ? " (minimal report)" : "",
+                   v1::JobState_Name(resp->state()));
+      delivered = true;
+      break;
+    }
+    if (resp.status().code() == absl::StatusCode::kInternal) ++internal_errors;
+    if (RefusesRequest(resp.status(), internal_errors)) {
+      if (!minimal) {
+        // Never retry what the scheduler refuses for good: fall back once
+        // to a report that always fits.
+        spdlog::warn("job {} attempt {}: FinishJob refused the report ({}); sending a minimal "
+                     "report", job_id(), attempt_id(), resp.status().ToString());
+        request = MinimalFinishReport(request, resp.status().ToString());
+        minimal = true;
+        last_point_step = 0;
+        internal_errors = 0;
+        backoff_ms = 100;
+        continue;
+      }
+      spdlog::error("job {} attempt {}: FinishJob refused even the minimal report: {}; the "
+                    "lease will expire", job_id(), attempt_id(), resp.status().ToString());
       break;
     }
     bool interrupted;
@@ -501,7 +622,7 @@ void JobRunner::Report(v1::FinishJobRequest request) {
       if (give_up_at == 0) give_up_at = now + options_.shutdown_report_ms;
       if (now >= give_up_at) {
         spdlog::error("job {} attempt {}: giving up reporting {} while shutting down: {}",
-                      job_id(), attempt_id(), v1::FinishStatus_Name(status),
+                      job_id(), attempt_id(), v1::FinishStatus_Name(request.status()),
                       resp.status().ToString());
         break;
       }
@@ -509,7 +630,32 @@ void JobRunner::Report(v1::FinishJobRequest request) {
     absl::SleepFor(absl::Milliseconds(backoff_ms));
     backoff_ms = std::min<int64_t>(backoff_ms * 2, 2000);
   }
-  Finish(status);
+  Finish(delivered ? request.status() : v1::FINISH_STATUS_UNSPECIFIED);
+}
+
+bool JobRunner::DeliverPoints(const std::vector<v1::MetricPoint>& points) {
+  const size_t batch = std::max<size_t>(1, options_.relay.batch);
+  for (size_t start = 0; start < points.size(); start += batch) {
+    v1::ReportMetricsRequest chunk;
+    chunk.set_job_id(job_id());
+    chunk.set_attempt_id(attempt_id());
+    const size_t end = std::min(points.size(), start + batch);
+    for (size_t i = start; i < end; ++i) *chunk.add_points() = points[i];
+    int64_t backoff_ms = 100;
+    for (int tries = 0;; ++tries) {
+      absl::StatusOr<v1::ReportMetricsResponse> sent = client_->ReportMetrics({chunk});
+      if (sent.ok()) {
+        MarkPublished(points[end - 1].step());
+        break;
+      }
+      // Bounded: the report must still go out (and a stale lease refuses
+      // it as well).
+      if (!IsTransient(sent.status()) || tries >= 8) return false;
+      absl::SleepFor(absl::Milliseconds(backoff_ms));
+      backoff_ms = std::min<int64_t>(backoff_ms * 2, 2000);
+    }
+  }
+  return true;
 }
 
 void JobRunner::MarkPublished(int64_t step) {

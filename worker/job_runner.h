@@ -40,17 +40,39 @@
 // End -> FinishJob:
 //   exit 0 with a `done` event  SUCCEEDED (val loss, final step, checkpoint)
 //   exit 3                      DIVERGED (the trainer's reason)
-//   exit 4, or Interrupt()      INTERRUPTED (re-queued, attempt not counted)
+//   Interrupt()                 INTERRUPTED (re-queued, attempt not counted)
 //   anything else               FAILED: "<exit code N | killed by signal S>"
-//                               plus the stderr tail
+//                               plus the stderr tail; this includes exit 4
+//                               ("interrupted") that the worker did not ask
+//                               for, which must use an attempt and back off
+//                               rather than re-queue at once for ever
 //   Cancel() / stale lease      nothing: the scheduler already ended the
 //                               attempt and would refuse the report
 // FinishJob is retried through scheduler outages (the attempt stays in the
-// worker's heartbeats meanwhile, which keeps its lease alive).
+// worker's heartbeats meanwhile, which keeps its lease alive). Every report
+// is bounded and valid: text from the child is sanitized to UTF-8 and cut
+// (worker/output_limits.h), points that would push it past
+// kMaxReportBytes go ahead over ReportMetrics, and a report the scheduler
+// refuses for good (RESOURCE_EXHAUSTED, INVALID_ARGUMENT, OUT_OF_RANGE,
+// INTERNAL three times) is replaced once by a minimal one (status, final
+// step, val loss, a short reason) that always fits; a refused minimal
+// report ends the attempt unreported (the lease then expires).
+//
+// Supervision ends with the trainer, not with its pipes: once the child
+// exited, its whole tree is killed (ChildProcess::KillTree) and the pipes
+// are drained for at most `drain_ms`, so a descendant holding stdout open
+// cannot keep the job leased or the worker's shutdown waiting.
+//
+// Output bounds: lines are split without buffering more than
+// `max_stdout_line_bytes` (stderr: kMaxStderrLineBytes; a longer line is
+// cut, and a cut stdout line is dropped), the stderr log and the events
+// log (valid events only) stop at `attempt_log_max_bytes` each, and the
+// worker's own log gets a rate-limited warning for stdout lines that are
+// not events plus one summary at the end.
 //
 // Stopping: Cancel() and Interrupt() send SIGTERM to the child's process
-// group (the trainer checkpoints and exits 4) and SIGKILL once `grace_ms`
-// passed.
+// group (the trainer checkpoints and exits 4) and SIGKILL to its tree once
+// `grace_ms` passed.
 //
 // Thread safety: Start() once; Cancel(), Interrupt(), done() and the
 // accessors are thread-safe. The runner's thread sets done() and then calls
@@ -78,11 +100,18 @@
 #include "depthbench/v1/worker_service.pb.h"
 #include "worker/child_process.h"
 #include "worker/metric_relay.h"
+#include "worker/output_limits.h"
 #include "worker/scheduler_client.h"
 
 namespace depthbench::worker {
 
 inline constexpr int kStderrTailLines = 20;
+inline constexpr size_t kMaxStderrLineBytes = 4096;
+// Each stderr tail line in a FAILED reason.
+inline constexpr size_t kMaxTailLineBytes = 400;
+inline constexpr size_t kMaxReasonBytes = 8192;
+// Below gRPC's default 4 MiB receive limit of the scheduler.
+inline constexpr size_t kMaxReportBytes = 3 * 1024 * 1024 + 512 * 1024;
 
 struct JobRunnerOptions {
   std::string train_binary;
@@ -92,8 +121,26 @@ struct JobRunnerOptions {
   int64_t grace_ms = 10000;          // SIGTERM -> SIGKILL
   // FinishJob retries after Interrupt() give up after this long.
   int64_t shutdown_report_ms = 15000;
+  // After the trainer exited, read what its pipes still hold for at most
+  // this long.
+  int64_t drain_ms = 2000;
+  size_t max_stdout_line_bytes = 2 * 1024 * 1024;
+  // Per attempt: attempt-<id>.stderr.log and attempt-<id>.events.jsonl
+  // each stop growing here.
+  int64_t attempt_log_max_bytes = 64 * 1024 * 1024;
   MetricRelayOptions relay;
 };
+
+// The report without anything that can make it fail for good: status,
+// final step, val loss, a short sanitized reason that says why
+// (`why`), the checkpoint path when short. A SUCCEEDED report that carried
+// diagnostics becomes FAILED (its results would be lost silently).
+depthbench::v1::FinishJobRequest MinimalFinishReport(
+    const depthbench::v1::FinishJobRequest& request, const std::string& why);
+
+// Sanitizes every string of `request` that came from the child (reason,
+// checkpoint path, diagnostics) to valid, bounded UTF-8 in place.
+void SanitizeFinishReport(depthbench::v1::FinishJobRequest* request);
 
 class JobRunner {
  public:
@@ -130,6 +177,9 @@ class JobRunner {
   void MarkPublished(int64_t step);
   void StopChild(bool interrupt, const std::string& reason);
   void Report(depthbench::v1::FinishJobRequest request);
+  // Sends points over ReportMetrics (for a report too large to carry
+  // them); false if some could not be delivered.
+  bool DeliverPoints(const std::vector<depthbench::v1::MetricPoint>& points);
   // Marks the runner done and calls on_done_ (last thing the thread does).
   void Finish(depthbench::v1::FinishStatus reported);
 
@@ -165,8 +215,10 @@ class JobRunner {
   // The trainer's `start`: the step it resumed from (FinishJob repeats it).
   std::optional<int64_t> resumed_from_step_;
   std::deque<std::string> stderr_tail_;
-  int stderr_log_fd_ = -1;
-  int events_fd_ = -1;
+  CappedFile stderr_log_;
+  CappedFile events_log_;
+  RateLimiter stdout_warnings_{5, 0.2};
+  int64_t non_event_lines_ = 0;
   std::atomic<int64_t> published_through_{0};
 };
 

@@ -2,7 +2,7 @@
 //   depthbench-worker --scheduler HOST:PORT --checkpoint-root DIR [--slots N]
 //     [--threads-per-slot N] [--metrics-listen HOST:PORT] [--labels k=v,...]
 //     [--auth-token-file F] [--tls-ca F] [--train-binary PATH] [--name NAME]
-//     [--grace-ms N] [--poll-ms N]
+//     [--grace-ms N] [--poll-ms N] [--attempt-log-max-bytes N]
 // SIGTERM/SIGINT: stop taking jobs, interrupt the children (they checkpoint
 // and exit 4), report them INTERRUPTED, exit 0.
 // Exit codes: 0 clean shutdown, 2 bad usage, 1 other (e.g. the scheduler
@@ -19,6 +19,7 @@
 
 #include "common/clock.h"
 #include "common/daemon_metrics.h"
+#include "common/fd_limit.h"
 #include "common/metrics.h"
 #include "common/metrics_http_server.h"
 #include "worker/host_info.h"
@@ -55,6 +56,7 @@ int main(int argc, char** argv) {
       train_binary, name;
   int slots = 0, threads_per_slot = 0;
   int64_t grace_ms = 10000, poll_ms = 500, rpc_timeout_ms = 10000;
+  int64_t attempt_log_max_bytes = 64 * 1024 * 1024;
   bool verbose = false;
   app.add_option("--scheduler", scheduler, "scheduler address HOST:PORT")->required();
   app.add_option("--checkpoint-root", checkpoint_root,
@@ -85,6 +87,9 @@ int main(int argc, char** argv) {
       ->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--rpc-timeout-ms", rpc_timeout_ms, "deadline of each scheduler RPC")
       ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--attempt-log-max-bytes", attempt_log_max_bytes,
+                 "cap of each attempt's stderr log and events log in the run directory")
+      ->capture_default_str()->check(CLI::PositiveNumber);
   app.add_flag("-v,--verbose", verbose, "debug logging");
   try {
     app.parse(argc, argv);
@@ -93,6 +98,16 @@ int main(int argc, char** argv) {
     return rc == 0 ? 0 : 2;
   }
   if (verbose) spdlog::set_level(spdlog::level::debug);
+  // Descriptors: the metrics endpoint, scheduler channels and each child's
+  // pipes and logs must not hit the soft default while the hard limit
+  // allows more.
+  if (absl::StatusOr<FdLimit> fds = RaiseFdLimit(); fds.ok()) {
+    if (fds->soft != fds->previous_soft) {
+      spdlog::info("open-file limit raised from {} to {}", fds->previous_soft, fds->soft);
+    }
+  } else {
+    spdlog::warn("{}", fds.status().ToString());
+  }
 
   worker::WorkerOptions options;
   options.name = name.empty() ? worker::HostName() : name;
@@ -107,6 +122,7 @@ int main(int argc, char** argv) {
   options.memory_mb = worker::PhysicalMemoryMb();
   options.grace_ms = grace_ms;
   options.acquire_poll_ms = poll_ms;
+  options.attempt_log_max_bytes = attempt_log_max_bytes;
   auto labels = worker::ParseLabels(labels_text);
   if (!labels.ok()) {
     std::fprintf(stderr, "error: %s\n", std::string(labels.status().message()).c_str());

@@ -162,6 +162,7 @@ void Worker::StartJob(Slot* slot, v1::AcquireJobResponse lease) {
   o.threads = options_.threads_per_slot;
   if (options_.gpus > 0) o.cuda_visible_devices = std::to_string(slot->index % options_.gpus);
   o.grace_ms = options_.grace_ms;
+  o.attempt_log_max_bytes = options_.attempt_log_max_bytes;
   o.relay = options_.relay;
   slot->runner = std::make_unique<JobRunner>(
       client_, clock_, metrics_, std::move(o), std::move(lease), [this](JobRunner*) {

@@ -60,6 +60,8 @@ struct WorkerOptions {
   int64_t acquire_poll_ms = 500;
   int64_t initial_backoff_ms = 100;
   int64_t max_backoff_ms = 5000;
+  // Per-attempt stderr/events log cap (JobRunnerOptions).
+  int64_t attempt_log_max_bytes = 64 * 1024 * 1024;
   MetricRelayOptions relay;
 };
 

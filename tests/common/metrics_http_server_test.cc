@@ -4,7 +4,9 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <chrono>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -183,6 +185,51 @@ TEST_F(MetricsHttpServerTest, StopClosesTheListenerAndIsIdempotent) {
   char byte;
   idle.read_some(net::buffer(&byte, 1), ec);
   EXPECT_TRUE(ec);
+}
+
+// Idle clients cannot pile up descriptors: past max_connections the oldest
+// connection is closed, and a scrape still gets through.
+TEST_F(MetricsHttpServerTest, OldestConnectionsAreClosedPastTheCap) {
+  MetricsHttpServerOptions options;
+  options.max_connections = 4;
+  auto server = MetricsHttpServer::Start(options, &registry_);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const uint16_t port = (*server)->port();
+  net::io_context ioc;
+  std::vector<std::unique_ptr<tcp::socket>> idle;
+  for (int i = 0; i < 12; ++i) {
+    idle.push_back(std::make_unique<tcp::socket>(ioc));
+    idle.back()->connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port));
+    // Accepted in this order (the cap evicts by acceptance).
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  Reply reply = Fetch(port, "/healthz");
+  EXPECT_EQ(reply.status, 200);
+  // The first eight were closed by the server (EOF / reset on read).
+  int closed = 0;
+  for (int i = 0; i < 12; ++i) {
+    beast::error_code ec;
+    idle[i]->non_blocking(true);
+    char byte;
+    for (int tries = 0; tries < 100; ++tries) {
+      idle[i]->read_some(net::buffer(&byte, 1), ec);
+      if (ec != net::error::would_block) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    if (ec && ec != net::error::would_block) ++closed;
+    if (i < 8) {
+      EXPECT_TRUE(ec && ec != net::error::would_block) << "connection " << i;
+    }
+  }
+  EXPECT_GE(closed, 8);
+  EXPECT_LE(closed, 9);  // the newest four stay open (the scrape's was one)
+}
+
+TEST_F(MetricsHttpServerTest, ZeroMaxConnectionsIsInvalid) {
+  MetricsHttpServerOptions options;
+  options.max_connections = 0;
+  EXPECT_EQ(MetricsHttpServer::Start(options, &registry_).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(MetricsHttpServerTest, BindErrors) {

@@ -19,6 +19,7 @@
 
 #include "depthbench/v1/sweep_service.grpc.pb.h"
 #include "depthbench/v1/worker_service.grpc.pb.h"
+#include "tests/integration/metrics_scrape.h"
 #include "tests/integration/scheduler_process.h"
 #include "tests/integration/worker_process.h"
 
@@ -144,6 +145,23 @@ TEST_F(SchedulerTlsTest, TlsClientTrustingTheCertificateWithTheTokenSucceeds) {
   status = workers->AcquireJob(Authorized(kToken).get(), acquire, &lease);
   ASSERT_TRUE(status.ok()) << status.error_message();
   EXPECT_TRUE(lease.has_job());
+}
+
+// /readyz probes the gRPC port over a fresh connection (issue 20); with TLS
+// the probe does the TLS handshake itself and needs no token.
+TEST_F(SchedulerTlsTest, ReadinessProbesTheTlsPort) {
+  const std::string sub = dir_ + "/ready";
+  std::filesystem::create_directories(sub);
+  SchedulerProcess ready(sub + "/s.db", sub,
+                         {"--tls-cert", cert_, "--tls-key", dir_ + "/key.pem",
+                          "--auth-token-file", token_file_, "--metrics-listen", "127.0.0.1:0",
+                          "--metrics-port-file", sub + "/mport"});
+  ASSERT_TRUE(ready.Start()) << ReadAll(sub + "/scheduler.log");
+  int mport = 0;
+  std::ifstream(sub + "/mport") >> mport;
+  ASSERT_GT(mport, 0);
+  HttpResponse response = HttpGet(mport, "/readyz");
+  EXPECT_EQ(response.status, 200) << response.body << ReadAll(sub + "/scheduler.log");
 }
 
 TEST_F(SchedulerTlsTest, WrongOrMissingTokenOverTlsIsUnauthenticated) {

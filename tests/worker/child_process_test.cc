@@ -5,7 +5,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <fstream>
 #include <string>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -53,6 +55,47 @@ TEST(ChildProcessTest, OwnProcessGroupAndGroupSignalReachesGrandchildren) {
   struct pollfd p = {(*child)->stdout_fd(), POLLIN, 0};
   ASSERT_EQ(poll(&p, 1, 5000), 1);
   ReadAll((*child)->stdout_fd());
+}
+
+bool Alive(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  if (!std::getline(in, stat)) return false;
+  size_t close = stat.rfind(')');
+  return close != std::string::npos && stat.size() > close + 2 && stat[close + 2] != 'Z';
+}
+
+// A grandchild that left the group (setsid) and was re-parented when the
+// child exited is still found (by its environment tag) and killed.
+TEST(ChildProcessTest, ExitedAndWaitKillADetachedGrandchild) {
+  ChildSpec spec;
+  spec.argv = {"/bin/sh", "-c", "setsid sleep 300 & echo $!"};
+  auto child = ChildProcess::Spawn(spec);
+  ASSERT_TRUE(child.ok());
+  char buf[64] = {};
+  ssize_t n = 0;
+  for (int i = 0; i < 100 && n <= 0; ++i) n = read((*child)->stdout_fd(), buf, sizeof(buf) - 1);
+  ASSERT_GT(n, 0);
+  const pid_t grandchild = static_cast<pid_t>(std::stol(buf));
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  // $! is known before the grandchild ran setsid.
+  while (getpgid(grandchild) == (*child)->pid() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  while (!(*child)->Exited() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE((*child)->Exited());
+  ASSERT_TRUE(Alive(grandchild));
+  EXPECT_NE(getpgid(grandchild), (*child)->pid());  // out of the group
+  EXPECT_EQ((*child)->KillTree(), 1);
+  ExitInfo info = (*child)->Wait();
+  EXPECT_TRUE(info.exited);
+  EXPECT_EQ(info.code, 0);
+  for (int i = 0; i < 100 && Alive(grandchild); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_FALSE(Alive(grandchild));
 }
 
 TEST(ChildProcessTest, SigtermIsDeliveredEvenIfBlockedInTheParent) {

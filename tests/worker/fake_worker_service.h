@@ -28,6 +28,13 @@ class FakeWorkerService final : public depthbench::v1::WorkerService::Service {
     fail_reports_ = n;
     fail_code_ = code;
   }
+  // The next `n` FinishJob calls fail with `code` (they are still recorded
+  // in finishes()).
+  void FailNextFinishes(int n, grpc::StatusCode code) {
+    absl::MutexLock lock(&mu_);
+    fail_finishes_ = n;
+    fail_finish_code_ = code;
+  }
   // ReportMetrics answers FAILED_PRECONDITION from now on.
   void MakeStale() {
     absl::MutexLock lock(&mu_);
@@ -95,6 +102,10 @@ class FakeWorkerService final : public depthbench::v1::WorkerService::Service {
                          depthbench::v1::FinishJobResponse* resp) override {
     absl::MutexLock lock(&mu_);
     finishes_.push_back(*req);
+    if (fail_finishes_ > 0) {
+      --fail_finishes_;
+      return grpc::Status(fail_finish_code_, "injected failure");
+    }
     for (const auto& p : req->points()) {
       points_.emplace(Key{req->job_id(), req->attempt_id(), p.step(), p.name()}, p.value());
     }
@@ -109,6 +120,8 @@ class FakeWorkerService final : public depthbench::v1::WorkerService::Service {
   std::vector<int64_t> resumes_;
   int fail_reports_ = 0;
   grpc::StatusCode fail_code_ = grpc::StatusCode::UNAVAILABLE;
+  int fail_finishes_ = 0;
+  grpc::StatusCode fail_finish_code_ = grpc::StatusCode::UNAVAILABLE;
   bool stale_ = false;
   int64_t duplicates_ = 0;
   int report_calls_ = 0;
