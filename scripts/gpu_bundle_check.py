@@ -17,9 +17,12 @@ these checks catch that:
                                    i.e. the compilers' depfiles) is in the
                                    source tree, the build tree, BUNDLE, the CUDA
                                    toolkit, or a Debian package in ALLOWED
-  link BUILD BUNDLE BINARY...      link lines name no library outside those
+  link [--torch-dir=D] BUILD BUNDLE BINARY...
+                                   link lines name no library outside those
                                    places; the binaries' DT_NEEDED entries are
-                                   LibTorch, CUDA, NCCL and the C/C++ runtime
+                                   LibTorch, CUDA, NCCL and the C/C++ runtime,
+                                   or what LibTorch's CMake export (Torch_DIR
+                                   D and its Caffe2 folder) links itself
 
 ALLOWED are the C/C++ toolchain's packages and Debian's LibTorch (the CPU
 stand-in for the node's PyTorch LibTorch) with the headers its own public
@@ -39,9 +42,11 @@ ALLOWED_PACKAGES = {
     "libgomp1",
     # Debian's CPU LibTorch, standing in for torch.utils.cmake_prefix_path.
     "libtorch-dev",
-    # Included by LibTorch's own public headers (a PyTorch wheel ships these
-    # inside torch/include): c10d's ProcessGroupGloo.hpp includes gloo.
-    "libgloo-dev",
+    # Included by LibTorch's own public headers (a PyTorch wheel ships gloo
+    # inside torch/include and has no glog): c10d's ProcessGroupGloo.hpp
+    # includes gloo; Debian builds c10 with C10_USE_GLOG, so
+    # c10/util/Logging.h includes glog and gflags.
+    "libgloo-dev", "libgoogle-glog-dev", "libgflags-dev",
 }
 # Packages that must never be read: the bundled ones (their copies in the
 # bundle must win) and the service's dependencies the node does not have.
@@ -183,10 +188,40 @@ def cmd_cache(build, bundle):
           "no gRPC/SQLite3/spdlog/yaml-cpp/Boost searched)")
 
 
-def cmd_link(build, bundle, binaries):
+def lib_stem(name):
+    """libprotobuf.so.32 -> protobuf; libglog.so.0.6.0 -> glog."""
+    base = os.path.basename(name)
+    base = base[3:] if base.startswith("lib") else base
+    return re.split(r"\.(so|a)\b", base)[0]
+
+
+def torch_link_interface(torch_dir):
+    """Names in the LibTorch CMake export's INTERFACE_LINK_LIBRARIES
+    (protobuf::libprotobuf -> protobuf, glog::glog -> glog, gflags): what
+    find_package(Torch) itself puts on every link line that uses torch."""
+    names = set()
+    if not torch_dir:
+        return names
+    for d in (torch_dir, os.path.join(torch_dir, "..", "Caffe2")):
+        if not os.path.isdir(d):
+            continue
+        for f in os.listdir(d):
+            if not f.endswith(".cmake"):
+                continue
+            with open(os.path.join(d, f), errors="replace") as fh:
+                for m in re.finditer(r'INTERFACE_LINK_LIBRARIES "([^"]*)"', fh.read()):
+                    for item in m.group(1).split(";"):
+                        item = item.split("::")[-1]
+                        if re.match(r"^[A-Za-z][A-Za-z0-9_+-]*$", item):
+                            names.add(item[3:] if item.startswith("lib") else item)
+    return names
+
+
+def cmd_link(build, bundle, binaries, torch_dir=None):
     build, bundle = os.path.realpath(build), os.path.realpath(bundle)
     root = os.path.realpath(os.path.join(os.path.dirname(__file__), ".."))
-    bad, libs = [], set()
+    via_torch = torch_link_interface(torch_dir)
+    bad, libs, from_torch = [], set(), set()
     for b in binaries:
         target = os.path.basename(b)
         r = subprocess.run(["ninja", "-C", build, "-t", "commands", target], capture_output=True,
@@ -205,10 +240,16 @@ def cmd_link(build, bundle, binaries):
                     libs.add(p)
         out = subprocess.run(["readelf", "-d", b], capture_output=True, text=True, check=True).stdout
         for needed in re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", out):
-            if not ALLOWED_NEEDED.match(needed):
+            if ALLOWED_NEEDED.match(needed):
+                continue
+            if lib_stem(needed) in via_torch:
+                from_torch.add(needed)
+            else:
                 bad.append(f"{target}: DT_NEEDED {needed}")
     for p, pkg in owners(libs).items():
-        if pkg is None and "/torch/" not in p:
+        if lib_stem(p) in via_torch:
+            from_torch.add(os.path.basename(p))
+        elif pkg is None and "/torch/" not in p:
             bad.append(f"links {p} (no Debian package, not LibTorch)")
         elif pkg is not None and (pkg not in ALLOWED_PACKAGES | {"libtorch1.13", "libtorch-dev"}
                                   or DENIED_PACKAGES.match(pkg)):
@@ -216,7 +257,8 @@ def cmd_link(build, bundle, binaries):
     if bad:
         fail("libraries from outside the bundle", bad)
     print(f"gpu-bundle-check: link: OK ({len(binaries)} binaries; system libraries on the link "
-          f"lines: {', '.join(sorted(os.path.basename(l) for l in libs)) or 'none'})")
+          f"lines: {', '.join(sorted(os.path.basename(l) for l in libs)) or 'none'}; of these, "
+          f"from LibTorch's own CMake link interface: {', '.join(sorted(from_torch)) or 'none'})")
 
 
 def cmd_selftest(bundle):
@@ -254,6 +296,7 @@ def cmd_selftest(bundle):
 
 
 def main(argv):
+    sys.stdout.reconfigure(line_buffering=True)
     if len(argv) < 3:
         print(__doc__, file=sys.stderr)
         return 2
@@ -265,7 +308,11 @@ def main(argv):
     elif cmd == "headers":
         cmd_headers(argv[2], argv[3])
     elif cmd == "link":
-        cmd_link(argv[2], argv[3], argv[4:])
+        args = argv[2:]
+        torch_dir = None
+        if args and args[0].startswith("--torch-dir="):
+            torch_dir = args.pop(0).split("=", 1)[1]
+        cmd_link(args[0], args[1], args[2:], torch_dir)
     else:
         print(__doc__, file=sys.stderr)
         return 2
