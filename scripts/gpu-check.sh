@@ -30,7 +30,7 @@
 # Environment: BUNDLE (default build/gpu-bundle), BUILD_DIR (default
 # build/gpu-dry-run or build-gpu; OUT defaults to BUILD_DIR-out), JOBS (default nproc), BATCH (8), STEPS (6),
 # PEAK_TFLOPS (989), CUDA_ARCHS (90), NCCL_ROOT (default: the nvidia-nccl
-# wheel's folder), SKIP_BUILD=1 (reuse BUILD_DIR; GPU run only).
+# wheel's folder), SKIP_BUILD=1 (reuse BUILD_DIR instead of a clean build).
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -72,7 +72,7 @@ die() { record "FAILED: $*"; exit 1; }
 elapsed() { echo $(($(date +%s) - started)); }
 
 record "mode: $( ((dry_run)) && echo dry-run || echo gpu )"
-record "date: $(date -u +%FT%TZ)  host: $(hostname)  cores: $(nproc)"
+record "date: $(date -u +%FT%TZ)  host: ${HOSTNAME:-?}  cores: $(nproc)"
 if command -v nvidia-smi >/dev/null 2>&1; then
   record "device: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -n1)"
 fi
@@ -131,7 +131,9 @@ fi
 # ---- 1. configure + build, only the needed targets ----
 targets=(depthbench-train cuda_ops_reference_test cuda_ops_fused_test cuda_ops_cpu_fused_test
          nccl_smoke_test fused_vs_composite_bench)
-if ((dry_run)) || [[ -z "${SKIP_BUILD:-}" ]]; then
+if [[ -n "${SKIP_BUILD:-}" ]]; then
+  record "build: reused $build_dir (SKIP_BUILD: not a clean build)"
+else
   rm -rf "$build_dir"
   t0=$(date +%s)
   cmake -S "$root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release \
@@ -236,7 +238,7 @@ if ((dry_run)); then
       --eval-batches 1 --device cpu --out "$build_dir/train-smoke" \
       >"$out/logs/train-smoke.jsonl" 2>"$out/logs/train-smoke.stderr" &&
      [[ $(grep -c '"event":"step"' "$out/logs/train-smoke.jsonl") -eq 3 ]]; then
-    record "train smoke (cpu, attnres_full L=2 d=64): 3 steps, fused_ops=$(grep -o '"fused_ops":"[^"]*"' "$out/logs/train-smoke.jsonl" | head -n1 | cut -d'"' -f4)"
+    record "train smoke (cpu, attnres_full L=2 d=64): 3 steps; $(grep -o '"fused_ops_detail":"[^"]*"' "$out/logs/train-smoke.jsonl" | head -n1 | tr -d '"')"
   else
     tail -n 5 "$out/logs/train-smoke.stderr" >&2 || true
     record "train smoke: FAILED (log: $out/logs/train-smoke.stderr)"
@@ -278,7 +280,8 @@ tok_s = statistics.median(tps)
 train_flops_per_token = 3.0 * fwd / seq          # forward + backward = 3x forward
 mfu = tok_s * train_flops_per_token / (peak * 1e12)
 print(f"train {start['config']['arch']:<13} tokens/s {tok_s:>10.0f}  MFU {100*mfu:5.1f}%  "
-      f"fused_ops={start.get('fused_ops')} params={start['params']['total']}")
+      f"fused_ops={start.get('fused_ops')} params={start['params']['total']} "
+      f"({start.get('fused_ops_detail', '')})")
 PY
 )"
     record "$line"
