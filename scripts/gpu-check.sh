@@ -113,7 +113,9 @@ print(int(torch._C._GLIBCXX_USE_CXX11_ABI))
 print(nccl)
 PY
 )" || die "python3 cannot import torch"
-  { read -r torch_prefix; read -r torch_version; read -r torch_cuda; read -r torch_abi; read -r wheel_nccl; } <<<"$torch_info"
+  mapfile -t info <<<"$torch_info"  # $(...) drops trailing empty lines: index, not read
+  torch_prefix="${info[0]:-}" torch_version="${info[1]:-}" torch_cuda="${info[2]:-}"
+  torch_abi="${info[3]:-}" wheel_nccl="${info[4]:-}"
   record "libtorch: $torch_prefix (torch $torch_version, CUDA ${torch_cuda:-none}, cxx11 ABI $torch_abi)"
   [[ -n "$torch_cuda" ]] || die "python3's torch has no CUDA: this check needs a CUDA LibTorch"
   # The bundle's static Abseil and GoogleTest use the C++11 std::string ABI;
@@ -122,7 +124,11 @@ PY
     die "torch $torch_version uses the pre-C++11 ABI (_GLIBCXX_USE_CXX11_ABI=0); the bundle needs a cxx11-ABI LibTorch (PyTorch >= 2.7 wheels, or the cxx11-abi LibTorch zip)"
   nccl_root="${NCCL_ROOT:-$wheel_nccl}"
   record "nccl: ${nccl_root:-not found (NCCL smoke test will skip)}"
-  export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-$(echo "${CUDA_ARCHS:-90}" | sed 's/\([0-9]\)\([0-9]\)/\1.\2/g; s/;/ /g')}"
+  # LibTorch's CMake wants its arch list too (90 -> 9.0, 100 -> 10.0).
+  arch_list=""
+  archs_sp="${CUDA_ARCHS:-90}"
+  for a in ${archs_sp//;/ }; do arch_list+="${arch_list:+ }${a:0:-1}.${a: -1}"; done
+  export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-$arch_list}"
   cmake_args+=(-DDEPTHBENCH_CUDA=ON -DDEPTHBENCH_CUDA_ARCHS="${CUDA_ARCHS:-90}"
                -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-90}")
   [[ -n "$nccl_root" ]] && cmake_args+=(-DNCCL_ROOT="$nccl_root")
