@@ -195,8 +195,9 @@ for t in cuda_ops_reference_test cuda_ops_cpu_fused_test cuda_ops_fused_test cud
     continue
   fi
   if "$bin" >"$out/logs/$t.log" 2>&1; then
-    ok=$(grep -c '^\[       OK \]' "$out/logs/$t.log" || true)
-    skipped=$(grep -c '^\[  SKIPPED \]' "$out/logs/$t.log" || true)
+    # Per-test lines end in "(N ms)"; gtest's summary repeats SKIPPED names without.
+    ok=$(grep -c '^\[       OK \] .* ([0-9]* ms)$' "$out/logs/$t.log" || true)
+    skipped=$(grep -c '^\[  SKIPPED \] .* ([0-9]* ms)$' "$out/logs/$t.log" || true)
     why="$(grep -h -B1 '^\[  SKIPPED \]' "$out/logs/$t.log" | grep -v -e '^\[' -e '^--$' |
            sort | uniq -c | sed 's/^ *//' | paste -sd ';' - || true)"
     record "test $t: passed, $ok ok, $skipped skipped${why:+ ($why)}"
