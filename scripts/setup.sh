@@ -42,4 +42,8 @@ fi
 
 cmake -S "$root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release
 cmake --build "$build_dir" -j "$jobs"
+# The GPU-node dependency bundle (~9 MB of .debs, seconds): ctest
+# gpu_check_dry_run builds the trainer-only build against it.
+"$root/scripts/gpu-bundle.sh" "$build_dir/gpu-bundle" >/dev/null ||
+  echo "setup: scripts/gpu-bundle.sh failed (ctest gpu_check_dry_run retries it)" >&2
 echo "setup: built into $build_dir" >&2
