@@ -131,10 +131,10 @@ grpc::Status SweepServiceImpl::WatchJob(grpc::ServerContext* ctx, const v1::Watc
       point->set_name(p.name);
       point->set_value(p.value);
       point->set_wall_ms(p.wall_ms);
-      // One flush per batch rather than per point.
-      grpc::WriteOptions options;
-      if (i + 1 < batch->points.size()) options.set_buffer_hint();
-      if (!writer->Write(event, options)) return grpc::Status::OK;
+      // No WriteOptions::set_buffer_hint() here: on the sync server a
+      // buffered write's completion waits for a later flush, so Write()
+      // blocks for good (gRPC 1.51) and the stream stalls.
+      if (!writer->Write(event)) return grpc::Status::OK;
     }
     if (batch->state != last_state) {
       v1::WatchJobEvent event;
