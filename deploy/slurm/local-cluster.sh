@@ -24,6 +24,15 @@ slurmd_port="${SLURM_LOCAL_SLURMD_PORT:-26818}"
 node="$(hostname -s)"
 
 stop() {
+  # End every job first, so that no slurmstepd outlives its slurmd.
+  if [[ -f "$dir/slurmctld.pid" ]] && kill -0 "$(cat "$dir/slurmctld.pid")" 2>/dev/null; then
+    export SLURM_CONF="$dir/slurm.conf"
+    scancel --full --signal=KILL --user="$(id -un)" 2>/dev/null || true
+    for _ in $(seq 100); do
+      [[ -z "$(squeue -h 2>/dev/null)" ]] && break
+      sleep 0.1
+    done
+  fi
   for pidfile in slurmd.pid slurmctld.pid munged.pid; do
     if [[ -f "$dir/$pidfile" ]]; then
       pid="$(cat "$dir/$pidfile")"
