@@ -1,7 +1,8 @@
 // The scheduler's core: sweeps in, jobs out under leases, metrics and
 // results back. Every state change is one SQLite transaction; the gRPC
-// services (sweep_service.h, worker_service.h) are thin wrappers over these
-// Status-returning methods, which speak the depthbench.v1 messages.
+// services (grpc_services.h: SweepServiceImpl, WorkerServiceImpl) are thin
+// wrappers over these Status-returning methods, which speak the
+// depthbench.v1 messages.
 //
 // Job states: pending -> leased -> running -> succeeded | diverged | failed |
 // cancelled. An acquired attempt counts against max_attempts; a failed
