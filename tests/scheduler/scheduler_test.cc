@@ -36,17 +36,10 @@ class SchedulerTest : public ::testing::Test {
     scheduler_ = std::move(*s);
   }
   void Register(const std::string& name, int slots = 4) {
-    v1::RegisterWorkerRequest req;
-    req.set_name(name);
-    req.mutable_resources()->set_slots(slots);
-    ASSERT_TRUE(scheduler_->RegisterWorker(req).ok());
+    depthbench::testing::RegisterWorker(*scheduler_, name, slots);
   }
   v1::AcquireJobResponse Acquire(const std::string& worker) {
-    v1::AcquireJobRequest req;
-    req.set_worker_id(worker);
-    auto r = scheduler_->AcquireJob(req);
-    EXPECT_TRUE(r.ok()) << r.status();
-    return r.ok() ? *r : v1::AcquireJobResponse();
+    return depthbench::testing::AcquireFor(*scheduler_, worker);
   }
   absl::StatusOr<v1::FinishJobResponse> Finish(const v1::AcquireJobResponse& lease,
                                                v1::FinishStatus status,

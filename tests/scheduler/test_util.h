@@ -8,7 +8,11 @@
 #include <string>
 #include <vector>
 
+#include <gtest/gtest.h>
+
 #include "depthbench/v1/spec.pb.h"
+#include "depthbench/v1/worker_service.pb.h"
+#include "scheduler/scheduler.h"
 
 namespace depthbench::testing {
 
@@ -21,6 +25,25 @@ inline std::string TempDb(const std::string& name) {
   std::string path = dir + "/" + name;
   for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(path + suffix);
   return path;
+}
+
+// Registers worker `name` with `slots` slots (asserts success).
+inline void RegisterWorker(depthbench::scheduler::Scheduler& scheduler, const std::string& name,
+                           int slots = 4) {
+  depthbench::v1::RegisterWorkerRequest req;
+  req.set_name(name);
+  req.mutable_resources()->set_slots(slots);
+  ASSERT_TRUE(scheduler.RegisterWorker(req).ok());
+}
+
+// AcquireJob for `worker`; an empty response (and a test failure) on error.
+inline depthbench::v1::AcquireJobResponse AcquireFor(depthbench::scheduler::Scheduler& scheduler,
+                                                     const std::string& worker) {
+  depthbench::v1::AcquireJobRequest req;
+  req.set_worker_id(worker);
+  auto r = scheduler.AcquireJob(req);
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? *r : depthbench::v1::AcquireJobResponse();
 }
 
 // One explicit 2x64 shape, the given archs and LR grid (per arch), one seed.
