@@ -12,6 +12,9 @@ const TOKEN_KEY = "depthbench-token";
 const COLORS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#db2777",
                 "#65a30d", "#475569", "#ca8a04"];
 
+const STEP_INCRS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1e3, 2e3, 5e3, 1e4, 2e4, 5e4, 1e5, 2e5,
+                    5e5, 1e6];
+
 const $ = (sel, root = document) => root.querySelector(sel);
 
 // ---- small helpers ---------------------------------------------------------
@@ -125,10 +128,13 @@ function lineChart(container, { xLabel, yLabel, logX = false, height = 260, poin
     const opts = {
       width: chartWidth(container), height,
       scales: { x: { time: false, distr: logX ? 3 : 1 } },
-      axes: [{ label: xLabel }, { label: yLabel, size: 60 }],
+      // Steps are whole numbers: no ticks between them.
+      axes: [logX ? { label: xLabel } : { label: xLabel, incrs: STEP_INCRS },
+             { label: yLabel, size: 60 }],
       series: [{ label: xLabel, value: (u, v) => fmt(v) }].concat(series.map((s, i) => ({
         label: s.label, stroke: COLORS[i % COLORS.length], width: 2, spanGaps: true,
-        points: { show: points }, value: (u, v) => fmt(v),
+        // A series of few points (an evaluation at the end) shows them.
+        points: { show: points || s.points.size <= 3, size: 7 }, value: (u, v) => fmt(v),
       }))),
     };
     plot = new uPlot(opts, data, container);
@@ -139,7 +145,7 @@ function lineChart(container, { xLabel, yLabel, logX = false, height = 260, poin
 // Heatmap of a matrix (rows x cols) on a canvas, blue (low) to red (high).
 function heatmap(title, matrix, { rowLabel = "row", colLabel = "col" } = {}) {
   const rows = matrix.length, cols = rows ? matrix[0].length : 0;
-  const cell = Math.max(8, Math.min(28, Math.floor(260 / Math.max(rows, cols, 1))));
+  const cell = Math.max(6, Math.min(44, Math.floor(300 / Math.max(rows, cols, 1))));
   const canvas = el("canvas", { width: cols * cell, height: rows * cell, role: "img",
                                 "aria-label": title });
   const vals = matrix.flat().filter((v) => v !== null && Number.isFinite(v));

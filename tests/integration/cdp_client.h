@@ -30,8 +30,10 @@
 
 #include <boost/asio/connect.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ssl.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
 #include <boost/beast/websocket.hpp>
 #include <nlohmann/json.hpp>
 
@@ -80,6 +82,39 @@ inline HttpResult HttpGet(int port, const std::string& target,
   return out;
 }
 
+// GET https://127.0.0.1:PORT/TARGET trusting only `ca_pem` and checking that
+// the certificate names 127.0.0.1.
+inline HttpResult HttpsGet(int port, const std::string& target, const std::string& ca_pem,
+                           const std::string& authorization = "") {
+  using namespace cdp_detail;
+  namespace ssl = net::ssl;
+  HttpResult out;
+  try {
+    net::io_context ioc;
+    ssl::context ctx(ssl::context::tls_client);
+    ctx.add_certificate_authority(net::buffer(ca_pem));
+    ctx.set_verify_mode(ssl::verify_peer);
+    beast::ssl_stream<beast::tcp_stream> stream(ioc, ctx);
+    stream.set_verify_callback(ssl::host_name_verification("127.0.0.1"));
+    tcp::resolver resolver(ioc);
+    beast::get_lowest_layer(stream).connect(resolver.resolve("127.0.0.1", std::to_string(port)));
+    stream.handshake(ssl::stream_base::client);
+    http::request<http::empty_body> req{http::verb::get, target, 11};
+    req.set(http::field::host, "127.0.0.1");
+    if (!authorization.empty()) req.set(http::field::authorization, authorization);
+    http::write(stream, req);
+    beast::flat_buffer buffer;
+    http::response<http::string_body> res;
+    http::read(stream, buffer, res);
+    out.status = static_cast<int>(res.result_int());
+    out.body = res.body();
+    out.content_type = std::string(res[http::field::content_type]);
+  } catch (const std::exception& e) {
+    out.body = e.what();
+  }
+  return out;
+}
+
 // The browser executable: $CHROMIUM, else Debian's chromium.
 inline std::string ChromiumPath() {
   const char* env = std::getenv("CHROMIUM");
@@ -99,7 +134,9 @@ class Chromium {
 
   // Starts headless Chromium with a fresh profile under `dir` and attaches
   // to its first page. False (see error()) when it cannot.
-  bool Start(const std::string& dir, int width = 1366, int height = 900) {
+  // `extra` flags go before the start URL (e.g. --ignore-certificate-errors).
+  bool Start(const std::string& dir, int width = 1366, int height = 900,
+             const std::vector<std::string>& extra = {}) {
     using namespace cdp_detail;
     const std::string bin = ChromiumPath();
     if (bin.empty()) {
@@ -124,8 +161,9 @@ class Chromium {
                                      "--disable-background-networking",
                                      "--hide-scrollbars",
                                      "--window-size=" + std::to_string(width) + "," +
-                                         std::to_string(height),
-                                     "about:blank"};
+                                         std::to_string(height)};
+    args.insert(args.end(), extra.begin(), extra.end());
+    args.push_back("about:blank");
     const std::string log = dir + "/chromium.log";
     pid_ = fork();
     if (pid_ == 0) {

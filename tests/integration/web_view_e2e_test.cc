@@ -290,5 +290,49 @@ TEST_F(WebViewE2ETest, PagesFollowASweepLiveAndNeedTheToken) {
   w2.Stop(SIGTERM);
 }
 
+// With --tls-cert/--tls-key the web view speaks HTTPS with the scheduler's
+// certificate (and only HTTPS); the token still guards the data.
+TEST_F(WebViewE2ETest, ServesHttpsWhenTheSchedulerHasTls) {
+  const std::string cert = dir_ + "/cert.pem", key = dir_ + "/key.pem";
+  auto [rc, out] = RunCommand(
+      "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 "
+      "-subj /CN=localhost -addext subjectAltName=IP:127.0.0.1,DNS:localhost -keyout " +
+      key + " -out " + cert + " 2>&1");
+  ASSERT_EQ(rc, 0) << "openssl (scripts/setup.sh installs it): " << out;
+  const std::string web_port_file = dir_ + "/web.port";
+  SchedulerProcess scheduler(dir_ + "/db.sqlite", dir_,
+                             {"--tls-cert", cert, "--tls-key", key, "--auth-token-file",
+                              token_file_, "--web-listen", "127.0.0.1:0", "--web-port-file",
+                              web_port_file});
+  ASSERT_TRUE(scheduler.Start()) << ReadAll(dir_ + "/scheduler.log");
+  const int web = ReadPort(web_port_file);
+  ASSERT_GT(web, 0);
+  const std::string base = "https://127.0.0.1:" + std::to_string(web) + "/";
+  EXPECT_NE(ReadAll(dir_ + "/scheduler.log").find("web view on " + base), std::string::npos);
+  const std::string ca = ReadAll(cert);
+  const std::string bearer = std::string("Bearer ") + kToken;
+  HttpResult ok = HttpsGet(web, "/api/sweeps", ca, bearer);
+  EXPECT_EQ(ok.status, 200) << ok.body;
+  EXPECT_EQ(HttpsGet(web, "/api/sweeps", ca).status, 401);
+  EXPECT_EQ(HttpsGet(web, "/", ca).status, 200);
+  // Plain HTTP gets no answer.
+  EXPECT_EQ(HttpGet(web, "/api/sweeps", bearer).status, 0);
+
+  // The browser (told to accept the self-signed certificate) signs in.
+  Chromium browser;
+  ASSERT_TRUE(browser.Start(dir_, 1366, 900, {"--ignore-certificate-errors"})) << browser.error();
+  ASSERT_TRUE(browser.Navigate(base));
+  ASSERT_TRUE(browser.WaitFor("!document.querySelector('#login').hidden", 10000));
+  browser.Eval(std::string("document.querySelector('#token').value = '") + kToken +
+               "'; document.querySelector('#login-form').requestSubmit()");
+  EXPECT_TRUE(browser.WaitFor("document.querySelector('#login').hidden && "
+                              "document.querySelector('#sweeps') && "
+                              "document.body.innerText.includes('No sweeps yet')",
+                              10000))
+      << browser.Eval("document.body.innerText").dump();
+  EXPECT_EQ(browser.Eval("location.protocol"), "https:");
+  Shot(browser, "09-https-sweeps");
+}
+
 }  // namespace
 }  // namespace depthbench::testing
