@@ -249,6 +249,43 @@ WebResponse WebApi::Handle(const WebRequest& request) {
   return r;
 }
 
+absl::StatusOr<v1::ListSweepsResponse> WebApi::ListSweeps(const v1::ListSweepsRequest& request) {
+  const std::string key = absl::StrCat(request.page_size(), "/", request.page_token());
+  const int64_t now = clock_->NowMonotonicMs();
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = list_cache_.find(key);
+    if (it != list_cache_.end() && now - it->second.first < kProgressCacheMs) {
+      return it->second.second;
+    }
+  }
+  absl::StatusOr<v1::ListSweepsResponse> fresh = scheduler_->ListSweeps(request);
+  if (fresh.ok()) {
+    absl::MutexLock lock(&mu_);
+    if (list_cache_.size() > 256) list_cache_.clear();
+    list_cache_[key] = {now, *fresh};
+  }
+  return fresh;
+}
+
+absl::StatusOr<v1::Sweep> WebApi::GetSweep(const std::string& name) {
+  const int64_t now = clock_->NowMonotonicMs();
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = sweep_cache_.find(name);
+    if (it != sweep_cache_.end() && now - it->second.first < kProgressCacheMs) {
+      return it->second.second;
+    }
+  }
+  absl::StatusOr<v1::Sweep> fresh = scheduler_->GetSweep(name);
+  if (fresh.ok()) {
+    absl::MutexLock lock(&mu_);
+    if (sweep_cache_.size() > 256) sweep_cache_.clear();
+    sweep_cache_[name] = {now, *fresh};
+  }
+  return fresh;
+}
+
 std::pair<double, double> WebApi::Progress(const std::string& sweep, int64_t created_ms,
                                            int64_t done, int64_t total, bool running) {
   const int64_t now = clock_->NowMonotonicMs();
@@ -306,7 +343,7 @@ WebResponse WebApi::Api(const WebRequest& request) {
     if (!page_size.ok()) return FromStatus(page_size.status());
     req.set_page_size(static_cast<int32_t>(*page_size));
     req.set_page_token(Param(request, "page_token"));
-    absl::StatusOr<v1::ListSweepsResponse> list = scheduler_->ListSweeps(req);
+    absl::StatusOr<v1::ListSweepsResponse> list = ListSweeps(req);
     if (!list.ok()) return FromStatus(list.status());
     json sweeps = json::array();
     for (const v1::Sweep& s : list->sweeps()) sweeps.push_back(sweep_json(s));
@@ -326,7 +363,7 @@ WebResponse WebApi::Api(const WebRequest& request) {
     const std::string& name = rest;
     if (name.empty()) return Error(404, "sweep: name is empty");
     if (tail.empty()) {
-      absl::StatusOr<v1::Sweep> s = scheduler_->GetSweep(name);
+      absl::StatusOr<v1::Sweep> s = GetSweep(name);
       if (!s.ok()) return FromStatus(s.status());
       json out = sweep_json(*s);
       std::string spec;
