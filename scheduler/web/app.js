@@ -260,7 +260,8 @@ function sweepsPage(view) {
       next ? el("button", { class: "small", onclick: () => { token = next; current.tick(); } }, "next page") : null);
     box.replaceChildren(last.sweeps.length
       ? sortableTable(columns, last.sweeps, state, { id: "sweeps-table" })
-      : el("p", { class: "muted" }, "No sweeps yet: submit one with `depthbench submit`."), pager);
+      : el("p", { class: "muted" }, "No sweeps yet: submit one with ",
+           el("code", {}, "depthbench submit SPEC.yaml"), "."), pager);
   };
   return {
     async tick() {
@@ -366,8 +367,10 @@ function sweepPage(view, name) {
   };
 
   const pollCurves = async () => {
+    let anyRunning = false;
     if (autoSelect && runs) {
       const running = runs.runs.filter((r) => r.state === "running" || r.state === "leased").map((r) => r.job_id);
+      anyRunning = running.length > 0;
       if (running.length) {
         // Keep showing runs that finished while selected, add the new ones.
         for (const id of running) if (selected.size < 6) selected.add(id);
@@ -391,9 +394,10 @@ function sweepPage(view, name) {
         if (!p.more) break;
       }
     }
-    curvesNote.textContent = selected.size
-      ? (autoSelect ? "Following running runs (tick runs below to choose)." : "Runs ticked below.")
-      : "Tick runs below to plot their training loss.";
+    curvesNote.textContent = !selected.size ? "Tick runs below to plot their training loss."
+      : !autoSelect ? "The runs ticked below."
+      : anyRunning ? "Following the runs that train now (tick runs below to choose)."
+      : "No run trains now: the runs followed before, or each group's best (tick runs below to choose).";
     liveChart.update([...curveData.values()].map((c) => ({ label: c.label, points: c.points })));
   };
 
