@@ -230,6 +230,12 @@ class Chromium {
     }
     Call("Page.enable");
     Call("Runtime.enable");
+    // Every page collects its uncaught errors for PageErrors().
+    Call("Page.addScriptToEvaluateOnNewDocument",
+         {{"source",
+           "window.__pageErrors = [];"
+           "addEventListener('error', e => __pageErrors.push(String(e.message)));"
+           "addEventListener('unhandledrejection', e => __pageErrors.push(String(e.reason)));"}});
     Call("Emulation.setDeviceMetricsOverride",
          {{"width", width}, {"height", height}, {"deviceScaleFactor", 1}, {"mobile", false}});
     return true;
@@ -287,6 +293,10 @@ class Chromium {
     return r["result"].value("value", nlohmann::json());
   }
   const std::string& last_eval_error() const { return last_eval_error_; }
+
+  // Uncaught errors and unhandled rejections of the current document.
+  // null when the collector is missing (then the check fails rather than passing empty).
+  nlohmann::json PageErrors() { return Eval("window.__pageErrors"); }
 
   // Loads `url` and waits for the document to be complete.
   bool Navigate(const std::string& url) {

@@ -96,8 +96,10 @@ class WebViewE2ETest : public ::testing::Test {
     if (!HasFailure()) fs::remove_all(dir_, ec);
   }
 
+  // A screenshot of the page, which must have thrown no error so far.
   void Shot(Chromium& browser, const std::string& name) {
     EXPECT_TRUE(browser.Screenshot(shots_ + "/" + name + ".png")) << name;
+    EXPECT_EQ(browser.PageErrors(), nlohmann::json::array()) << name;
   }
 
   std::string dir_, shots_, token_file_;
