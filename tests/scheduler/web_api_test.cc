@@ -2,18 +2,23 @@
 // with a FakeClock: the token rule, precise errors for bad parameters, the
 // points cursor, paging, results aggregation, the ETA from recent
 // throughput and the progress cache. The pages themselves are tested in
-// headless Chromium (tests/integration/web_view_e2e_test.cc).
+// headless Chromium (tests/integration/web_view_e2e_test.cc). Also the
+// HTTP transport (web_server.h): decoding, HEAD, refused methods and bodies.
 #include "scheduler/web_api.h"
 
 #include <map>
 #include <set>
 #include <string>
 
+#include <boost/asio/connect.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/write.hpp>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "common/clock.h"
 #include "scheduler/scheduler.h"
+#include "scheduler/web_server.h"
 #include "tests/scheduler/test_util.h"
 
 namespace depthbench::scheduler {
@@ -268,6 +273,101 @@ TEST_F(WebApiTest, EtaFollowsRecentThroughputAndProgressIsCachedBriefly) {
   json one = GetJson(api, "/api/sweeps/s");
   EXPECT_EQ(one["spec"]["name"], "s");
   EXPECT_EQ(one["state"], "running");
+}
+
+}  // namespace
+}  // namespace depthbench::scheduler
+
+namespace depthbench::scheduler {
+namespace {
+
+// The transport (web_server.h) with a handler that echoes what it was given.
+class WebServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    WebServerOptions options;
+    auto started = WebServer::Start(options, [](const WebRequest& r) {
+      WebResponse out;
+      json q = json::object();
+      for (const auto& [k, v] : r.query) q[k] = v;
+      out.body = json{{"method", r.method}, {"path", r.path}, {"query", q},
+                      {"authorization", r.authorization}}
+                     .dump();
+      return out;
+    });
+    ASSERT_TRUE(started.ok()) << started.status();
+    server_ = std::move(*started);
+  }
+
+  // One raw HTTP/1.1 exchange over a fresh connection; the whole answer.
+  std::string Raw(const std::string& request) {
+    namespace net = boost::asio;
+    net::io_context ioc;
+    net::ip::tcp::socket socket(ioc);
+    socket.connect({net::ip::make_address("127.0.0.1"), server_->port()});
+    net::write(socket, net::buffer(request));
+    std::string out;
+    boost::system::error_code ec;
+    char buf[4096];
+    while (true) {
+      size_t n = socket.read_some(net::buffer(buf), ec);
+      out.append(buf, n);
+      if (ec) break;
+    }
+    return out;
+  }
+
+  std::unique_ptr<WebServer> server_;
+};
+
+TEST_F(WebServerTest, DecodesTargetsAndRefusesWhatIsNotARead) {
+  EXPECT_EQ(server_->url(), "http://127.0.0.1:" + std::to_string(server_->port()) + "/");
+  EXPECT_FALSE(server_->tls());
+  std::string ok = Raw(
+      "GET /api/sweeps/a%20b?x=1&y=%2Fz&flag HTTP/1.1\r\nHost: h\r\n"
+      "Authorization: Bearer t\r\nConnection: close\r\n\r\n");
+  ASSERT_NE(ok.find("HTTP/1.1 200 OK"), std::string::npos) << ok;
+  json body = json::parse(ok.substr(ok.find("\r\n\r\n") + 4));
+  EXPECT_EQ(body["path"], "/api/sweeps/a b");
+  EXPECT_EQ(body["query"], json({{"x", "1"}, {"y", "/z"}, {"flag", ""}}));
+  EXPECT_EQ(body["authorization"], "Bearer t");
+  EXPECT_EQ(body["method"], "GET");
+
+  std::string head = Raw("HEAD /x HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n");
+  EXPECT_NE(head.find("HTTP/1.1 200 OK"), std::string::npos) << head;
+  EXPECT_NE(head.find("Content-Length: "), std::string::npos);
+  EXPECT_EQ(head.substr(head.find("\r\n\r\n") + 4), "");  // no body
+
+  std::string post = Raw("POST /api/sweeps HTTP/1.1\r\nHost: h\r\nContent-Length: 0\r\n"
+                         "Connection: close\r\n\r\n");
+  EXPECT_NE(post.find("HTTP/1.1 405"), std::string::npos) << post;
+  EXPECT_NE(post.find("Allow: GET, HEAD"), std::string::npos);
+
+  std::string bad = Raw("GET /api/%zz HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n");
+  EXPECT_NE(bad.find("HTTP/1.1 400"), std::string::npos) << bad;
+  EXPECT_NE(bad.find("percent-escape"), std::string::npos);
+  std::string cut = Raw("GET /api/x%4 HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n");
+  EXPECT_NE(cut.find("HTTP/1.1 400"), std::string::npos) << cut;
+
+  // A request body is refused: the connection closes without an answer.
+  std::string with_body = Raw("GET /x HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\n\r\nhello");
+  EXPECT_EQ(with_body.find("HTTP/1.1 200"), std::string::npos) << with_body;
+}
+
+TEST(WebServerOptionsTest, BadOptionsAreNamed) {
+  auto echo = [](const WebRequest&) { return WebResponse(); };
+  WebServerOptions o;
+  o.tls_cert_pem = "x";
+  auto half = WebServer::Start(o, echo);
+  EXPECT_EQ(half.status().code(), absl::StatusCode::kInvalidArgument);
+  o.tls_key_pem = "y";
+  auto garbage = WebServer::Start(o, echo);
+  ASSERT_FALSE(garbage.ok());
+  EXPECT_NE(garbage.status().message().find("tls_cert_pem"), std::string::npos)
+      << garbage.status();
+  WebServerOptions bad_listen;
+  bad_listen.listen = "nowhere";
+  EXPECT_FALSE(WebServer::Start(bad_listen, echo).ok());
 }
 
 }  // namespace
