@@ -139,7 +139,14 @@ function lineChart(container, { xLabel, yLabel, logX = false, height = 260, poin
     };
     plot = new uPlot(opts, data, container);
   };
-  return { update: draw, destroy: () => plot && plot.destroy() };
+  // Follow the container's width (window resized, columns stacked).
+  const resized = new ResizeObserver(() => {
+    if (plot && Math.abs(plot.width - chartWidth(container)) > 2) {
+      plot.setSize({ width: chartWidth(container), height });
+    }
+  });
+  resized.observe(container);
+  return { update: draw, destroy: () => { resized.disconnect(); if (plot) plot.destroy(); } };
 }
 
 // Heatmap of a matrix (rows x cols) on a canvas, blue (low) to red (high).

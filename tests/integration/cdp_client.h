@@ -294,6 +294,15 @@ class Chromium {
   }
   const std::string& last_eval_error() const { return last_eval_error_; }
 
+  // Emulates a viewport of width x height CSS pixels.
+  bool Resize(int width, int height) {
+    return !Call("Emulation.setDeviceMetricsOverride", {{"width", width},
+                                                         {"height", height},
+                                                         {"deviceScaleFactor", 1},
+                                                         {"mobile", false}})
+                .contains("error");
+  }
+
   // Uncaught errors and unhandled rejections of the current document.
   // null when the collector is missing (then the check fails rather than passing empty).
   nlohmann::json PageErrors() { return Eval("window.__pageErrors"); }

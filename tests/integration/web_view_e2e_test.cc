@@ -251,6 +251,13 @@ TEST_F(WebViewE2ETest, PagesFollowASweepLiveAndNeedTheToken) {
   json desc = browser.Eval(aspect_column);
   EXPECT_TRUE(std::is_sorted(desc.rbegin(), desc.rend())) << desc.dump();
   Shot(browser, "06-sweep-done");
+  // A small laptop (1024 px): the charts stack, no table spills the page
+  // (wide ones scroll inside their own box).
+  ASSERT_TRUE(browser.Resize(1024, 768));
+  EXPECT_TRUE(browser.WaitFor("document.documentElement.scrollWidth <= 1024", 5000))
+      << browser.Eval("document.documentElement.scrollWidth").dump();
+  Shot(browser, "06b-sweep-done-1024px");
+  ASSERT_TRUE(browser.Resize(1366, 900));
 
   // --- a job's attempts: the crash and its retry, on named workers --------
   json jobs = json::parse(HttpGet(web, "/api/jobs?sweep=webtest&arch=hc&page_size=100", bearer).body);
