@@ -18,6 +18,7 @@
 #include <boost/beast/ssl.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/status_macros.h"
 
 namespace depthbench::scheduler {
@@ -198,8 +199,8 @@ bool PercentDecode(const std::string& s, std::string* out) {
 class WebServer::Impl {
  public:
   Impl(const WebServerOptions& options, WebHandler handler)
-      : max_connections_(options.max_connections),
-        ssl_ctx_(ssl::context::tls_server),
+      : ssl_ctx_(ssl::context::tls_server),
+        max_connections_(options.max_connections),
         acceptor_(ioc_) {
     shared_->handler = std::move(handler);
     shared_->timeout = std::chrono::milliseconds(options.io_timeout_ms);
@@ -208,6 +209,7 @@ class WebServer::Impl {
   ~Impl() { Stop(); }
 
   void Stop() {
+    absl::MutexLock lock(&stop_mu_);
     ioc_.stop();
     for (std::thread& t : threads_) {
       if (t.joinable()) t.join();
@@ -288,12 +290,16 @@ class WebServer::Impl {
     });
   }
 
-  // Declared first: destroyed last (pending handlers own the sessions).
+  // Outlives ioc_: TLS sessions, destroyed with ioc_'s pending handlers,
+  // were made from it.
+  ssl::context ssl_ctx_;
+  // Declared before the rest: destroyed after them (pending handlers own
+  // the sessions).
   net::io_context ioc_;
   std::shared_ptr<Shared> shared_ = std::make_shared<Shared>();
   const int max_connections_;
-  ssl::context ssl_ctx_;
   bool tls_ = false;
+  absl::Mutex stop_mu_;  // Stop() from several threads joins once
   tcp::acceptor acceptor_;
   HostPort bound_;
   std::vector<std::thread> threads_;
