@@ -139,11 +139,19 @@ function lineChart(container, { xLabel, yLabel, logX = false, height = 260, poin
     };
     plot = new uPlot(opts, data, container);
   };
-  // Follow the container's width (window resized, columns stacked).
+  // Follow the container's width (window resized, columns stacked). The
+  // resize waits for the next frame: resizing inside the observer's callback
+  // would change the layout it is reporting ("ResizeObserver loop" errors).
+  let pending = false;
   const resized = new ResizeObserver(() => {
-    if (plot && Math.abs(plot.width - chartWidth(container)) > 2) {
-      plot.setSize({ width: chartWidth(container), height });
-    }
+    if (pending) return;
+    pending = true;
+    requestAnimationFrame(() => {
+      pending = false;
+      if (plot && Math.abs(plot.width - chartWidth(container)) > 2) {
+        plot.setSize({ width: chartWidth(container), height });
+      }
+    });
   });
   resized.observe(container);
   return { update: draw, destroy: () => { resized.disconnect(); if (plot) plot.destroy(); } };
