@@ -30,8 +30,10 @@ WebResponse Json(int status, const json& body) {
   WebResponse r;
   r.status = status;
   r.content_type = "application/json";
-  // NaN and infinities become null (nlohmann's dump does so).
-  r.body = body.dump();
+  // NaN and infinities become null (nlohmann's dump does so); bytes that are
+  // not UTF-8 (a trainer's stderr in a failure reason) become U+FFFD instead
+  // of failing the answer.
+  r.body = body.dump(-1, ' ', false, json::error_handler_t::replace);
   r.headers.push_back({"Cache-Control", "no-store"});
   return r;
 }

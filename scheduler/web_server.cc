@@ -16,6 +16,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl.hpp>
+#include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -81,7 +82,15 @@ http::response<http::string_body> Render(const http::request<http::string_body>&
     out.status = 400;
     out.body = R"({"error":"request target: malformed percent-escape"})";
   } else {
-    out = handler(in);
+    try {
+      out = handler(in);
+    } catch (const std::exception& e) {
+      // A server thread must not die with the request (std::terminate).
+      out = WebResponse();
+      out.status = 500;
+      out.body = nlohmann::json{{"error", std::string("internal error: ") + e.what()}}.dump(
+          -1, ' ', false, nlohmann::json::error_handler_t::replace);
+    }
   }
   response.result(static_cast<unsigned>(out.status));
   response.set(http::field::content_type, out.content_type);

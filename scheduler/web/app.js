@@ -41,7 +41,7 @@ function fmt(v, digits = 4) {
   if (Number.isInteger(v)) return v.toLocaleString("en-US");
   return Number(v.toPrecision(digits)).toString();
 }
-function fmtLr(v) { return v === null || v === undefined ? "–" : v.toExponential(1).replace("e-", "e-"); }
+function fmtLr(v) { return v === null || v === undefined ? "–" : v.toExponential(1); }
 function fmtDuration(s) {
   if (s === null || s === undefined) return "–";
   s = Math.round(s);

@@ -244,6 +244,24 @@ TEST_F(WebApiTest, ResultsRunsAndJobsFollowTheSweep) {
   EXPECT_TRUE(diag["diagnosed_job_id"].is_null());
 }
 
+TEST_F(WebApiTest, ReasonsThatAreNotUtf8StillAnswer) {
+  WebApi api(scheduler_.get(), &clock_, "");
+  Submit(SmallSpec("s", {"pre_ln"}, {1e-3}));
+  RegisterWorker(*scheduler_, "w");
+  v1::AcquireJobResponse lease = AcquireFor(*scheduler_, "w");
+  v1::FinishJobRequest fail;
+  fail.set_job_id(lease.job_id());
+  fail.set_attempt_id(lease.attempt_id());
+  fail.set_status(v1::FINISH_FAILED);
+  fail.set_reason("stderr tail: \xff\xfe bad bytes");
+  ASSERT_TRUE(scheduler_->FinishJob(fail).ok());
+  WebResponse r = Get(api, "/api/jobs/" + std::to_string(lease.job_id()));
+  ASSERT_EQ(r.status, 200) << r.body;
+  json job = json::parse(r.body);
+  ASSERT_EQ(job["attempts"].size(), 1u);
+  EXPECT_EQ(job["attempts"][0]["reason"], "stderr tail: \xEF\xBF\xBD\xEF\xBF\xBD bad bytes");
+}
+
 TEST_F(WebApiTest, EtaFollowsRecentThroughputAndProgressIsCachedBriefly) {
   WebApi api(scheduler_.get(), &clock_, "");
   Submit(SmallSpec("s", {"pre_ln", "hc"}, {1e-3, 1e-2, 1e-1}));  // 6 jobs
