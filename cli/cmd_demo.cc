@@ -221,7 +221,9 @@ int RunDemo(CommandEnv& env, const DemoArgs& args) {
   const std::string db = dir + "/demo.sqlite";
   const std::string ckpt_root = dir + "/checkpoints";
   const std::string port_file = dir + "/scheduler.port";
+  const std::string web_port_file = dir + "/web.port";
   fs::remove(port_file, ec);
+  fs::remove(web_port_file, ec);
   out << "depthbench demo: working in " << dir << "\n";
 
   // Ctrl-C: stop cleanly (daemons are stopped by the destructors).
@@ -232,7 +234,8 @@ int RunDemo(CommandEnv& env, const DemoArgs& args) {
 
   DemoProcess scheduler;
   if (!scheduler.Start({*scheduler_bin, "--db", db, "--listen", "127.0.0.1:0", "--port-file",
-                        port_file},
+                        port_file, "--web-listen", "127.0.0.1:0", "--web-port-file",
+                        web_port_file},
                        dir + "/scheduler.log")) {
     return env.Fail(absl::InternalError("cannot start depthbench-scheduler"));
   }
@@ -250,6 +253,13 @@ int RunDemo(CommandEnv& env, const DemoArgs& args) {
   }
   const std::string address = absl::StrCat("127.0.0.1:", port);
   out << "scheduler on " << address << " (database " << db << ")\n";
+  // The scheduler writes the web port before the gRPC one.
+  int web_port = 0;
+  if (std::ifstream web_in(web_port_file); !(web_in >> web_port)) web_port = 0;
+  if (web_port > 0) {
+    out << "web view (sweep, results, live loss curves): http://127.0.0.1:" << web_port
+        << "/#/sweep/" << spec->name() << "\n";
+  }
 
   std::vector<std::unique_ptr<DemoProcess>> workers;
   std::vector<std::string> metrics_urls;

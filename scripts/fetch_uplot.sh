@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Fetches the charting library of the scheduler's web view (scheduler/web/):
+# uPlot as packaged on npm (uplot 1.6.32, MIT licence), pinned by version and
+# SHA-256, into third_party/uplot/ (git-ignored). CMake embeds its minified
+# script, its stylesheet and its LICENSE into depthbench-scheduler. Idempotent;
+# called by scripts/setup.sh and, when the files are missing, by CMake.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+dest="${1:-$root/third_party/uplot}"
+version="1.6.32"
+sha256="4b8a8191e425658e3ea8c8c1314b0fc679c861ee3a1af2b20c7b16ba50b5133d"
+
+if [[ -f "$dest/.complete" ]]; then
+  exit 0
+fi
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+(cd "$tmp" && npm pack --silent "uplot@$version" >/dev/null)
+tarball="$tmp/uplot-$version.tgz"
+echo "$sha256  $tarball" | sha256sum -c --quiet -
+mkdir -p "$tmp/x" "$dest"
+tar -xzf "$tarball" -C "$tmp/x" --strip-components=1
+cp "$tmp/x/dist/uPlot.iife.min.js" "$tmp/x/dist/uPlot.min.css" "$tmp/x/LICENSE" "$dest/"
+touch "$dest/.complete"
+echo "fetch_uplot: uPlot $version in $dest" >&2
