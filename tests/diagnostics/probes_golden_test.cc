@@ -32,6 +32,8 @@ using golden::kPython;
 using golden::ReadF32;
 using golden::WriteF32;
 
+constexpr double kTol = 1e-5;
+
 struct Case {
   Arch arch;
   int64_t layers;

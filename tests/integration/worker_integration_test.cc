@@ -207,9 +207,7 @@ class WorkerSystemTest : public SweepFixture {
     return std::string(DEPTHBENCH_CLI_BIN) + " --scheduler " + server_->address() + " " + args;
   }
 
-  std::string dir_, root_;
-  std::unique_ptr<SchedulerProcess> server_;
-  std::unique_ptr<v1::SweepService::Stub> stub_;
+  // dir_, root_, server_ and stub_ are SweepFixture's.
   std::vector<std::unique_ptr<WorkerProcess>> workers_;
 };
 
