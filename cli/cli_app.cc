@@ -1,7 +1,5 @@
 // The CLI's frame: global flags, subcommand registration, exit codes.
 #include <cstdlib>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "cli/commands.h"
@@ -67,19 +65,12 @@ int RunCli(int argc, char** argv, std::ostream& out, std::ostream& err) {
   }
   const char* token_env = std::getenv("DEPTHBENCH_TOKEN");
   if (!token_file.empty()) {
-    std::ifstream in(token_file);
-    if (!in) {
-      err << "error: --token-file: cannot read " << token_file << "\n";
+    absl::StatusOr<std::string> token = ReadTokenFile("--token-file", token_file);
+    if (!token.ok()) {
+      err << "error: " << token.status().message() << "\n";
       return kExitUsage;
     }
-    std::stringstream ss;
-    ss << in.rdbuf();
-    env.client.token = ss.str();
-    while (!env.client.token.empty() &&
-           (env.client.token.back() == '\n' || env.client.token.back() == ' ' ||
-            env.client.token.back() == '\r')) {
-      env.client.token.pop_back();
-    }
+    env.client.token = *token;
   } else if (token_env != nullptr) {
     env.client.token = token_env;
   }

@@ -6,13 +6,7 @@
 // shows progress, prints the results table and where everything lives,
 // then stops the daemons. The binaries are looked up next to this one
 // (install layout), in the build tree (../scheduler, ../worker) and on PATH.
-#include <fcntl.h>
 #include <signal.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <netinet/in.h>
-#include <arpa/inet.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -31,6 +25,10 @@
 #include "cli/output.h"
 #include "cli/results_doc.h"
 #include "cli/spec_reader.h"
+#include "common/child_process.h"
+#include "common/free_port.h"
+#include "common/run_protocol.h"
+#include "common/status_macros.h"
 
 namespace depthbench::cli {
 
@@ -41,70 +39,18 @@ namespace fs = std::filesystem;
 
 volatile sig_atomic_t g_interrupted = 0;
 
-// A daemon started by the demo: own stdout/stderr log, SIGTERM to stop.
-class DemoProcess {
- public:
-  DemoProcess() = default;
-  DemoProcess(const DemoProcess&) = delete;
-  DemoProcess& operator=(const DemoProcess&) = delete;
-  ~DemoProcess() { Stop(10000); }
-
-  bool Start(std::vector<std::string> args, const std::string& log) {
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const pid_t parent = getpid();
-    pid_ = fork();
-    if (pid_ < 0) return false;
-    if (pid_ == 0) {
-      // Async-signal-safe calls only until execv().
-      prctl(PR_SET_PDEATHSIG, SIGTERM);  // the demo dies -> its daemons stop
-      if (getppid() != parent) _exit(127);
-      sigset_t none;
-      sigemptyset(&none);
-      sigprocmask(SIG_SETMASK, &none, nullptr);
-      signal(SIGINT, SIG_IGN);  // Ctrl-C goes to the demo, which stops us
-      int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-      if (fd >= 0) {
-        dup2(fd, STDOUT_FILENO);
-        dup2(fd, STDERR_FILENO);
-      }
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-    return true;
-  }
-
-  bool Alive() {
-    if (pid_ <= 0) return false;
-    int status = 0;
-    if (waitpid(pid_, &status, WNOHANG) == pid_) {
-      pid_ = -1;
-      return false;
-    }
-    return true;
-  }
-
-  // SIGTERM, then SIGKILL after `grace_ms`.
-  void Stop(int64_t grace_ms) {
-    if (pid_ <= 0) return;
-    kill(pid_, SIGTERM);
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(grace_ms);
-    int status = 0;
-    while (waitpid(pid_, &status, WNOHANG) == 0) {
-      if (std::chrono::steady_clock::now() >= deadline) {
-        kill(pid_, SIGKILL);
-        waitpid(pid_, &status, 0);
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    pid_ = -1;
-  }
-
- private:
-  pid_t pid_ = -1;
-};
+// A daemon of the demo: its stdout+stderr appended to `log`, SIGTERM if the
+// demo dies (its daemons stop with it). In its own process group, so the
+// terminal's Ctrl-C reaches the demo only, which then stops it.
+absl::StatusOr<std::unique_ptr<ChildProcess>> StartDaemon(std::vector<std::string> args,
+                                                          const std::string& log) {
+  ChildSpec spec;
+  spec.argv = std::move(args);
+  spec.parent_death_signal = SIGTERM;
+  spec.output = ChildSpec::Output::kLogFile;
+  spec.log_file = log;
+  return ChildProcess::Spawn(spec);
+}
 
 std::string SelfDir() {
   std::error_code ec;
@@ -132,23 +78,9 @@ absl::StatusOr<std::string> FindBinary(const std::string& name, const std::strin
                                           "), in ../", subdir, " or on PATH"));
 }
 
-// A free loopback TCP port (bound and released; fine for a local demo).
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return 0;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  close(fd);
-  return port;
-}
+// A free loopback TCP port (0 when none can be had: the daemon then fails
+// to start and says so).
+int FreePort() { return FreeLoopbackPort().value_or(0); }
 
 std::string Counts(const v1::Sweep& s) {
   std::vector<std::string> parts;
@@ -172,16 +104,36 @@ struct DemoArgs {
   int64_t timeout_s = 900;
 };
 
-int RunDemo(CommandEnv& env, const DemoArgs& args) {
-  std::ostream& out = *env.out;
-  auto start_time = std::chrono::steady_clock::now();
-  auto elapsed_s = [&] {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time).count();
-  };
+// What one demo run holds: where its files are, its daemons and the client.
+// The members stop in reverse order: the client, the workers, then the
+// scheduler.
+struct Demo {
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  std::string dir;  // absolute
+  bool temp_dir = false;
+  std::string db, ckpt_root, port_file, web_port_file, address;
+  int web_port = 0;  // the scheduler's web view, 0 when it has none
+  std::unique_ptr<ChildProcess> scheduler;
+  std::vector<std::unique_ptr<ChildProcess>> workers;
+  std::vector<std::string> metrics_urls;
+  std::unique_ptr<SchedulerClient> client;
 
-  // The spec: the embedded example, with the overrides.
+  // On an early return: the workers, then the scheduler, each given 10 s.
+  ~Demo() {
+    client.reset();
+    for (auto& w : workers) w->Stop(10000);
+    if (scheduler) scheduler->Stop(10000);
+  }
+
+  double ElapsedS() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+};
+
+// The embedded example spec with the --archs / --steps overrides.
+absl::StatusOr<v1::SweepSpec> DemoSpec(const DemoArgs& args) {
   absl::StatusOr<v1::SweepSpec> spec = ParseSpecYaml(kDemoSweepYaml);
-  if (!spec.ok()) return env.Fail(spec.status());
+  if (!spec.ok()) return spec.status();
   if (!args.archs.empty()) {
     std::vector<std::string> archs = absl::StrSplit(args.archs, ',', absl::SkipEmpty());
     // Every arch gets the grid of the spec's first architecture.
@@ -198,123 +150,115 @@ int RunDemo(CommandEnv& env, const DemoArgs& args) {
     int64_t ckpt = spec->training().checkpoint_interval();
     if (ckpt >= args.steps) spec->mutable_training()->set_checkpoint_interval(std::max<int64_t>(1, args.steps / 3));
   }
+  return spec;
+}
 
-  auto scheduler_bin = FindBinary("depthbench-scheduler", "scheduler");
-  if (!scheduler_bin.ok()) return env.Fail(scheduler_bin.status());
-  auto worker_bin = FindBinary("depthbench-worker", "worker");
-  if (!worker_bin.ok()) return env.Fail(worker_bin.status());
-
-  // The work directory.
-  bool temp_dir = args.workdir.empty();
+// --workdir, or a fresh temp dir; with checkpoints/ inside.
+absl::Status MakeWorkDir(const DemoArgs& args, Demo* demo) {
+  demo->temp_dir = args.workdir.empty();
   std::string dir = args.workdir;
-  if (temp_dir) {
+  if (demo->temp_dir) {
     std::string templ = (fs::temp_directory_path() / "depthbench-demo-XXXXXX").string();
     if (mkdtemp(templ.data()) == nullptr) {
-      return env.Fail(absl::InternalError("cannot create a temp directory"));
+      return absl::InternalError("cannot create a temp directory");
     }
     dir = templ;
   }
   std::error_code ec;
   fs::create_directories(fs::path(dir) / "checkpoints", ec);
-  if (ec) return env.Fail(absl::InvalidArgumentError(absl::StrCat("--workdir ", dir, ": ", ec.message())));
-  dir = fs::absolute(dir).string();
-  const std::string db = dir + "/demo.sqlite";
-  const std::string ckpt_root = dir + "/checkpoints";
-  const std::string port_file = dir + "/scheduler.port";
-  const std::string web_port_file = dir + "/web.port";
-  fs::remove(port_file, ec);
-  fs::remove(web_port_file, ec);
-  out << "depthbench demo: working in " << dir << "\n";
+  if (ec) return absl::InvalidArgumentError(absl::StrCat("--workdir ", dir, ": ", ec.message()));
+  demo->dir = fs::absolute(dir).string();
+  demo->db = demo->dir + "/demo.sqlite";
+  demo->ckpt_root = demo->dir + "/checkpoints";
+  demo->port_file = demo->dir + "/scheduler.port";
+  demo->web_port_file = demo->dir + "/web.port";
+  fs::remove(demo->port_file, ec);
+  fs::remove(demo->web_port_file, ec);
+  return absl::OkStatus();
+}
 
-  // Ctrl-C: stop cleanly (daemons are stopped by the destructors).
-  struct sigaction sa {};
-  sa.sa_handler = [](int) { g_interrupted = 1; };
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
-
-  DemoProcess scheduler;
-  if (!scheduler.Start({*scheduler_bin, "--db", db, "--listen", "127.0.0.1:0", "--port-file",
-                        port_file, "--web-listen", "127.0.0.1:0", "--web-port-file",
-                        web_port_file},
-                       dir + "/scheduler.log")) {
-    return env.Fail(absl::InternalError("cannot start depthbench-scheduler"));
+// The scheduler on a free loopback port (read back from its port file).
+absl::Status StartScheduler(const std::string& bin, Demo* demo) {
+  absl::StatusOr<std::unique_ptr<ChildProcess>> started =
+      StartDaemon({bin, "--db", demo->db, "--listen", "127.0.0.1:0", "--port-file",
+                   demo->port_file, "--web-listen", "127.0.0.1:0", "--web-port-file",
+                   demo->web_port_file},
+                  demo->dir + "/scheduler.log");
+  if (!started.ok()) {
+    return absl::InternalError(
+        absl::StrCat("cannot start depthbench-scheduler: ", started.status().message()));
   }
+  demo->scheduler = std::move(*started);
   int port = 0;
   for (int i = 0; i < 500 && port <= 0; ++i) {
-    std::ifstream in(port_file);
+    std::ifstream in(demo->port_file);
     if (!(in >> port)) port = 0;
     if (port > 0) break;
-    if (!scheduler.Alive()) break;
+    if (demo->scheduler->Exited()) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   if (port <= 0) {
-    return env.Fail(absl::UnavailableError(absl::StrCat(
-        "depthbench-scheduler did not start; see ", dir, "/scheduler.log")));
+    return absl::UnavailableError(absl::StrCat("depthbench-scheduler did not start; see ",
+                                               demo->dir, "/scheduler.log"));
   }
-  const std::string address = absl::StrCat("127.0.0.1:", port);
-  out << "scheduler on " << address << " (database " << db << ")\n";
+  demo->address = absl::StrCat("127.0.0.1:", port);
   // The scheduler writes the web port before the gRPC one.
-  int web_port = 0;
-  if (std::ifstream web_in(web_port_file); !(web_in >> web_port)) web_port = 0;
-  if (web_port > 0) {
-    out << "web view (sweep, results, live loss curves): http://127.0.0.1:" << web_port
-        << "/#/sweep/" << spec->name() << "\n";
-  }
+  if (std::ifstream web_in(demo->web_port_file); !(web_in >> demo->web_port)) demo->web_port = 0;
+  return absl::OkStatus();
+}
 
-  std::vector<std::unique_ptr<DemoProcess>> workers;
-  std::vector<std::string> metrics_urls;
+// Two workers, one slot and one thread each, with their metrics endpoints.
+absl::Status StartWorkers(const std::string& bin, Demo* demo) {
   for (int i = 1; i <= 2; ++i) {
-    int metrics_port = FreePort();
-    std::string metrics = absl::StrCat("127.0.0.1:", metrics_port);
-    auto w = std::make_unique<DemoProcess>();
-    if (!w->Start({*worker_bin, "--scheduler", address, "--checkpoint-root", ckpt_root,
-                   "--slots", "1", "--threads-per-slot", "1", "--name",
-                   absl::StrCat("demo-worker-", i), "--metrics-listen", metrics,
-                   "--grace-ms", "5000", "--poll-ms", "200"},
-                  absl::StrCat(dir, "/worker-", i, ".log"))) {
-      return env.Fail(absl::InternalError("cannot start depthbench-worker"));
+    std::string metrics = absl::StrCat("127.0.0.1:", FreePort());
+    absl::StatusOr<std::unique_ptr<ChildProcess>> w =
+        StartDaemon({bin, "--scheduler", demo->address, "--checkpoint-root", demo->ckpt_root,
+                     "--slots", "1", "--threads-per-slot", "1", "--name",
+                     absl::StrCat("demo-worker-", i), "--metrics-listen", metrics,
+                     "--grace-ms", "5000", "--poll-ms", "200"},
+                    absl::StrCat(demo->dir, "/worker-", i, ".log"));
+    if (!w.ok()) {
+      return absl::InternalError(
+          absl::StrCat("cannot start depthbench-worker: ", w.status().message()));
     }
-    workers.push_back(std::move(w));
-    metrics_urls.push_back(absl::StrCat("http://", metrics, "/metrics"));
+    demo->workers.push_back(std::move(*w));
+    demo->metrics_urls.push_back(absl::StrCat("http://", metrics, "/metrics"));
   }
-  out << "2 workers (1 slot, 1 thread each); metrics while running: "
-      << absl::StrJoin(metrics_urls, ", ") << "\n";
+  return absl::OkStatus();
+}
 
-  ClientOptions client_options = env.client;
-  client_options.address = address;
+// Connects to the demo's scheduler and submits the spec.
+absl::Status Submit(const ClientOptions& options, const v1::SweepSpec& spec, Demo* demo,
+                    std::ostream& out) {
+  ClientOptions client_options = options;
+  client_options.address = demo->address;
   auto client = SchedulerClient::Connect(client_options);
-  if (!client.ok()) return env.Fail(client.status());
-  v1::SubmitSweepRequest submit;
-  *submit.mutable_spec() = *spec;
-  v1::SubmitSweepResponse submitted;
-  {
-    auto ctx = (*client)->Context();
-    absl::Status s = FromGrpc((*client)->sweeps()->SubmitSweep(ctx.get(), submit, &submitted));
-    if (!s.ok()) return env.Fail(s);
-  }
-  out << "submitted sweep \"" << spec->name() << "\": " << submitted.sweep().total_jobs()
-      << " jobs (" << absl::StrJoin(spec->architectures(), ", ") << " x suite "
-      << spec->shapes().suite() << " x " << spec->lr_grids().begin()->second.lrs_size()
-      << " LRs, " << spec->training().steps() << " steps)\n";
+  if (!client.ok()) return client.status();
+  demo->client = std::move(*client);
+  ASSIGN_OR_RETURN(const v1::SubmitSweepResponse submitted, demo->client->SubmitSweep(spec));
+  out << "submitted sweep \"" << spec.name() << "\": " << submitted.sweep().total_jobs()
+      << " jobs (" << absl::StrJoin(spec.architectures(), ", ") << " x suite "
+      << spec.shapes().suite() << " x " << spec.lr_grids().begin()->second.lrs_size()
+      << " LRs, " << spec.training().steps() << " steps)\n";
   out.flush();
+  return absl::OkStatus();
+}
 
-  // Progress until the sweep completes.
+// Prints progress until the sweep leaves RUNNING and returns it. Cancelled
+// on Ctrl-C / SIGTERM.
+absl::StatusOr<v1::Sweep> WaitForSweep(Demo& demo, const std::string& name, int64_t timeout_s,
+                                       std::ostream& out) {
   const bool tty = &out == &std::cout && isatty(STDOUT_FILENO);
   std::string last_line;
   double last_print = -1e9;
   v1::Sweep sweep;
   while (true) {
-    if (g_interrupted) {
-      out << "\ninterrupted; stopping the daemons\n";
-      return kExitFailure;
-    }
-    v1::GetSweepRequest req;
-    req.set_name(spec->name());
-    auto ctx = (*client)->Context();
-    absl::Status s = FromGrpc((*client)->sweeps()->GetSweep(ctx.get(), req, &sweep));
-    if (s.ok()) {
+    if (g_interrupted) return absl::CancelledError("interrupted");
+    absl::StatusOr<v1::Sweep> got = demo.client->GetSweep(name);
+    if (got.ok()) {
+      sweep = *std::move(got);
       std::string line = Counts(sweep);
-      double t = elapsed_s();
+      double t = demo.ElapsedS();
       if (tty) {
         out << "\r[" << FormatDouble(t, 3) << " s] " << line << "\033[K" << std::flush;
       } else if (line != last_line || t - last_print > 15) {
@@ -323,20 +267,54 @@ int RunDemo(CommandEnv& env, const DemoArgs& args) {
       }
       last_line = line;
       if (sweep.state() != v1::SWEEP_RUNNING) break;
-    } else if (!scheduler.Alive()) {
-      return env.Fail(absl::UnavailableError(absl::StrCat(
-          "the scheduler exited; see ", dir, "/scheduler.log")));
+    } else if (demo.scheduler->Exited()) {
+      return absl::UnavailableError(
+          absl::StrCat("the scheduler exited; see ", demo.dir, "/scheduler.log"));
     }
-    if (elapsed_s() > static_cast<double>(args.timeout_s)) {
-      return env.Fail(absl::DeadlineExceededError(absl::StrCat(
-          "the sweep did not finish within ", args.timeout_s, " s; logs in ", dir)));
+    if (demo.ElapsedS() > static_cast<double>(timeout_s)) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "the sweep did not finish within ", timeout_s, " s; logs in ", demo.dir));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(tty ? 250 : 1000));
   }
   if (tty) out << "\n";
+  return sweep;
+}
 
-  auto queried = (*client)->QueryResults(spec->name());
-  if (!queried.ok()) return env.Fail(queried.status());
+// One line per distinct (arch, first line of the failure, the trainer's
+// own error), and where the failed jobs' stderr is.
+void PrintFailures(Demo& demo, const v1::Sweep& sweep, const std::string& name,
+                   std::ostream& out) {
+  int failed = 0;
+  auto count = sweep.job_counts().find("failed");
+  if (count != sweep.job_counts().end()) failed = static_cast<int>(count->second);
+  if (failed == 0) return;
+  v1::ListJobsRequest lreq;
+  lreq.set_sweep(name);
+  lreq.set_state(v1::FAILED);
+  lreq.set_page_size(1000);
+  absl::StatusOr<v1::ListJobsResponse> failed_jobs = demo.client->ListJobs(lreq);
+  if (failed_jobs.ok()) {
+    std::set<std::string> reasons;
+    for (const v1::Job& j : failed_jobs->jobs()) {
+      const run_protocol::FailureDetail detail = run_protocol::ParseFailureDetail(j.reason());
+      std::string line = detail.summary.substr(0, detail.summary.find('\n'));
+      // The trainer's own error line is the most telling part of the tail.
+      if (detail.has_trainer_error) line += ": " + detail.trainer_error;
+      reasons.insert(absl::StrCat(j.arch(), ": ", line));
+    }
+    out << "\nFailed runs:\n";
+    for (const std::string& r : reasons) out << "  " << r << "\n";
+  }
+  out << "\n" << failed << " job(s) failed; `depthbench --scheduler " << demo.address
+      << " jobs --sweep " << name << " --state failed` lists them while the scheduler runs, "
+      << "and their stderr is in " << demo.ckpt_root << "/<sweep>/<job>/attempt-*.stderr.log\n";
+}
+
+absl::Status PrintResults(Demo& demo, const v1::Sweep& sweep, const std::string& name,
+                          std::ostream& out) {
+  auto queried = demo.client->QueryResults(name);
+  if (!queried.ok()) return queried.status();
   const v1::QueryResultsResponse& results = *queried;
   out << "\nResults: best LR per (arch, shape) by final validation loss (nats/byte); "
          "\"div\" = diverged, \"-\" = no finished run; TOKENS/STEPS: the shape's token "
@@ -344,63 +322,71 @@ int RunDemo(CommandEnv& env, const DemoArgs& args) {
          "every design\n";
   ResultsTable(results).Print(out);
   if (AnyLegacy(results)) out << "\n" << kLegacyFootnote << "\n";
-  int failed = 0;
-  {
-    auto it = sweep.job_counts().find("failed");
-    if (it != sweep.job_counts().end()) failed = static_cast<int>(it->second);
-  }
-  if (failed > 0) {
-    // One line per distinct (arch, first line of the reason).
-    v1::ListJobsRequest lreq;
-    lreq.set_sweep(spec->name());
-    lreq.set_state(v1::FAILED);
-    lreq.set_page_size(1000);
-    v1::ListJobsResponse failed_jobs;
-    auto ctx = (*client)->Context();
-    if ((*client)->sweeps()->ListJobs(ctx.get(), lreq, &failed_jobs).ok()) {
-      std::set<std::string> reasons;
-      for (const v1::Job& j : failed_jobs.jobs()) {
-        std::string reason = j.reason();
-        size_t tail = reason.find("; stderr tail:");
-        std::string line = reason.substr(0, std::min(reason.find('\n'), tail));
-        // The trainer's own error line is the most telling part of the tail.
-        size_t err = reason.find("error: ", tail == std::string::npos ? 0 : tail);
-        if (err != std::string::npos) {
-          line += ": " + reason.substr(err + 7, reason.find('\n', err) - err - 7);
-        }
-        reasons.insert(absl::StrCat(j.arch(), ": ", line));
-      }
-      out << "\nFailed runs:\n";
-      for (const std::string& r : reasons) out << "  " << r << "\n";
-    }
-    out << "\n" << failed << " job(s) failed; `depthbench --scheduler " << address
-        << " jobs --sweep " << spec->name()
-        << " --state failed` lists them while the scheduler runs, "
-        << "and their stderr is in " << ckpt_root << "/<sweep>/<job>/attempt-*.stderr.log\n";
-  }
+  PrintFailures(demo, sweep, name, out);
+  return absl::OkStatus();
+}
 
-  // Stop the workers first (nothing runs now), then the scheduler.
-  for (auto& w : workers) w->Stop(15000);
-  scheduler.Stop(10000);
-
-  const double wall = elapsed_s();
-  const bool keep = args.keep || !temp_dir;
-  out << "\nDone in " << FormatDouble(wall, 3) << " s.\n";
-  if (keep) {
-    out << "  database:    " << db << "  (serve it again: depthbench-scheduler --db " << db
-        << " --listen 127.0.0.1:7070; then `depthbench results " << spec->name() << "`)\n"
-        << "  checkpoints: " << ckpt_root << "/" << spec->name() << "/<job>/checkpoint.pt\n"
+// Stops the daemons (workers first: nothing runs now), then says where the
+// files are, or removes the temp dir.
+void Finish(const DemoArgs& args, const std::string& name, Demo& demo, std::ostream& out) {
+  for (auto& w : demo.workers) w->Stop(15000);
+  demo.scheduler->Stop(10000);
+  const std::string& dir = demo.dir;
+  out << "\nDone in " << FormatDouble(demo.ElapsedS(), 3) << " s.\n";
+  if (args.keep || !demo.temp_dir) {
+    out << "  database:    " << demo.db << "  (serve it again: depthbench-scheduler --db "
+        << demo.db << " --listen 127.0.0.1:7070; then `depthbench results " << name << "`)\n"
+        << "  checkpoints: " << demo.ckpt_root << "/" << name << "/<job>/checkpoint.pt\n"
         << "  metrics:     per-step points in the database (table metric_points; "
-        << "`depthbench watch JOB`); the workers' Prometheus endpoints (" 
-        << absl::StrJoin(metrics_urls, ", ") << ") lived while the demo ran\n"
+        << "`depthbench watch JOB`); the workers' Prometheus endpoints ("
+        << absl::StrJoin(demo.metrics_urls, ", ") << ") lived while the demo ran\n"
         << "  logs:        " << dir << "/scheduler.log, " << dir << "/worker-{1,2}.log\n";
   } else {
+    std::error_code ec;
     fs::remove_all(dir, ec);
     out << "  (the temp directory " << dir << " with the database, checkpoints and logs was "
         << "removed; pass --keep or --workdir DIR to keep them)\n";
   }
-  if (g_interrupted) return kExitFailure;
-  return kExitOk;
+}
+
+int RunDemo(CommandEnv& env, const DemoArgs& args) {
+  std::ostream& out = *env.out;
+  Demo demo;
+  absl::StatusOr<v1::SweepSpec> spec = DemoSpec(args);
+  if (!spec.ok()) return env.Fail(spec.status());
+  auto scheduler_bin = FindBinary("depthbench-scheduler", "scheduler");
+  if (!scheduler_bin.ok()) return env.Fail(scheduler_bin.status());
+  auto worker_bin = FindBinary("depthbench-worker", "worker");
+  if (!worker_bin.ok()) return env.Fail(worker_bin.status());
+  if (absl::Status s = MakeWorkDir(args, &demo); !s.ok()) return env.Fail(s);
+  out << "depthbench demo: working in " << demo.dir << "\n";
+
+  // Ctrl-C: stop cleanly (daemons are stopped by the destructors).
+  struct sigaction sa {};
+  sa.sa_handler = [](int) { g_interrupted = 1; };
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+
+  if (absl::Status s = StartScheduler(*scheduler_bin, &demo); !s.ok()) return env.Fail(s);
+  out << "scheduler on " << demo.address << " (database " << demo.db << ")\n";
+  if (demo.web_port > 0) {
+    out << "web view (sweep, results, live loss curves): http://127.0.0.1:" << demo.web_port
+        << "/#/sweep/" << spec->name() << "\n";
+  }
+  if (absl::Status s = StartWorkers(*worker_bin, &demo); !s.ok()) return env.Fail(s);
+  out << "2 workers (1 slot, 1 thread each); metrics while running: "
+      << absl::StrJoin(demo.metrics_urls, ", ") << "\n";
+  if (absl::Status s = Submit(env.client, *spec, &demo, out); !s.ok()) return env.Fail(s);
+
+  absl::StatusOr<v1::Sweep> sweep = WaitForSweep(demo, spec->name(), args.timeout_s, out);
+  if (absl::IsCancelled(sweep.status())) {
+    out << "\ninterrupted; stopping the daemons\n";
+    return kExitFailure;
+  }
+  if (!sweep.ok()) return env.Fail(sweep.status());
+  if (absl::Status s = PrintResults(demo, *sweep, spec->name(), out); !s.ok()) return env.Fail(s);
+  Finish(args, spec->name(), demo, out);
+  return g_interrupted ? kExitFailure : kExitOk;
 }
 
 }  // namespace

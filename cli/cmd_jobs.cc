@@ -64,7 +64,7 @@ absl::Status FollowJob(SchedulerClient& client, const WatchArgs& a, int64_t job_
   req.set_from_step(a.from_step);
   req.set_attempt_id(a.attempt_id);
   auto ctx = client.Context(a.timeout_s * 1000);
-  auto reader = client.sweeps()->WatchJob(ctx.get(), req);
+  auto reader = client.WatchJob(ctx.get(), req);
   const std::set<std::string> only(a.only.begin(), a.only.end());
   const std::string head = prefix ? absl::StrCat("job ", job_id, " ") : "";
   v1::WatchJobEvent event;
@@ -138,23 +138,23 @@ absl::Status FollowSweep(SchedulerClient& client, const WatchArgs& a, CommandEnv
     env.out->flush();
   };
   while (failure.ok()) {
-    v1::GetSweepRequest get;
-    get.set_name(a.sweep);
-    v1::Sweep sweep;
-    auto get_ctx = client.Context();
-    failure = FromGrpc(client.sweeps()->GetSweep(get_ctx.get(), get, &sweep));
-    if (!failure.ok()) break;
+    absl::StatusOr<v1::Sweep> sweep = client.GetSweep(a.sweep);
+    if (!sweep.ok()) {
+      failure = sweep.status();
+      break;
+    }
     for (v1::JobState state : {v1::LEASED, v1::RUNNING}) {
       v1::ListJobsRequest req;
       req.set_sweep(a.sweep);
       req.set_state(state);
       req.set_page_size(1000);
       while (failure.ok()) {
-        v1::ListJobsResponse page;
-        auto ctx = client.Context();
-        failure = FromGrpc(client.sweeps()->ListJobs(ctx.get(), req, &page));
-        if (!failure.ok()) break;
-        for (const v1::Job& job : page.jobs()) {
+        absl::StatusOr<v1::ListJobsResponse> page = client.ListJobs(req);
+        if (!page.ok()) {
+          failure = page.status();
+          break;
+        }
+        for (const v1::Job& job : page->jobs()) {
           if (follows.count(job.id()) > 0) continue;
           auto f = std::make_unique<Follow>();
           Follow* raw = f.get();
@@ -165,11 +165,11 @@ absl::Status FollowSweep(SchedulerClient& client, const WatchArgs& a, CommandEnv
           });
           follows[id] = std::move(f);
         }
-        if (page.next_page_token().empty()) break;
-        req.set_page_token(page.next_page_token());
+        if (page->next_page_token().empty()) break;
+        req.set_page_token(page->next_page_token());
       }
     }
-    if (!failure.ok() || sweep.state() != v1::SWEEP_RUNNING) break;
+    if (!failure.ok() || sweep->state() != v1::SWEEP_RUNNING) break;
     if (std::chrono::steady_clock::now() >= deadline) {
       failure = absl::DeadlineExceededError("watch: --timeout-s passed");
       break;
@@ -189,14 +189,149 @@ absl::Status FollowSweep(SchedulerClient& client, const WatchArgs& a, CommandEnv
   return failure;
 }
 
-}  // namespace
+struct JobsArgs {
+  std::string sweep, state, arch;
+  int limit = 100;
+  bool all = false;
+};
 
-void AddJobCommands(CLI::App& app, CommandEnv& env) {
-  struct JobsArgs {
-    std::string sweep, state, arch;
-    int limit = 100;
-    bool all = false;
-  };
+// `jobs`: the filtered list, one page or (--all) every page.
+int RunJobs(CommandEnv& env, const JobsArgs& args) {
+  auto state = ParseState(args.state);
+  if (!state.ok()) return env.Fail(state.status());
+  auto client = env.Client();
+  if (!client.ok()) return env.Fail(client.status());
+  v1::ListJobsRequest req;
+  req.set_sweep(args.sweep);
+  req.set_state(*state);
+  req.set_arch(args.arch);
+  req.set_page_size(args.limit);
+  v1::ListJobsResponse all;
+  while (true) {
+    auto page = (*client)->ListJobs(req);
+    if (!page.ok()) return env.Fail(page.status());
+    for (auto& j : *page->mutable_jobs()) *all.add_jobs() = std::move(j);
+    all.set_next_page_token(page->next_page_token());
+    if (!args.all || page->next_page_token().empty()) break;
+    req.set_page_token(page->next_page_token());
+  }
+  if (env.json) {
+    *env.out << ToJson(all) << "\n";
+    return kExitOk;
+  }
+  Table table({"ID", "SWEEP", "KIND", "ARCH", "L", "D", "LR", "SEED", "STATE", "ATTEMPTS",
+               "VAL_LOSS", "BEST"});
+  for (const auto& j : all.jobs()) {
+    table.AddRow({std::to_string(j.id()), j.sweep_name(),
+                  j.kind() == v1::DIAGNOSE ? "diagnose" : "train", j.arch(),
+                  std::to_string(j.layers()), std::to_string(j.d_model()),
+                  FormatDouble(j.lr(), 4), std::to_string(j.seed()), StateName(j.state()),
+                  absl::StrCat(j.attempts_used(), "/", j.max_attempts()),
+                  j.has_val_loss() ? FormatDouble(j.final_val_loss(), 5) : "-",
+                  j.is_best() ? "*" : ""});
+  }
+  table.Print(*env.out);
+  if (!all.next_page_token().empty()) {
+    *env.out << "(more: --all, or narrow with --sweep/--state/--arch)\n";
+  }
+  return kExitOk;
+}
+
+void PrintJob(const v1::Job& j, std::ostream& out) {
+  Table fields({"FIELD", "VALUE"});
+  fields.AddRow({"id", std::to_string(j.id())});
+  fields.AddRow({"sweep", j.sweep_name()});
+  fields.AddRow({"kind", j.kind() == v1::DIAGNOSE ? "diagnose" : "train"});
+  fields.AddRow({"state", StateName(j.state())});
+  fields.AddRow({"arch", j.arch()});
+  fields.AddRow({"shape", absl::StrCat(j.layers(), "x", j.d_model())});
+  fields.AddRow({"lr", FormatDouble(j.lr())});
+  fields.AddRow({"seed", std::to_string(j.seed())});
+  fields.AddRow({"attempts", absl::StrCat(j.attempts_used(), "/", j.max_attempts())});
+  fields.AddRow({"val_loss", j.has_val_loss() ? FormatDouble(j.final_val_loss()) : "-"});
+  fields.AddRow({"best", j.is_best() ? "yes" : "no"});
+  fields.AddRow({"checkpoint_dir", j.checkpoint_dir()});
+  if (!j.reason().empty()) fields.AddRow({"reason", j.reason()});
+  fields.AddRow({"config", j.config_json()});
+  fields.Print(out);
+  if (j.attempts_size() > 0) {
+    out << "\n";
+    Table attempts({"ATTEMPT", "N", "WORKER", "OUTCOME", "REASON"});
+    for (const auto& a : j.attempts()) {
+      attempts.AddRow({std::to_string(a.attempt_id()), std::to_string(a.number()),
+                       a.worker_id(), a.outcome(), a.reason()});
+    }
+    attempts.Print(out);
+  }
+}
+
+// `job ID`: its fields and attempts.
+int RunJob(CommandEnv& env, int64_t job_id) {
+  auto client = env.Client();
+  if (!client.ok()) return env.Fail(client.status());
+  auto job = (*client)->GetJob(job_id);
+  if (!job.ok()) return env.Fail(job.status());
+  if (env.json) {
+    *env.out << ToJson(*job) << "\n";
+  } else {
+    PrintJob(*job, *env.out);
+  }
+  return kExitOk;
+}
+
+struct RetryArgs {
+  int64_t job_id = 0;
+  std::string sweep;
+};
+
+// `retry ID | --sweep S`.
+int RunRetry(CommandEnv& env, const RetryArgs& args) {
+  if ((args.job_id == 0) == args.sweep.empty()) {
+    *env.err << "error: retry needs a job id or --sweep NAME\n";
+    return kExitUsage;
+  }
+  auto client = env.Client();
+  if (!client.ok()) return env.Fail(client.status());
+  v1::RetryJobRequest req;
+  req.set_job_id(args.job_id);
+  req.set_sweep(args.sweep);
+  auto retried = (*client)->RetryJob(req);
+  if (!retried.ok()) return env.Fail(retried.status());
+  const v1::RetryJobResponse& resp = *retried;
+  if (env.json) {
+    *env.out << ToJson(resp) << "\n";
+  } else {
+    *env.out << "re-queued " << resp.job_ids_size() << " job(s)";
+    for (int64_t id : resp.job_ids()) *env.out << " " << id;
+    *env.out << "\n";
+  }
+  return kExitOk;
+}
+
+// `watch ID | --sweep S`.
+int RunWatch(CommandEnv& env, const WatchArgs& a) {
+  if ((a.job_id > 0) == !a.sweep.empty()) {
+    return env.Fail(absl::InvalidArgumentError("watch: give a job id or --sweep NAME (not both)"));
+  }
+  if (!a.sweep.empty() && (a.attempt_id > 0 || a.from_step > 0)) {
+    return env.Fail(absl::InvalidArgumentError(
+        "watch: --attempt and --from-step apply to one job, not to --sweep"));
+  }
+  if (a.progress && a.sweep.empty()) {
+    return env.Fail(absl::InvalidArgumentError("watch: --progress needs --sweep"));
+  }
+  auto client = env.Client();
+  if (!client.ok()) return env.Fail(client.status());
+  std::mutex out_mu;
+  absl::Status status =
+      a.sweep.empty()
+          ? FollowJob(**client, a, a.job_id, /*prefix=*/false, env, out_mu, nullptr)
+          : FollowSweep(**client, a, env, out_mu);
+  if (!status.ok()) return env.Fail(status);
+  return kExitOk;
+}
+
+void AddJobsCommand(CLI::App& app, CommandEnv& env) {
   auto args = std::make_shared<JobsArgs>();
   auto* jobs = app.add_subcommand("jobs", "list jobs (filters: --sweep, --state, --arch)");
   jobs->add_option("--sweep", args->sweep, "only this sweep");
@@ -206,131 +341,31 @@ void AddJobCommands(CLI::App& app, CommandEnv& env) {
       ->check(CLI::Range(1, 1000));
   jobs->add_flag("--all", args->all, "follow pages until the end");
   jobs->callback([&env, args] {
-    env.run = [args](CommandEnv& env) -> int {
-      auto state = ParseState(args->state);
-      if (!state.ok()) return env.Fail(state.status());
-      auto client = env.Client();
-      if (!client.ok()) return env.Fail(client.status());
-      v1::ListJobsRequest req;
-      req.set_sweep(args->sweep);
-      req.set_state(*state);
-      req.set_arch(args->arch);
-      req.set_page_size(args->limit);
-      v1::ListJobsResponse all;
-      while (true) {
-        v1::ListJobsResponse page;
-        auto ctx = (*client)->Context();
-        auto status = FromGrpc((*client)->sweeps()->ListJobs(ctx.get(), req, &page));
-        if (!status.ok()) return env.Fail(status);
-        for (auto& j : *page.mutable_jobs()) *all.add_jobs() = std::move(j);
-        all.set_next_page_token(page.next_page_token());
-        if (!args->all || page.next_page_token().empty()) break;
-        req.set_page_token(page.next_page_token());
-      }
-      if (env.json) {
-        *env.out << ToJson(all) << "\n";
-        return kExitOk;
-      }
-      Table table({"ID", "SWEEP", "KIND", "ARCH", "L", "D", "LR", "SEED", "STATE", "ATTEMPTS",
-                   "VAL_LOSS", "BEST"});
-      for (const auto& j : all.jobs()) {
-        table.AddRow({std::to_string(j.id()), j.sweep_name(),
-                      j.kind() == v1::DIAGNOSE ? "diagnose" : "train", j.arch(),
-                      std::to_string(j.layers()), std::to_string(j.d_model()),
-                      FormatDouble(j.lr(), 4), std::to_string(j.seed()), StateName(j.state()),
-                      absl::StrCat(j.attempts_used(), "/", j.max_attempts()),
-                      j.has_val_loss() ? FormatDouble(j.final_val_loss(), 5) : "-",
-                      j.is_best() ? "*" : ""});
-      }
-      table.Print(*env.out);
-      if (!all.next_page_token().empty()) {
-        *env.out << "(more: --all, or narrow with --sweep/--state/--arch)\n";
-      }
-      return kExitOk;
-    };
+    env.run = [args](CommandEnv& env) -> int { return RunJobs(env, *args); };
   });
+}
 
+void AddJobCommand(CLI::App& app, CommandEnv& env) {
   auto job_id = std::make_shared<int64_t>(0);
   auto* job = app.add_subcommand("job", "one job with its attempts");
   job->add_option("id", *job_id, "job id")->required()->check(CLI::PositiveNumber);
   job->callback([&env, job_id] {
-    env.run = [job_id](CommandEnv& env) -> int {
-      auto client = env.Client();
-      if (!client.ok()) return env.Fail(client.status());
-      v1::GetJobRequest req;
-      req.set_job_id(*job_id);
-      v1::Job j;
-      auto ctx = (*client)->Context();
-      auto status = FromGrpc((*client)->sweeps()->GetJob(ctx.get(), req, &j));
-      if (!status.ok()) return env.Fail(status);
-      if (env.json) {
-        *env.out << ToJson(j) << "\n";
-        return kExitOk;
-      }
-      Table fields({"FIELD", "VALUE"});
-      fields.AddRow({"id", std::to_string(j.id())});
-      fields.AddRow({"sweep", j.sweep_name()});
-      fields.AddRow({"kind", j.kind() == v1::DIAGNOSE ? "diagnose" : "train"});
-      fields.AddRow({"state", StateName(j.state())});
-      fields.AddRow({"arch", j.arch()});
-      fields.AddRow({"shape", absl::StrCat(j.layers(), "x", j.d_model())});
-      fields.AddRow({"lr", FormatDouble(j.lr())});
-      fields.AddRow({"seed", std::to_string(j.seed())});
-      fields.AddRow({"attempts", absl::StrCat(j.attempts_used(), "/", j.max_attempts())});
-      fields.AddRow({"val_loss", j.has_val_loss() ? FormatDouble(j.final_val_loss()) : "-"});
-      fields.AddRow({"best", j.is_best() ? "yes" : "no"});
-      fields.AddRow({"checkpoint_dir", j.checkpoint_dir()});
-      if (!j.reason().empty()) fields.AddRow({"reason", j.reason()});
-      fields.AddRow({"config", j.config_json()});
-      fields.Print(*env.out);
-      if (j.attempts_size() > 0) {
-        *env.out << "\n";
-        Table attempts({"ATTEMPT", "N", "WORKER", "OUTCOME", "REASON"});
-        for (const auto& a : j.attempts()) {
-          attempts.AddRow({std::to_string(a.attempt_id()), std::to_string(a.number()),
-                           a.worker_id(), a.outcome(), a.reason()});
-        }
-        attempts.Print(*env.out);
-      }
-      return kExitOk;
-    };
+    env.run = [job_id](CommandEnv& env) -> int { return RunJob(env, *job_id); };
   });
+}
 
-  struct RetryArgs {
-    int64_t job_id = 0;
-    std::string sweep;
-  };
+void AddRetryCommand(CLI::App& app, CommandEnv& env) {
   auto retry_args = std::make_shared<RetryArgs>();
   auto* retry = app.add_subcommand("retry", "retry a failed/cancelled job, or every failed job of --sweep");
   auto* id_opt = retry->add_option("id", retry_args->job_id, "job id")->check(CLI::PositiveNumber);
   auto* sweep_opt = retry->add_option("--sweep", retry_args->sweep, "retry every failed job of this sweep");
   id_opt->excludes(sweep_opt);
   retry->callback([&env, retry_args] {
-    env.run = [retry_args](CommandEnv& env) -> int {
-      if ((retry_args->job_id == 0) == retry_args->sweep.empty()) {
-        *env.err << "error: retry needs a job id or --sweep NAME\n";
-        return kExitUsage;
-      }
-      auto client = env.Client();
-      if (!client.ok()) return env.Fail(client.status());
-      v1::RetryJobRequest req;
-      req.set_job_id(retry_args->job_id);
-      req.set_sweep(retry_args->sweep);
-      v1::RetryJobResponse resp;
-      auto ctx = (*client)->Context();
-      auto status = FromGrpc((*client)->sweeps()->RetryJob(ctx.get(), req, &resp));
-      if (!status.ok()) return env.Fail(status);
-      if (env.json) {
-        *env.out << ToJson(resp) << "\n";
-      } else {
-        *env.out << "re-queued " << resp.job_ids_size() << " job(s)";
-        for (int64_t id : resp.job_ids()) *env.out << " " << id;
-        *env.out << "\n";
-      }
-      return kExitOk;
-    };
+    env.run = [retry_args](CommandEnv& env) -> int { return RunRetry(env, *retry_args); };
   });
+}
 
+void AddWatchCommand(CLI::App& app, CommandEnv& env) {
   auto watch_args = std::make_shared<WatchArgs>();
   auto* watch = app.add_subcommand(
       "watch",
@@ -355,32 +390,17 @@ void AddJobCommands(CLI::App& app, CommandEnv& env) {
   watch->add_option("--timeout-s", watch_args->timeout_s, "give up after this long")
       ->capture_default_str()->check(CLI::PositiveNumber);
   watch->callback([&env, watch_args] {
-    env.run = [watch_args](CommandEnv& env) -> int {
-      const WatchArgs& a = *watch_args;
-      if ((a.job_id > 0) == !a.sweep.empty()) {
-        return env.Fail(absl::InvalidArgumentError("watch: give a job id or --sweep NAME (not both)"));
-      }
-      if (!a.sweep.empty() && (a.attempt_id > 0 || a.from_step > 0)) {
-        return env.Fail(absl::InvalidArgumentError(
-            "watch: --attempt and --from-step apply to one job, not to --sweep"));
-      }
-      if (a.progress && a.sweep.empty()) {
-        return env.Fail(absl::InvalidArgumentError("watch: --progress needs --sweep"));
-      }
-      auto client = env.Client();
-      if (!client.ok()) return env.Fail(client.status());
-      std::mutex out_mu;
-      if (a.sweep.empty()) {
-        absl::Status status = FollowJob(**client, a, a.job_id, /*prefix=*/false, env, out_mu,
-                                        nullptr);
-        if (!status.ok()) return env.Fail(status);
-        return kExitOk;
-      }
-      absl::Status status = FollowSweep(**client, a, env, out_mu);
-      if (!status.ok()) return env.Fail(status);
-      return kExitOk;
-    };
+    env.run = [watch_args](CommandEnv& env) -> int { return RunWatch(env, *watch_args); };
   });
+}
+
+}  // namespace
+
+void AddJobCommands(CLI::App& app, CommandEnv& env) {
+  AddJobsCommand(app, env);
+  AddJobCommand(app, env);
+  AddRetryCommand(app, env);
+  AddWatchCommand(app, env);
 }
 
 }  // namespace depthbench::cli

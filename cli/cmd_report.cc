@@ -28,7 +28,7 @@ absl::StatusOr<Curve> FetchLossCurve(SchedulerClient& client, int64_t job_id,
   v1::WatchJobRequest req;
   req.set_job_id(job_id);
   auto ctx = client.Context(timeout_ms);
-  auto reader = client.sweeps()->WatchJob(ctx.get(), req);
+  auto reader = client.WatchJob(ctx.get(), req);
   std::map<int64_t, double> by_step;
   v1::WatchJobEvent event;
   while (reader->Read(&event)) {

@@ -18,12 +18,9 @@ void AddSubmitCommand(CLI::App& app, CommandEnv& env) {
       }
       auto client = env.Client();
       if (!client.ok()) return env.Fail(client.status());
-      depthbench::v1::SubmitSweepRequest req;
-      *req.mutable_spec() = *spec;
-      depthbench::v1::SubmitSweepResponse resp;
-      auto ctx = (*client)->Context();
-      auto status = FromGrpc((*client)->sweeps()->SubmitSweep(ctx.get(), req, &resp));
-      if (!status.ok()) return env.Fail(status);
+      auto submitted = (*client)->SubmitSweep(*spec);
+      if (!submitted.ok()) return env.Fail(submitted.status());
+      const depthbench::v1::SubmitSweepResponse& resp = *submitted;
       if (env.json) {
         *env.out << ToJson(resp) << "\n";
       } else {

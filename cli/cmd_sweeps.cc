@@ -1,5 +1,7 @@
 // depthbench sweeps | status SWEEP | cancel SWEEP | delete SWEEP [--force]
 #include <ctime>
+#include <functional>
+#include <memory>
 
 #include "absl/strings/str_cat.h"
 #include "cli/commands.h"
@@ -31,120 +33,105 @@ std::string Progress(const v1::Sweep& s) {
   return absl::StrCat(s.done_jobs(), "/", s.total_jobs(), " (", FormatDouble(pct, 3), "%)");
 }
 
+// `sweeps`: every sweep, one row each.
+int RunSweeps(CommandEnv& env) {
+  auto client = env.Client();
+  if (!client.ok()) return env.Fail(client.status());
+  auto resp = (*client)->ListAllSweeps();
+  if (!resp.ok()) return env.Fail(resp.status());
+  if (env.json) {
+    *env.out << ToJson(*resp) << "\n";
+    return kExitOk;
+  }
+  Table table({"NAME", "STATE", "DONE", "CREATED"});
+  for (const auto& s : resp->sweeps()) {
+    table.AddRow({s.name(), StateName(s.state()), Progress(s), Time(s.created_ms())});
+  }
+  table.Print(*env.out);
+  return kExitOk;
+}
+
+// `status SWEEP`: progress and the job counts by state.
+int RunStatus(CommandEnv& env, const std::string& name) {
+  auto client = env.Client();
+  if (!client.ok()) return env.Fail(client.status());
+  auto sweep = (*client)->GetSweep(name);
+  if (!sweep.ok()) return env.Fail(sweep.status());
+  const v1::Sweep& resp = *sweep;
+  if (env.json) {
+    *env.out << ToJson(resp) << "\n";
+    return kExitOk;
+  }
+  *env.out << "sweep " << resp.name() << ": " << StateName(resp.state()) << ", "
+           << Progress(resp) << " jobs done\n";
+  Table table({"STATE", "JOBS"});
+  for (const char* state : {"pending", "leased", "running", "succeeded", "diverged",
+                            "failed", "cancelled"}) {
+    auto it = resp.job_counts().find(state);
+    table.AddRow({state, std::to_string(it == resp.job_counts().end() ? 0 : it->second)});
+  }
+  table.Print(*env.out);
+  return kExitOk;
+}
+
+// `cancel SWEEP`.
+int RunCancel(CommandEnv& env, const std::string& name) {
+  auto client = env.Client();
+  if (!client.ok()) return env.Fail(client.status());
+  auto resp = (*client)->CancelSweep(name);
+  if (!resp.ok()) return env.Fail(resp.status());
+  if (env.json) {
+    *env.out << ToJson(*resp) << "\n";
+  } else {
+    *env.out << "cancelled " << resp->cancelled_jobs() << " job(s) of " << name << "\n";
+  }
+  return kExitOk;
+}
+
+// `delete SWEEP [--force]`.
+int RunDelete(CommandEnv& env, const std::string& name, bool force) {
+  auto client = env.Client();
+  if (!client.ok()) return env.Fail(client.status());
+  auto resp = (*client)->DeleteSweep(name, force);
+  if (!resp.ok()) return env.Fail(resp.status());
+  if (env.json) {
+    *env.out << ToJson(*resp) << "\n";
+    return kExitOk;
+  }
+  *env.out << "deleted sweep " << name << " and its " << resp->deleted_jobs() << " job(s)";
+  if (resp->cancelled_jobs() > 0) {
+    *env.out << " (" << resp->cancelled_jobs() << " leased or running job(s) cancelled)";
+  }
+  *env.out << "\n";
+  return kExitOk;
+}
+
+// A subcommand `name` with one required positional `sweep`, running `run`.
+CLI::App* AddSweepNameCommand(CLI::App& app, CommandEnv& env, const std::string& name,
+                              const std::string& help,
+                              std::function<int(CommandEnv&, const std::string&)> run) {
+  auto* cmd = app.add_subcommand(name, help);
+  auto sweep = std::make_shared<std::string>();
+  cmd->add_option("sweep", *sweep, "sweep name")->required();
+  cmd->callback([&env, sweep, run] {
+    env.run = [sweep, run](CommandEnv& env) -> int { return run(env, *sweep); };
+  });
+  return cmd;
+}
+
 }  // namespace
 
 void AddSweepCommands(CLI::App& app, CommandEnv& env) {
-  app.add_subcommand("sweeps", "list sweeps")->callback([&env] {
-    env.run = [](CommandEnv& env) -> int {
-      auto client = env.Client();
-      if (!client.ok()) return env.Fail(client.status());
-      // Every page (the scheduler pages by count and by bytes).
-      v1::ListSweepsResponse resp;
-      v1::ListSweepsRequest req;
-      while (true) {
-        v1::ListSweepsResponse page;
-        auto ctx = (*client)->Context();
-        auto status = FromGrpc((*client)->sweeps()->ListSweeps(ctx.get(), req, &page));
-        if (!status.ok()) return env.Fail(status);
-        for (auto& s : *page.mutable_sweeps()) *resp.add_sweeps() = std::move(s);
-        if (page.next_page_token().empty()) break;
-        req.set_page_token(page.next_page_token());
-      }
-      if (env.json) {
-        *env.out << ToJson(resp) << "\n";
-        return kExitOk;
-      }
-      Table table({"NAME", "STATE", "DONE", "CREATED"});
-      for (const auto& s : resp.sweeps()) {
-        table.AddRow({s.name(), StateName(s.state()), Progress(s), Time(s.created_ms())});
-      }
-      table.Print(*env.out);
-      return kExitOk;
-    };
-  });
-
-  auto* status_cmd = app.add_subcommand("status", "a sweep's job counts by state and progress");
-  auto status_name = std::make_shared<std::string>();
-  status_cmd->add_option("sweep", *status_name, "sweep name")->required();
-  status_cmd->callback([&env, status_name] {
-    env.run = [status_name](CommandEnv& env) -> int {
-      auto client = env.Client();
-      if (!client.ok()) return env.Fail(client.status());
-      v1::GetSweepRequest req;
-      req.set_name(*status_name);
-      v1::Sweep resp;
-      auto ctx = (*client)->Context();
-      auto status = FromGrpc((*client)->sweeps()->GetSweep(ctx.get(), req, &resp));
-      if (!status.ok()) return env.Fail(status);
-      if (env.json) {
-        *env.out << ToJson(resp) << "\n";
-        return kExitOk;
-      }
-      *env.out << "sweep " << resp.name() << ": " << StateName(resp.state()) << ", "
-               << Progress(resp) << " jobs done\n";
-      Table table({"STATE", "JOBS"});
-      for (const char* state : {"pending", "leased", "running", "succeeded", "diverged",
-                                "failed", "cancelled"}) {
-        auto it = resp.job_counts().find(state);
-        table.AddRow({state, std::to_string(it == resp.job_counts().end() ? 0 : it->second)});
-      }
-      table.Print(*env.out);
-      return kExitOk;
-    };
-  });
-
-  auto* cancel_cmd = app.add_subcommand("cancel", "cancel every unfinished job of a sweep");
-  auto cancel_name = std::make_shared<std::string>();
-  cancel_cmd->add_option("sweep", *cancel_name, "sweep name")->required();
-  cancel_cmd->callback([&env, cancel_name] {
-    env.run = [cancel_name](CommandEnv& env) -> int {
-      auto client = env.Client();
-      if (!client.ok()) return env.Fail(client.status());
-      v1::CancelSweepRequest req;
-      req.set_name(*cancel_name);
-      v1::CancelSweepResponse resp;
-      auto ctx = (*client)->Context();
-      auto status = FromGrpc((*client)->sweeps()->CancelSweep(ctx.get(), req, &resp));
-      if (!status.ok()) return env.Fail(status);
-      if (env.json) {
-        *env.out << ToJson(resp) << "\n";
-      } else {
-        *env.out << "cancelled " << resp.cancelled_jobs() << " job(s) of " << *cancel_name << "\n";
-      }
-      return kExitOk;
-    };
-  });
-
-  auto* delete_cmd = app.add_subcommand(
-      "delete", "delete a sweep with its jobs, points and results (refused while jobs run)");
-  auto delete_name = std::make_shared<std::string>();
+  app.add_subcommand("sweeps", "list sweeps")->callback([&env] { env.run = RunSweeps; });
+  AddSweepNameCommand(app, env, "status", "a sweep's job counts by state and progress",
+                      RunStatus);
+  AddSweepNameCommand(app, env, "cancel", "cancel every unfinished job of a sweep", RunCancel);
   auto force = std::make_shared<bool>(false);
-  delete_cmd->add_option("sweep", *delete_name, "sweep name")->required();
-  delete_cmd->add_flag("--force", *force, "cancel the sweep's leased and running jobs first");
-  delete_cmd->callback([&env, delete_name, force] {
-    env.run = [delete_name, force](CommandEnv& env) -> int {
-      auto client = env.Client();
-      if (!client.ok()) return env.Fail(client.status());
-      v1::DeleteSweepRequest req;
-      req.set_name(*delete_name);
-      req.set_force(*force);
-      v1::DeleteSweepResponse resp;
-      auto ctx = (*client)->Context();
-      auto status = FromGrpc((*client)->sweeps()->DeleteSweep(ctx.get(), req, &resp));
-      if (!status.ok()) return env.Fail(status);
-      if (env.json) {
-        *env.out << ToJson(resp) << "\n";
-      } else {
-        *env.out << "deleted sweep " << *delete_name << " and its " << resp.deleted_jobs()
-                 << " job(s)";
-        if (resp.cancelled_jobs() > 0) {
-          *env.out << " (" << resp.cancelled_jobs() << " leased or running job(s) cancelled)";
-        }
-        *env.out << "\n";
-      }
-      return kExitOk;
-    };
-  });
+  CLI::App* del = AddSweepNameCommand(
+      app, env, "delete",
+      "delete a sweep with its jobs, points and results (refused while jobs run)",
+      [force](CommandEnv& env, const std::string& name) { return RunDelete(env, name, *force); });
+  del->add_flag("--force", *force, "cancel the sweep's leased and running jobs first");
 }
 
 }  // namespace depthbench::cli

@@ -459,6 +459,57 @@ absl::Status TooLarge(size_t size) {
       " bytes"));
 }
 
+// lr_grids: ARCH -> a plain list, or {lrs: [...]} as in the proto (whose
+// path the scheduler's errors use).
+absl::Status LrGrids(const json& j, const std::string& p, v1::SweepSpec* s) {
+  RETURN_IF_ERROR(Object(j, p));
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    std::string ap = absl::StrCat(p, "[\"", it.key(), "\"]");
+    const json* lrs = &it.value();
+    if (lrs->is_object()) {
+      RETURN_IF_ERROR(Fields(*lrs, ap, {{"lrs", [](const json&, const std::string&) {
+                                           return absl::OkStatus();
+                                         }}}));
+      if (!lrs->contains("lrs")) return Err(ap + ".lrs", "required");
+      lrs = &(*lrs)["lrs"];
+      ap += ".lrs";
+    }
+    RETURN_IF_ERROR(List(*lrs, ap));
+    auto& grid = (*s->mutable_lr_grids())[it.key()];
+    for (size_t i = 0; i < lrs->size(); ++i) {
+      ASSIGN_OR_RETURN(double lr, Double((*lrs)[i], absl::StrCat(ap, "[", i, "]")));
+      grid.add_lrs(lr);
+    }
+  }
+  return absl::OkStatus();
+}
+
+// diagnostics: a list of kinds, or {kinds: [...], num_sequences, ...}. The
+// spec gets a diagnostics message only when something sets it.
+absl::Status Diagnostics(const json& j, const std::string& p, v1::SweepSpec* s) {
+  const json* kinds = &j;
+  std::string kp = p;
+  if (j.is_object()) {
+    v1::DiagnosticsSpec* d = s->mutable_diagnostics();
+    RETURN_IF_ERROR(Fields(j, p, {
+        {"kinds", [](const json&, const std::string&) { return absl::OkStatus(); }},
+        {"num_sequences", IntField([d](int64_t v) { d->set_num_sequences(v); })},
+        {"allow_small_n", BoolField([d](bool v) { d->set_allow_small_n(v); })},
+        {"causal_form", StringField([d](const std::string& v) { d->set_causal_form(v); })},
+        {"fixed_lr", DoubleField([d](double v) { d->set_fixed_lr(v); })},
+    }));
+    if (!j.contains("kinds")) return absl::OkStatus();
+    kinds = &j["kinds"];
+    kp = p + ".kinds";
+  }
+  RETURN_IF_ERROR(List(*kinds, kp));
+  for (size_t i = 0; i < kinds->size(); ++i) {
+    ASSIGN_OR_RETURN(std::string k, String((*kinds)[i], absl::StrCat(kp, "[", i, "]")));
+    s->mutable_diagnostics()->add_kinds(k);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<v1::SweepSpec> SpecFromJson(const json& root) {
@@ -477,30 +528,7 @@ absl::StatusOr<v1::SweepSpec> SpecFromJson(const json& root) {
       {"shapes", [s](const json& j, const std::string& p) {
          return Shapes(j, p, s->mutable_shapes());
        }},
-      {"lr_grids", [s](const json& j, const std::string& p) -> absl::Status {
-         RETURN_IF_ERROR(Object(j, p));
-         for (auto it = j.begin(); it != j.end(); ++it) {
-           // A plain list, or {lrs: [...]} as in the proto (whose path the
-           // scheduler's errors use).
-           std::string ap = absl::StrCat(p, "[\"", it.key(), "\"]");
-           const json* lrs = &it.value();
-           if (lrs->is_object()) {
-             RETURN_IF_ERROR(Fields(*lrs, ap, {{"lrs", [](const json&, const std::string&) {
-                                                  return absl::OkStatus();
-                                                }}}));
-             if (!lrs->contains("lrs")) return Err(ap + ".lrs", "required");
-             lrs = &(*lrs)["lrs"];
-             ap += ".lrs";
-           }
-           RETURN_IF_ERROR(List(*lrs, ap));
-           auto& grid = (*s->mutable_lr_grids())[it.key()];
-           for (size_t i = 0; i < lrs->size(); ++i) {
-             ASSIGN_OR_RETURN(double lr, Double((*lrs)[i], absl::StrCat(ap, "[", i, "]")));
-             grid.add_lrs(lr);
-           }
-         }
-         return absl::OkStatus();
-       }},
+      {"lr_grids", [s](const json& j, const std::string& p) { return LrGrids(j, p, s); }},
       {"seeds", [s](const json& j, const std::string& p) -> absl::Status {
          RETURN_IF_ERROR(List(j, p));
          for (size_t i = 0; i < j.size(); ++i) {
@@ -521,29 +549,8 @@ absl::StatusOr<v1::SweepSpec> SpecFromJson(const json& root) {
              {"max_backoff_ms", IntField([r](int64_t v) { r->set_max_backoff_ms(v); })},
          });
        }},
-      {"diagnostics", [s](const json& j, const std::string& p) -> absl::Status {
-         // Either a list of kinds or {kinds: [...], num_sequences, ...}.
-         const json* kinds = &j;
-         std::string kp = p;
-         if (j.is_object()) {
-           auto* d = s->mutable_diagnostics();
-           RETURN_IF_ERROR(Fields(j, p, {
-               {"kinds", [](const json&, const std::string&) { return absl::OkStatus(); }},
-               {"num_sequences", IntField([d](int64_t v) { d->set_num_sequences(v); })},
-               {"allow_small_n", BoolField([d](bool v) { d->set_allow_small_n(v); })},
-               {"causal_form", StringField([d](const std::string& v) { d->set_causal_form(v); })},
-               {"fixed_lr", DoubleField([d](double v) { d->set_fixed_lr(v); })},
-           }));
-           if (!j.contains("kinds")) return absl::OkStatus();
-           kinds = &j["kinds"];
-           kp = p + ".kinds";
-         }
-         RETURN_IF_ERROR(List(*kinds, kp));
-         for (size_t i = 0; i < kinds->size(); ++i) {
-           ASSIGN_OR_RETURN(std::string k, String((*kinds)[i], absl::StrCat(kp, "[", i, "]")));
-           s->mutable_diagnostics()->add_kinds(k);
-         }
-         return absl::OkStatus();
+      {"diagnostics", [s](const json& j, const std::string& p) {
+         return Diagnostics(j, p, s);
        }},
       {"resources", [s](const json& j, const std::string& p) {
          auto* r = s->mutable_resources();

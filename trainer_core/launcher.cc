@@ -1,18 +1,21 @@
 #include "trainer_core/launcher.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <filesystem>
+#include <memory>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
+#include "common/child_process.h"
+#include "common/free_port.h"
+#include "common/run_protocol.h"
 
 namespace depthbench {
 namespace {
@@ -28,33 +31,15 @@ void Forward(int sig) {
   }
 }
 
-absl::StatusOr<int> FreeLoopbackPort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    const std::string err = std::strerror(errno);
-    close(fd);
-    return absl::InternalError(absl::StrCat("cannot pick a free port: ", err));
-  }
-  close(fd);
-  return static_cast<int>(ntohs(addr.sin_port));
+bool CleanExit(const ExitInfo& exit) {
+  namespace rp = run_protocol;
+  return exit.exited && (exit.code == rp::kExitOk || exit.code == rp::kExitDiverged ||
+                         exit.code == rp::kExitInterrupted);
 }
 
-bool CleanExit(int status) {
-  if (!WIFEXITED(status)) return false;
-  const int code = WEXITSTATUS(status);
-  return code == 0 || code == 3 || code == 4;  // ok, diverged, interrupted
-}
-
-int ExitCode(int status) {
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  return 1;  // killed by a signal: an infrastructure failure
+int ExitCode(const ExitInfo& exit) {
+  if (exit.exited) return exit.code;
+  return run_protocol::kExitFailure;  // killed by a signal: an infrastructure failure
 }
 
 }  // namespace
@@ -88,59 +73,58 @@ absl::StatusOr<int> LaunchRanks(int nproc, const std::vector<std::string>& args,
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
 
+  // This executable, by its path (argv[0] is the path ChildProcess runs).
+  std::error_code ec;
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+  if (ec) return absl::InternalError(absl::StrCat("/proc/self/exe: ", ec.message()));
+  std::vector<std::unique_ptr<ChildProcess>> ranks;
   for (int r = 0; r < nproc; ++r) {
-    const pid_t pid = fork();
-    if (pid < 0) {
+    // Flags as well as the variables: flags override a config file that
+    // sets world_size / rank itself.
+    ChildSpec spec;
+    spec.argv = args;
+    spec.argv[0] = self;
+    for (const std::string& a :
+         {std::string("--world-size"), std::to_string(nproc), std::string("--rank"),
+          std::to_string(r), std::string("--master-addr"), std::string("127.0.0.1"),
+          std::string("--master-port"), std::to_string(master_port)}) {
+      spec.argv.push_back(a);
+    }
+    spec.env = {{"RANK", std::to_string(r)},
+                {"LOCAL_RANK", std::to_string(r)},
+                {"WORLD_SIZE", std::to_string(nproc)},
+                {"MASTER_ADDR", "127.0.0.1"},
+                {"MASTER_PORT", std::to_string(master_port)}};
+    spec.parent_death_signal = 0;
+    spec.output = ChildSpec::Output::kInherit;
+    spec.tag_tree = false;            // the ranks stay in the worker's tree
+    spec.new_process_group = false;   // and in this process's group
+    absl::StatusOr<std::unique_ptr<ChildProcess>> child = ChildProcess::Spawn(spec);
+    if (!child.ok()) {
       Forward(SIGKILL);
-      return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
+      return child.status();
     }
-    if (pid == 0) {
-      // Flags as well as the variables: flags override a config file that
-      // sets world_size / rank itself.
-      std::vector<std::string> mine = args;
-      for (const std::string& a :
-           {std::string("--world-size"), std::to_string(nproc), std::string("--rank"),
-            std::to_string(r), std::string("--master-addr"), std::string("127.0.0.1"),
-            std::string("--master-port"), std::to_string(master_port)}) {
-        mine.push_back(a);
-      }
-      std::vector<char*> child_argv;
-      for (auto& a : mine) child_argv.push_back(a.data());
-      child_argv.push_back(nullptr);
-      signal(SIGTERM, SIG_DFL);
-      signal(SIGINT, SIG_DFL);
-      setenv("RANK", std::to_string(r).c_str(), 1);
-      setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
-      setenv("WORLD_SIZE", std::to_string(nproc).c_str(), 1);
-      setenv("MASTER_ADDR", "127.0.0.1", 1);
-      setenv("MASTER_PORT", std::to_string(master_port).c_str(), 1);
-      execv("/proc/self/exe", child_argv.data());
-      _exit(127);
-    }
-    g_children[r] = pid;
+    g_children[r] = (*child)->pid();
     g_num_children.store(r + 1);
+    ranks.push_back(std::move(*child));
   }
 
   int rank0_code = 1, failed_code = 0, alive = nproc;
   while (alive > 0) {
-    int status = 0;
-    const pid_t pid = waitpid(-1, &status, 0);
-    if (pid < 0) {
-      if (errno == EINTR) continue;
-      break;
+    bool reaped = false;
+    for (int r = 0; r < nproc; ++r) {
+      if (g_children[r] <= 0 || !ranks[r]->Exited()) continue;
+      const ExitInfo exit = ranks[r]->Wait();
+      g_children[r] = -1;
+      --alive;
+      reaped = true;
+      if (r == 0) rank0_code = ExitCode(exit);
+      if (!CleanExit(exit)) {
+        if (failed_code == 0) failed_code = ExitCode(exit);
+        Forward(SIGKILL);  // the others would wait in a collective until timeout
+      }
     }
-    int rank = -1;
-    for (int i = 0; i < nproc; ++i) {
-      if (g_children[i] == pid) rank = i;
-    }
-    if (rank < 0) continue;
-    g_children[rank] = -1;
-    --alive;
-    if (rank == 0) rank0_code = ExitCode(status);
-    if (!CleanExit(status)) {
-      if (failed_code == 0) failed_code = ExitCode(status);
-      Forward(SIGKILL);  // the others would wait in a collective until timeout
-    }
+    if (!reaped) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   signal(SIGTERM, SIG_DFL);
   signal(SIGINT, SIG_DFL);

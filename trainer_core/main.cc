@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/malloc_tuning.h"
+#include "common/run_protocol.h"
 #include "trainer_core/arch.h"
 #include "trainer_core/data.h"
 #include "trainer_core/diagnostics/deff_npy.h"
@@ -39,11 +40,12 @@
 namespace depthbench {
 namespace {
 
-constexpr int kExitOk = 0;
-constexpr int kExitFailure = 1;
-constexpr int kExitUsage = 2;
-constexpr int kExitDiverged = 3;
-constexpr int kExitInterrupted = 4;
+// The exit codes are part of the run protocol the worker reads.
+using run_protocol::kExitDiverged;
+using run_protocol::kExitFailure;
+using run_protocol::kExitInterrupted;
+using run_protocol::kExitOk;
+using run_protocol::kExitUsage;
 
 int ExitCodeFor(const absl::Status& status) {
   switch (status.code()) {
@@ -58,7 +60,7 @@ int ExitCodeFor(const absl::Status& status) {
 }
 
 int Fail(const absl::Status& status) {
-  std::cerr << "depthbench-train: error: " << status.message() << "\n";
+  std::cerr << run_protocol::kTrainerErrorPrefix << status.message() << "\n";
   return ExitCodeFor(status);
 }
 
@@ -210,8 +212,8 @@ int RunDiagnose(const std::string& config_file, const std::string& out_dir,
   if (!doc.ok()) return Fail(doc.status());
   nlohmann::json kinds = nlohmann::json::array();
   for (auto& [kind, data] : (*doc)["kinds"].items()) kinds.push_back(kind);
-  PrintJsonLine({{"event", "done"},
-                 {"status", "succeeded"},
+  PrintJsonLine({{run_protocol::field::kEvent, std::string(run_protocol::EventName(run_protocol::EventKind::kDone))},
+                 {"status", run_protocol::kDoneSucceeded},
                  {"kinds", kinds},
                  {"path", out_dir + "/diagnostics.json"}});
   return kExitOk;

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -72,6 +73,103 @@ const std::set<std::string>& KnownKeys() {
 
 }  // namespace
 
+namespace {
+
+// arch, layers, d_model, d_ff, heads, kv_heads, data, vocab.
+absl::Status ReadModel(const json& j, TrainConfig* c) {
+  if (!j.contains("arch")) return absl::InvalidArgumentError("config.arch: required");
+  std::string arch_name;
+  RETURN_IF_ERROR(GetString(j, "arch", &arch_name));
+  auto arch = ParseArch(arch_name);
+  if (!arch.ok())
+    return absl::InvalidArgumentError(absl::StrCat("config.arch: ", arch.status().message()));
+  c->arch = *arch;
+  for (const char* key : {"layers", "d_model", "lr"}) {
+    if (!j.contains(key)) return absl::InvalidArgumentError(absl::StrCat("config.", key, ": required"));
+  }
+  RETURN_IF_ERROR(GetInt(j, "layers", &c->shape.layers));
+  RETURN_IF_ERROR(GetInt(j, "d_model", &c->shape.d_model));
+  c->shape.d_ff = FfnWidth(c->shape.d_model, FfnRule::kSwiGlu83);
+  RETURN_IF_ERROR(GetInt(j, "d_ff", &c->shape.d_ff));
+  c->shape.heads = 16;
+  RETURN_IF_ERROR(GetInt(j, "heads", &c->shape.heads));
+  c->shape.kv_heads = c->shape.heads;
+  RETURN_IF_ERROR(GetInt(j, "kv_heads", &c->shape.kv_heads));
+  RETURN_IF_ERROR(GetString(j, "data", &c->data));
+  c->shape.vocab = 0;
+  RETURN_IF_ERROR(GetInt(j, "vocab", &c->shape.vocab));
+  if (c->shape.vocab == 0) {
+    if (c->data != "brown")
+      return absl::InvalidArgumentError("config.vocab: required for user data (the tokenizer's vocabulary size)");
+    c->shape.vocab = 256;
+  }
+  return absl::OkStatus();
+}
+
+// An optional integer key into an optional field.
+absl::Status GetOptionalInt(const json& j, const char* key, std::optional<int64_t>* out) {
+  if (!j.contains(key)) return absl::OkStatus();
+  int64_t v = 0;
+  RETURN_IF_ERROR(GetInt(j, key, &v));
+  *out = v;
+  return absl::OkStatus();
+}
+
+// seq_len, batch, the token budget, lr, seed, threads, evaluation,
+// checkpoints and the optimizer's settings.
+absl::Status ReadTraining(const json& j, TrainConfig* c) {
+  RETURN_IF_ERROR(GetInt(j, "seq_len", &c->seq_len));
+  RETURN_IF_ERROR(GetInt(j, "batch", &c->batch));
+  RETURN_IF_ERROR(GetOptionalInt(j, "steps", &c->steps));
+  RETURN_IF_ERROR(GetOptionalInt(j, "tokens", &c->tokens));
+  RETURN_IF_ERROR(GetDouble(j, "tokens_per_param", &c->tokens_per_param));
+  RETURN_IF_ERROR(GetOptionalInt(j, "budget_params", &c->budget_params));
+  RETURN_IF_ERROR(GetDouble(j, "lr", &c->lr));
+  int64_t seed = 0;
+  RETURN_IF_ERROR(GetInt(j, "seed", &seed));
+  if (seed < 0) return absl::InvalidArgumentError("config.seed: must be >= 0");
+  c->seed = static_cast<uint64_t>(seed);
+  RETURN_IF_ERROR(GetInt(j, "threads", &c->threads));
+  RETURN_IF_ERROR(GetInt(j, "eval_interval", &c->eval_interval));
+  RETURN_IF_ERROR(GetInt(j, "eval_batches", &c->eval_batches));
+  RETURN_IF_ERROR(GetInt(j, "checkpoint_interval", &c->checkpoint_interval));
+  RETURN_IF_ERROR(GetDouble(j, "checkpoint_minutes", &c->checkpoint_minutes));
+  RETURN_IF_ERROR(GetDouble(j, "warmup_frac", &c->warmup_frac));
+  RETURN_IF_ERROR(GetDouble(j, "min_lr_frac", &c->min_lr_frac));
+  RETURN_IF_ERROR(GetDouble(j, "weight_decay", &c->weight_decay));
+  RETURN_IF_ERROR(GetDouble(j, "grad_clip", &c->grad_clip));
+  return GetDouble(j, "explode_threshold", &c->explode_threshold);
+}
+
+// hc_streams, hc_form, init, log_interval, device, precision and the
+// data-parallel keys.
+absl::Status ReadRuntime(const json& j, TrainConfig* c) {
+  RETURN_IF_ERROR(GetInt(j, "hc_streams", &c->hc_streams));
+  std::string hc_form = "paper";
+  RETURN_IF_ERROR(GetString(j, "hc_form", &hc_form));
+  if (hc_form != "paper" && hc_form != "code")
+    return absl::InvalidArgumentError(absl::StrCat("config.hc_form: expected \"paper\" or \"code\", got \"", hc_form, "\""));
+  c->hc_code_form = hc_form == "code";
+  std::string init = "normal";
+  RETURN_IF_ERROR(GetString(j, "init", &init));
+  if (init != "normal" && init != "trunc_normal")
+    return absl::InvalidArgumentError(absl::StrCat("config.init: expected \"normal\" or \"trunc_normal\", got \"", init, "\""));
+  c->trunc_normal_init = init == "trunc_normal";
+  RETURN_IF_ERROR(GetInt(j, "log_interval", &c->log_interval));
+  RETURN_IF_ERROR(GetString(j, "device", &c->device));
+  RETURN_IF_ERROR(GetString(j, "precision", &c->precision));
+  c->world_size_given = j.contains("world_size");
+  c->rank_given = j.contains("rank");
+  c->master_addr_given = j.contains("master_addr");
+  c->master_port_given = j.contains("master_port");
+  RETURN_IF_ERROR(GetInt(j, "world_size", &c->world_size));
+  RETURN_IF_ERROR(GetInt(j, "rank", &c->rank));
+  RETURN_IF_ERROR(GetString(j, "master_addr", &c->master_addr));
+  return GetInt(j, "master_port", &c->master_port);
+}
+
+}  // namespace
+
 absl::StatusOr<TrainConfig> TrainConfigFromJson(const json& j) {
   if (!j.is_object()) return absl::InvalidArgumentError("config: expected a JSON object");
   for (auto it = j.begin(); it != j.end(); ++it) {
@@ -79,87 +177,9 @@ absl::StatusOr<TrainConfig> TrainConfigFromJson(const json& j) {
       return absl::InvalidArgumentError(absl::StrCat("config.", it.key(), ": unknown key"));
   }
   TrainConfig c;
-  if (!j.contains("arch")) return absl::InvalidArgumentError("config.arch: required");
-  std::string arch_name;
-  RETURN_IF_ERROR(GetString(j, "arch", &arch_name));
-  auto arch = ParseArch(arch_name);
-  if (!arch.ok())
-    return absl::InvalidArgumentError(absl::StrCat("config.arch: ", arch.status().message()));
-  c.arch = *arch;
-  for (const char* key : {"layers", "d_model", "lr"}) {
-    if (!j.contains(key)) return absl::InvalidArgumentError(absl::StrCat("config.", key, ": required"));
-  }
-  RETURN_IF_ERROR(GetInt(j, "layers", &c.shape.layers));
-  RETURN_IF_ERROR(GetInt(j, "d_model", &c.shape.d_model));
-  c.shape.d_ff = FfnWidth(c.shape.d_model, FfnRule::kSwiGlu83);
-  RETURN_IF_ERROR(GetInt(j, "d_ff", &c.shape.d_ff));
-  c.shape.heads = 16;
-  RETURN_IF_ERROR(GetInt(j, "heads", &c.shape.heads));
-  c.shape.kv_heads = c.shape.heads;
-  RETURN_IF_ERROR(GetInt(j, "kv_heads", &c.shape.kv_heads));
-  RETURN_IF_ERROR(GetString(j, "data", &c.data));
-  c.shape.vocab = 0;
-  RETURN_IF_ERROR(GetInt(j, "vocab", &c.shape.vocab));
-  if (c.shape.vocab == 0) {
-    if (c.data != "brown")
-      return absl::InvalidArgumentError("config.vocab: required for user data (the tokenizer's vocabulary size)");
-    c.shape.vocab = 256;
-  }
-  RETURN_IF_ERROR(GetInt(j, "seq_len", &c.seq_len));
-  RETURN_IF_ERROR(GetInt(j, "batch", &c.batch));
-  if (j.contains("steps")) {
-    int64_t v = 0;
-    RETURN_IF_ERROR(GetInt(j, "steps", &v));
-    c.steps = v;
-  }
-  if (j.contains("tokens")) {
-    int64_t v = 0;
-    RETURN_IF_ERROR(GetInt(j, "tokens", &v));
-    c.tokens = v;
-  }
-  RETURN_IF_ERROR(GetDouble(j, "tokens_per_param", &c.tokens_per_param));
-  if (j.contains("budget_params")) {
-    int64_t v = 0;
-    RETURN_IF_ERROR(GetInt(j, "budget_params", &v));
-    c.budget_params = v;
-  }
-  RETURN_IF_ERROR(GetDouble(j, "lr", &c.lr));
-  int64_t seed = 0;
-  RETURN_IF_ERROR(GetInt(j, "seed", &seed));
-  if (seed < 0) return absl::InvalidArgumentError("config.seed: must be >= 0");
-  c.seed = static_cast<uint64_t>(seed);
-  RETURN_IF_ERROR(GetInt(j, "threads", &c.threads));
-  RETURN_IF_ERROR(GetInt(j, "eval_interval", &c.eval_interval));
-  RETURN_IF_ERROR(GetInt(j, "eval_batches", &c.eval_batches));
-  RETURN_IF_ERROR(GetInt(j, "checkpoint_interval", &c.checkpoint_interval));
-  RETURN_IF_ERROR(GetDouble(j, "checkpoint_minutes", &c.checkpoint_minutes));
-  RETURN_IF_ERROR(GetDouble(j, "warmup_frac", &c.warmup_frac));
-  RETURN_IF_ERROR(GetDouble(j, "min_lr_frac", &c.min_lr_frac));
-  RETURN_IF_ERROR(GetDouble(j, "weight_decay", &c.weight_decay));
-  RETURN_IF_ERROR(GetDouble(j, "grad_clip", &c.grad_clip));
-  RETURN_IF_ERROR(GetDouble(j, "explode_threshold", &c.explode_threshold));
-  RETURN_IF_ERROR(GetInt(j, "hc_streams", &c.hc_streams));
-  std::string hc_form = "paper";
-  RETURN_IF_ERROR(GetString(j, "hc_form", &hc_form));
-  if (hc_form != "paper" && hc_form != "code")
-    return absl::InvalidArgumentError(absl::StrCat("config.hc_form: expected \"paper\" or \"code\", got \"", hc_form, "\""));
-  c.hc_code_form = hc_form == "code";
-  std::string init = "normal";
-  RETURN_IF_ERROR(GetString(j, "init", &init));
-  if (init != "normal" && init != "trunc_normal")
-    return absl::InvalidArgumentError(absl::StrCat("config.init: expected \"normal\" or \"trunc_normal\", got \"", init, "\""));
-  c.trunc_normal_init = init == "trunc_normal";
-  RETURN_IF_ERROR(GetInt(j, "log_interval", &c.log_interval));
-  RETURN_IF_ERROR(GetString(j, "device", &c.device));
-  RETURN_IF_ERROR(GetString(j, "precision", &c.precision));
-  c.world_size_given = j.contains("world_size");
-  c.rank_given = j.contains("rank");
-  c.master_addr_given = j.contains("master_addr");
-  c.master_port_given = j.contains("master_port");
-  RETURN_IF_ERROR(GetInt(j, "world_size", &c.world_size));
-  RETURN_IF_ERROR(GetInt(j, "rank", &c.rank));
-  RETURN_IF_ERROR(GetString(j, "master_addr", &c.master_addr));
-  RETURN_IF_ERROR(GetInt(j, "master_port", &c.master_port));
+  RETURN_IF_ERROR(ReadModel(j, &c));
+  RETURN_IF_ERROR(ReadTraining(j, &c));
+  RETURN_IF_ERROR(ReadRuntime(j, &c));
   RETURN_IF_ERROR(ValidateTrainConfig(c));
   return c;
 }

@@ -8,10 +8,13 @@
 #include <cmath>
 #include <filesystem>
 #include <limits>
+#include <optional>
+#include <utility>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/malloc_tuning.h"
+#include "common/run_protocol.h"
 #include "common/status_macros.h"
 #include "cuda_ops/ops.h"
 #include "trainer_core/batcher.h"
@@ -87,233 +90,294 @@ void MoveOptimizerState(torch::optim::AdamW& optimizer, const torch::Device& dev
   }
 }
 
+// What one run holds between its phases (Trainer::Run). Not movable once
+// set up: the sampler points into `dataset`.
+struct RunState {
+  int64_t threads = 1;
+  torch::Device device{torch::kCPU};
+  bool bf16 = false;
+  std::unique_ptr<DataParallel> dp;
+  int64_t world = 1;
+  int64_t per_rank_batch = 0;
+  bool primary = true;  // only rank 0 speaks: events and checkpoints
+  Clock* clock = nullptr;
+  EventSink emit;
+  TokenDataset dataset;
+  ModelOptions model_options;
+  LanguageModel model{nullptr};
+  TokenBudget budget;
+  std::unique_ptr<torch::optim::AdamW> optimizer;
+  std::optional<BatchSampler> sampler;
+  std::vector<Batch> val_batches;
+  std::string ckpt_path;
+  int64_t start_step = 0;
+  int64_t last_checkpoint_ms = 0;
+};
+
+// Threads, data parallelism (config keys, else torchrun-style variables),
+// the device, and the event sink (rank 0 only; every event stamped with the
+// wall clock it was logged at: the worker stores it with the points, and
+// latency from logging to the scheduler is measured against it).
+absl::Status SetUpParallel(const TrainConfig& config, Clock* clock, const EventSink& sink,
+                           RunState* run) {
+  run->threads = config.threads > 0 ? config.threads
+                                    : std::max<int64_t>(1, std::thread::hardware_concurrency());
+  at::set_num_threads(static_cast<int>(run->threads));
+  DistributedOptions dist_options;
+  dist_options.world_size = config.world_size;
+  dist_options.rank = config.rank;
+  dist_options.master_addr = config.master_addr;
+  dist_options.master_port = config.master_port;
+  dist_options = DistributedOptionsFromEnv(dist_options, config.world_size_given,
+                                           config.rank_given, config.master_addr_given,
+                                           config.master_port_given);
+  if (dist_options.world_size < 1 || config.batch % dist_options.world_size != 0)
+    return absl::InvalidArgumentError(absl::StrCat("config.batch: ", config.batch,
+                                                   " is not divisible by world_size ",
+                                                   dist_options.world_size));
+  ASSIGN_OR_RETURN(run->device, ResolveDevice(config, dist_options.rank));
+  run->bf16 = config.precision == "bf16";
+  ASSIGN_OR_RETURN(run->dp, DataParallel::Create(dist_options, run->device));
+  run->world = run->dp->world_size();
+  run->per_rank_batch = config.batch / run->world;
+  run->primary = run->dp->is_primary();
+  run->clock = clock;
+  run->emit = run->primary ? EventSink([&sink, clock](const nlohmann::json& event) {
+                               nlohmann::json stamped = event;
+                               stamped[run_protocol::field::kTimeMs] = clock->NowWallMs();
+                               sink(stamped);
+                             })
+                           : EventSink([](const nlohmann::json&) {});
+  return absl::OkStatus();
+}
+
+// The data, the model (seeded), its token budget, AdamW, the sampler and
+// the validation batches.
+absl::Status LoadDataAndModel(const TrainConfig& config, const TrainerOptions& options,
+                              RunState* run) {
+  DataOptions data_options;
+  data_options.data = config.data;
+  data_options.vocab = config.shape.vocab;
+  data_options.brown_dir = options.data_dir;
+  ASSIGN_OR_RETURN(run->dataset, LoadDataset(data_options));
+  if (run->dataset.train.size() < config.seq_len + 2)
+    return absl::InvalidArgumentError(absl::StrCat("config.seq_len: ", config.seq_len,
+                                                   " is longer than the training split (", run->dataset.train.size(), " tokens)"));
+  torch::manual_seed(config.seed);
+  run->model_options = ModelOptionsFor(config);
+  ASSIGN_OR_RETURN(run->model, BuildModel(run->model_options));
+  run->model->train();
+  // The budget counts the shape's Pre-LN parameters, not this design's.
+  run->budget = ResolveTokenBudget(config);
+  run->optimizer = MakeAdamW(run->model->ParameterGroups(), config.lr, config.weight_decay);
+  SamplerOptions sampler_options;
+  sampler_options.seq_len = config.seq_len;
+  sampler_options.batch = config.batch;
+  sampler_options.seed = config.seed;
+  ASSIGN_OR_RETURN(BatchSampler sampler, BatchSampler::Create(&run->dataset.train, sampler_options));
+  run->sampler.emplace(std::move(sampler));
+  ASSIGN_OR_RETURN(run->val_batches,
+                   MakeValidationBatches(run->dataset.val, config.seq_len, config.batch,
+                                         config.eval_batches));
+  return absl::OkStatus();
+}
+
+// The output folder, a resumed checkpoint (when asked for and present), and
+// identical replicas on the device.
+absl::Status RestoreAndPlace(const TrainConfig& config, const TrainerOptions& options,
+                             RunState* run) {
+  std::error_code ec;
+  std::filesystem::create_directories(options.out_dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat("out: cannot create ", options.out_dir, ": ", ec.message()));
+  run->ckpt_path = CheckpointPath(options.out_dir);
+  if (options.resume && std::filesystem::exists(run->ckpt_path)) {
+    ASSIGN_OR_RETURN(CheckpointMeta meta, LoadTrainingCheckpoint(run->ckpt_path, config, *run->model, *run->optimizer));
+    ASSIGN_OR_RETURN(SamplerPosition pos, SamplerPosition::FromJson(meta.sampler_json));
+    RETURN_IF_ERROR(run->sampler->Restore(pos));
+    run->start_step = meta.step;
+  }
+  // Parameters move with set_data, so the optimizer's references stay valid.
+  run->model->to(run->device);
+  MoveOptimizerState(*run->optimizer, run->device);
+  // Identical replicas: rank 0's parameters (and buffers) everywhere.
+  std::vector<torch::Tensor> all = run->model->parameters();
+  for (const auto& b : run->model->buffers()) all.push_back(b);
+  return run->dp->BroadcastFromRank0(all);
+}
+
+nlohmann::json StartEvent(const TrainConfig& config, RunState& run) {
+  auto count = CountParameters(run.model_options);
+  return run_protocol::StartEvent({
+      {"config", config.ToJson()},
+      {"params", {{"total", run.model->ParameterCount()},
+                  {"backbone", BackboneParams(config.shape)},
+                  {"extra", count.ok() ? count->extra : 0}}},
+      {"total_steps", run.budget.steps},
+      {"budget", {{"params", run.budget.params}, {"tokens", run.budget.tokens}, {"steps", run.budget.steps}}},
+      {"threads", run.threads},
+      {"device", run.device.str()},
+      {"fused_ops", run.device.is_cuda() && FusedOpsAvailable()},
+      {"fused_ops_detail", FusedOpsDescription()},
+      {"precision", config.precision},
+      {"malloc", MallocPolicy()},
+      {"world_size", run.world},
+      {"backend", run.dp->backend()},
+      {"data", {{"source", run.dataset.source}, {"train_tokens", run.dataset.train.size()},
+                {"val_tokens", run.dataset.val.size()}, {"split_rule", run.dataset.split_rule}}},
+      {"resumed_from_step", run.start_step}});
+}
+
+// Rank 0 writes the checkpoint at `step` and emits its event.
+absl::Status SaveCheckpoint(const TrainConfig& config, int64_t step, const char* trigger,
+                            RunState* run) {
+  if (!run->primary) return absl::OkStatus();
+  CheckpointMeta meta;
+  meta.step = step;
+  meta.sampler_json = run->sampler->position().ToJson();
+  meta.config = config.ToJson();
+  const auto t0 = std::chrono::steady_clock::now();
+  RETURN_IF_ERROR(SaveTrainingCheckpoint(run->ckpt_path, meta, *run->model, *run->optimizer));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  run->last_checkpoint_ms = run->clock->NowMonotonicMs();
+  run->emit(run_protocol::CheckpointEvent(step, run->ckpt_path, seconds, trigger));
+  return absl::OkStatus();
+}
+
+// One optimizer step's forward and backward on this rank's slice of the
+// global batch; returns (mean loss over ranks, clipped gradient norm).
+absl::StatusOr<std::pair<double, double>> ForwardBackward(const TrainConfig& config, RunState* run) {
+  // Every rank draws the same global batch and keeps its own slice.
+  InputsTargets it = SplitInputsTargets(BatchToTensor(run->sampler->Next()));
+  if (run->world > 1) {
+    it.inputs = it.inputs.narrow(0, run->dp->rank() * run->per_rank_batch, run->per_rank_batch);
+    it.targets = it.targets.narrow(0, run->dp->rank() * run->per_rank_batch, run->per_rank_batch);
+  }
+  run->optimizer->zero_grad();
+  torch::Tensor loss;
+  {
+    Bf16AutocastGuard autocast(run->bf16);
+    loss = run->model->Loss(it.inputs.to(run->device), it.targets.to(run->device));
+  }
+  loss.backward();
+  // Mean over ranks before clipping: the clip sees the global gradient.
+  RETURN_IF_ERROR(run->dp->AllReduceMeanGradients(run->model->parameters()));
+  const double grad_norm = ClipGradNorm(run->model->parameters(), config.grad_clip);
+  ASSIGN_OR_RETURN(const double loss_value, run->dp->AllReduceMean(loss.item<double>()));
+  return std::make_pair(loss_value, grad_norm);
+}
+
+// Why a step diverged ("" if it did not).
+std::string DivergenceReason(double loss_value, double grad_norm, double explode) {
+  if (!std::isfinite(loss_value)) return "loss is not finite";
+  if (!std::isfinite(grad_norm)) return "gradient norm is not finite";
+  if (loss_value > explode) {
+    return absl::StrCat("loss ", loss_value, " above the explosion threshold ", explode);
+  }
+  return "";
+}
+
+// After step `done`: the step event, a periodic evaluation, and a checkpoint
+// by steps or by training time (issue 19: the period counts training time
+// since the last checkpoint or the start).
+absl::Status AfterStep(const TrainConfig& config, int64_t done, double loss_value, double lr,
+                       double grad_norm, double seconds, RunState* run) {
+  const int64_t total_steps = run->budget.steps;
+  const double tokens_per_step = static_cast<double>(config.batch * config.seq_len);
+  if (done % config.log_interval == 0 || done == total_steps) {
+    run->emit(run_protocol::StepEvent(done, loss_value, lr, grad_norm,
+                                      tokens_per_step / std::max(seconds, 1e-9)));
+  }
+  if (config.eval_interval > 0 && done % config.eval_interval == 0 && done != total_steps) {
+    // Every rank evaluates (same weights, same batches): no collective.
+    const double val = Evaluate(run->model, run->val_batches, run->device, run->bf16);
+    run->emit(run_protocol::EvalEvent(done, val));
+  }
+  if (done == total_steps) return absl::OkStatus();
+  const int64_t checkpoint_period_ms =
+      config.checkpoint_minutes > 0
+          ? std::max<int64_t>(1, static_cast<int64_t>(config.checkpoint_minutes * 60000.0))
+          : 0;
+  if (config.checkpoint_interval > 0 && done % config.checkpoint_interval == 0) {
+    return SaveCheckpoint(config, done, "steps", run);
+  }
+  if (checkpoint_period_ms > 0 &&
+      run->clock->NowMonotonicMs() - run->last_checkpoint_ms >= checkpoint_period_ms) {
+    return SaveCheckpoint(config, done, "time", run);
+  }
+  return absl::OkStatus();
+}
+
+// The final evaluation, then done (succeeded after the final checkpoint,
+// or diverged).
+absl::StatusOr<RunResult> FinishRun(const TrainConfig& config, double explode, RunResult result,
+                                    RunState* run) {
+  const int64_t total_steps = run->budget.steps;
+  result.steps_done = total_steps;
+  result.val_loss = Evaluate(run->model, run->val_batches, run->device, run->bf16);
+  run->emit(run_protocol::EvalEvent(total_steps, result.val_loss));
+  if (!std::isfinite(result.val_loss) || result.val_loss > explode) {
+    result.status = RunStatus::kDiverged;
+    result.reason = "validation loss is not finite or above the explosion threshold";
+    run->emit(run_protocol::DivergedEvent(total_steps, result.reason));
+    return result;
+  }
+  RETURN_IF_ERROR(SaveCheckpoint(config, total_steps, "final", run));
+  run->emit(run_protocol::SucceededEvent(total_steps, result.val_loss, result.final_train_loss));
+  return result;
+}
+
 }  // namespace
 
 absl::StatusOr<RunResult> Trainer::Run() {
-  const int64_t threads = config_.threads > 0
-                              ? config_.threads
-                              : std::max<int64_t>(1, std::thread::hardware_concurrency());
-  at::set_num_threads(static_cast<int>(threads));
-
-  // Data parallelism (issue 8): config keys, else torchrun-style variables.
-  DistributedOptions dist_options;
-  dist_options.world_size = config_.world_size;
-  dist_options.rank = config_.rank;
-  dist_options.master_addr = config_.master_addr;
-  dist_options.master_port = config_.master_port;
-  dist_options = DistributedOptionsFromEnv(dist_options, config_.world_size_given,
-                                           config_.rank_given, config_.master_addr_given,
-                                           config_.master_port_given);
-  if (dist_options.world_size < 1 || config_.batch % dist_options.world_size != 0)
-    return absl::InvalidArgumentError(absl::StrCat("config.batch: ", config_.batch,
-                                                   " is not divisible by world_size ",
-                                                   dist_options.world_size));
-  ASSIGN_OR_RETURN(torch::Device device, ResolveDevice(config_, dist_options.rank));
-  const bool bf16 = config_.precision == "bf16";
-  ASSIGN_OR_RETURN(std::unique_ptr<DataParallel> dp, DataParallel::Create(dist_options, device));
-  const int64_t world = dp->world_size();
-  const int64_t per_rank_batch = config_.batch / world;
-  // Only rank 0 speaks: events and checkpoints. Every event carries the wall
-  // clock it was logged at (time_ms): the worker stores it with the points,
-  // and latency from logging to the scheduler is measured against it.
-  const bool primary = dp->is_primary();
+  RunState run;
   Clock* const clock = options_.clock != nullptr ? options_.clock : RealClock::Default();
-  EventSink emit = primary ? EventSink([this, clock](const nlohmann::json& event) {
-                               nlohmann::json stamped = event;
-                               stamped["time_ms"] = clock->NowWallMs();
-                               sink_(stamped);
-                             })
-                           : EventSink([](const nlohmann::json&) {});
-
-  DataOptions data_options;
-  data_options.data = config_.data;
-  data_options.vocab = config_.shape.vocab;
-  data_options.brown_dir = options_.data_dir;
-  ASSIGN_OR_RETURN(TokenDataset dataset, LoadDataset(data_options));
-  if (dataset.train.size() < config_.seq_len + 2)
-    return absl::InvalidArgumentError(absl::StrCat("config.seq_len: ", config_.seq_len,
-                                                   " is longer than the training split (", dataset.train.size(), " tokens)"));
-
-  torch::manual_seed(config_.seed);
-  ModelOptions model_options = ModelOptionsFor(config_);
-  ASSIGN_OR_RETURN(LanguageModel model, BuildModel(model_options));
-  model->train();
-  // The budget counts the shape's Pre-LN parameters, not this design's.
-  const TokenBudget budget = ResolveTokenBudget(config_);
-  const int64_t total_steps = budget.steps;
-
-  std::unique_ptr<torch::optim::AdamW> optimizer_owner =
-      MakeAdamW(model->ParameterGroups(), config_.lr, config_.weight_decay);
-  torch::optim::AdamW& optimizer = *optimizer_owner;
-
-  SamplerOptions sampler_options;
-  sampler_options.seq_len = config_.seq_len;
-  sampler_options.batch = config_.batch;
-  sampler_options.seed = config_.seed;
-  ASSIGN_OR_RETURN(BatchSampler sampler, BatchSampler::Create(&dataset.train, sampler_options));
-  ASSIGN_OR_RETURN(std::vector<Batch> val_batches,
-                   MakeValidationBatches(dataset.val, config_.seq_len, config_.batch,
-                                         config_.eval_batches));
-
-  std::error_code ec;
-  std::filesystem::create_directories(options_.out_dir, ec);
-  if (ec) return absl::InternalError(absl::StrCat("out: cannot create ", options_.out_dir, ": ", ec.message()));
-  const std::string ckpt_path = CheckpointPath(options_.out_dir);
-
-  int64_t start_step = 0;
-  if (options_.resume && std::filesystem::exists(ckpt_path)) {
-    ASSIGN_OR_RETURN(CheckpointMeta meta, LoadTrainingCheckpoint(ckpt_path, config_, *model, optimizer));
-    ASSIGN_OR_RETURN(SamplerPosition pos, SamplerPosition::FromJson(meta.sampler_json));
-    RETURN_IF_ERROR(sampler.Restore(pos));
-    start_step = meta.step;
-  }
-  // Parameters move with set_data, so the optimizer's references stay valid.
-  model->to(device);
-  MoveOptimizerState(optimizer, device);
-  {
-    // Identical replicas: rank 0's parameters (and buffers) everywhere.
-    std::vector<torch::Tensor> all = model->parameters();
-    for (const auto& b : model->buffers()) all.push_back(b);
-    RETURN_IF_ERROR(dp->BroadcastFromRank0(all));
-  }
-
-  const int64_t total_params = model->ParameterCount();
-  auto count = CountParameters(model_options);
-  nlohmann::json start = {
-      {"event", "start"},
-      {"config", config_.ToJson()},
-      {"params", {{"total", total_params},
-                  {"backbone", BackboneParams(config_.shape)},
-                  {"extra", count.ok() ? count->extra : 0}}},
-      {"total_steps", total_steps},
-      {"budget", {{"params", budget.params}, {"tokens", budget.tokens}, {"steps", budget.steps}}},
-      {"threads", threads},
-      {"device", device.str()},
-      {"fused_ops", device.is_cuda() && FusedOpsAvailable()},
-      {"fused_ops_detail", FusedOpsDescription()},
-      {"precision", config_.precision},
-      {"malloc", MallocPolicy()},
-      {"world_size", world},
-      {"backend", dp->backend()},
-      {"data", {{"source", dataset.source}, {"train_tokens", dataset.train.size()},
-                {"val_tokens", dataset.val.size()}, {"split_rule", dataset.split_rule}}},
-      {"resumed_from_step", start_step}};
-  emit(start);
-
-  // Time-based checkpoints (issue 19): the period counts training time
-  // since the last checkpoint (or the start), read after each step.
-  const int64_t checkpoint_period_ms =
-      config_.checkpoint_minutes > 0
-          ? std::max<int64_t>(1, static_cast<int64_t>(config_.checkpoint_minutes * 60000.0))
-          : 0;
-  int64_t last_checkpoint_ms = clock->NowMonotonicMs();
-  auto save = [&](int64_t step, const char* trigger) -> absl::Status {
-    if (!primary) return absl::OkStatus();
-    CheckpointMeta meta;
-    meta.step = step;
-    meta.sampler_json = sampler.position().ToJson();
-    meta.config = config_.ToJson();
-    const auto t0 = std::chrono::steady_clock::now();
-    RETURN_IF_ERROR(SaveTrainingCheckpoint(ckpt_path, meta, *model, optimizer));
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    last_checkpoint_ms = clock->NowMonotonicMs();
-    emit({{"event", "checkpoint"}, {"step", step}, {"path", ckpt_path}, {"seconds", seconds},
-          {"trigger", trigger}});
-    return absl::OkStatus();
-  };
+  RETURN_IF_ERROR(SetUpParallel(config_, clock, sink_, &run));
+  RETURN_IF_ERROR(LoadDataAndModel(config_, options_, &run));
+  RETURN_IF_ERROR(RestoreAndPlace(config_, options_, &run));
+  run.emit(StartEvent(config_, run));
+  run.last_checkpoint_ms = clock->NowMonotonicMs();
 
   RunResult result;
   result.val_loss = std::numeric_limits<double>::quiet_NaN();
   const double explode = ExplodeThreshold(config_);
-  const double tokens_per_step = static_cast<double>(config_.batch * config_.seq_len);
-  for (int64_t step = start_step; step < total_steps; ++step) {
+  const int64_t total_steps = run.budget.steps;
+  for (int64_t step = run.start_step; step < total_steps; ++step) {
     bool stop = StopRequested();
-    if (world > 1) {  // every rank stops at the same step, or collectives hang
-      ASSIGN_OR_RETURN(double any, dp->AllReduceMean(stop ? 1.0 : 0.0));
+    if (run.world > 1) {  // every rank stops at the same step, or collectives hang
+      ASSIGN_OR_RETURN(double any, run.dp->AllReduceMean(stop ? 1.0 : 0.0));
       stop = any > 0;
     }
     if (stop) {
-      RETURN_IF_ERROR(save(step, "stop"));
+      RETURN_IF_ERROR(SaveCheckpoint(config_, step, "stop", &run));
       result.status = RunStatus::kInterrupted;
       result.steps_done = step;
-      emit({{"event", "interrupted"}, {"step", step}});
+      run.emit(run_protocol::InterruptedEvent(step));
       return result;
     }
     const auto t0 = std::chrono::steady_clock::now();
     const double lr = LearningRateAt(step, total_steps, config_.lr, config_.warmup_frac,
                                      config_.min_lr_frac);
-    SetLearningRate(optimizer, lr);
-    // Every rank draws the same global batch and keeps its own slice.
-    InputsTargets it = SplitInputsTargets(BatchToTensor(sampler.Next()));
-    if (world > 1) {
-      it.inputs = it.inputs.narrow(0, dp->rank() * per_rank_batch, per_rank_batch);
-      it.targets = it.targets.narrow(0, dp->rank() * per_rank_batch, per_rank_batch);
-    }
-    optimizer.zero_grad();
-    torch::Tensor loss;
-    {
-      Bf16AutocastGuard autocast(bf16);
-      loss = model->Loss(it.inputs.to(device), it.targets.to(device));
-    }
-    loss.backward();
-    // Mean over ranks before clipping: the clip sees the global gradient.
-    RETURN_IF_ERROR(dp->AllReduceMeanGradients(model->parameters()));
-    const double grad_norm = ClipGradNorm(model->parameters(), config_.grad_clip);
-    ASSIGN_OR_RETURN(const double loss_value, dp->AllReduceMean(loss.item<double>()));
-    if (!std::isfinite(loss_value) || !std::isfinite(grad_norm) || loss_value > explode) {
+    SetLearningRate(*run.optimizer, lr);
+    ASSIGN_OR_RETURN(const auto loss_grad, ForwardBackward(config_, &run));
+    const auto [loss_value, grad_norm] = loss_grad;
+    const std::string diverged = DivergenceReason(loss_value, grad_norm, explode);
+    if (!diverged.empty()) {
       result.status = RunStatus::kDiverged;
       result.steps_done = step;
       result.final_train_loss = loss_value;
-      result.reason = !std::isfinite(loss_value) ? "loss is not finite"
-                      : !std::isfinite(grad_norm)
-                          ? "gradient norm is not finite"
-                          : absl::StrCat("loss ", loss_value, " above the explosion threshold ", explode);
-      emit({{"event", "step"}, {"step", step + 1}, {"loss", std::isfinite(loss_value) ? nlohmann::json(loss_value) : nlohmann::json(nullptr)},
-             {"lr", lr}, {"grad_norm", std::isfinite(grad_norm) ? nlohmann::json(grad_norm) : nlohmann::json(nullptr)},
-             {"tokens_per_s", 0.0}});
-      emit({{"event", "done"}, {"status", "diverged"}, {"step", step + 1},
-             {"val_loss", nullptr}, {"reason", result.reason}});
+      result.reason = diverged;
+      run.emit(run_protocol::StepEvent(step + 1, loss_value, lr, grad_norm, /*tokens_per_s=*/0.0));
+      run.emit(run_protocol::DivergedEvent(step + 1, result.reason));
       return result;
     }
-    optimizer.step();
+    run.optimizer->step();
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     result.final_train_loss = loss_value;
-    const int64_t done = step + 1;
-    if (done % config_.log_interval == 0 || done == total_steps) {
-      emit({{"event", "step"}, {"step", done}, {"loss", loss_value}, {"lr", lr},
-             {"grad_norm", grad_norm}, {"tokens_per_s", tokens_per_step / std::max(seconds, 1e-9)}});
-    }
-    if (config_.eval_interval > 0 && done % config_.eval_interval == 0 && done != total_steps) {
-      // Every rank evaluates (same weights, same batches): no collective.
-      const double val = Evaluate(model, val_batches, device, bf16);
-      emit({{"event", "eval"}, {"step", done}, {"val_loss", val}});
-    }
-    if (done != total_steps) {
-      if (config_.checkpoint_interval > 0 && done % config_.checkpoint_interval == 0) {
-        RETURN_IF_ERROR(save(done, "steps"));
-      } else if (checkpoint_period_ms > 0 &&
-                 clock->NowMonotonicMs() - last_checkpoint_ms >= checkpoint_period_ms) {
-        RETURN_IF_ERROR(save(done, "time"));
-      }
-    }
+    RETURN_IF_ERROR(AfterStep(config_, step + 1, loss_value, lr, grad_norm, seconds, &run));
   }
-
-  result.steps_done = total_steps;
-  result.val_loss = Evaluate(model, val_batches, device, bf16);
-  emit({{"event", "eval"}, {"step", total_steps}, {"val_loss", result.val_loss}});
-  if (!std::isfinite(result.val_loss) || result.val_loss > explode) {
-    result.status = RunStatus::kDiverged;
-    result.reason = "validation loss is not finite or above the explosion threshold";
-    emit({{"event", "done"}, {"status", "diverged"}, {"step", total_steps},
-           {"val_loss", nullptr}, {"reason", result.reason}});
-    return result;
-  }
-  RETURN_IF_ERROR(save(total_steps, "final"));
-  emit({{"event", "done"}, {"status", "succeeded"}, {"step", total_steps},
-         {"val_loss", result.val_loss}, {"train_loss", result.final_train_loss}});
-  return result;
+  return FinishRun(config_, explode, result, &run);
 }
 
 }  // namespace depthbench

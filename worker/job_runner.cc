@@ -368,11 +368,7 @@ void JobRunner::Supervise(ChildProcess* child, MetricRelay* relay) {
     // descendant may hold them open for ever.
     if (!exited && child->Exited()) {
       exited = true;
-      int others = child->KillTree();
-      if (others > 0) {
-        spdlog::warn("job {} attempt {}: killed {} leftover process(es) of the trainer",
-                     job_id(), attempt_id(), others);
-      }
+      KillLeftovers(child);
       drain_until = clock_->NowMonotonicMs() + options_.drain_ms;
     }
     if (exited && clock_->NowMonotonicMs() >= drain_until) {
@@ -394,14 +390,7 @@ void JobRunner::Supervise(ChildProcess* child, MetricRelay* relay) {
     }
     int rc = poll(fds, n, 100);
     if (rc < 0 && errno != EINTR) break;
-    {
-      absl::MutexLock lock(&mu_);
-      if (kill_at_ms_ > 0 && clock_->NowMonotonicMs() >= kill_at_ms_) {
-        spdlog::warn("job {} attempt {}: grace period over: SIGKILL", job_id(), attempt_id());
-        child->KillTree();  // the group and any descendant that left it
-        kill_at_ms_ = -1;   // sent once
-      }
-    }
+    KillIfGraceOver(child);
     if (rc <= 0) continue;
     auto drain = [&](int idx, int fd, LineSplitter* lines, bool* open, bool is_stdout) {
       if (idx < 0 || !(fds[idx].revents & (POLLIN | POLLHUP | POLLERR))) return;
@@ -421,6 +410,27 @@ void JobRunner::Supervise(ChildProcess* child, MetricRelay* relay) {
   }
   if (out_open) out_lines.Finish(on_stdout);
   if (err_open) err_lines.Finish(on_stderr);
+  WarnAboutOutput();
+}
+
+void JobRunner::KillLeftovers(ChildProcess* child) {
+  int others = child->KillTree();
+  if (others > 0) {
+    spdlog::warn("job {} attempt {}: killed {} leftover process(es) of the trainer", job_id(),
+                 attempt_id(), others);
+  }
+}
+
+void JobRunner::KillIfGraceOver(ChildProcess* child) {
+  absl::MutexLock lock(&mu_);
+  if (kill_at_ms_ > 0 && clock_->NowMonotonicMs() >= kill_at_ms_) {
+    spdlog::warn("job {} attempt {}: grace period over: SIGKILL", job_id(), attempt_id());
+    child->KillTree();  // the group and any descendant that left it
+    kill_at_ms_ = -1;   // sent once
+  }
+}
+
+void JobRunner::WarnAboutOutput() {
   if (non_event_lines_ > 0) {
     spdlog::warn("job {} attempt {}: {} stdout line(s) were not events (ignored)", job_id(),
                  attempt_id(), non_event_lines_);
@@ -433,41 +443,22 @@ void JobRunner::Supervise(ChildProcess* child, MetricRelay* relay) {
   }
 }
 
-void JobRunner::Run() {
-  spdlog::info("job {} attempt {} (#{}, {}): starting in {}", job_id(), attempt_id(),
-               lease_.attempt_number(), labels_.arch, run_dir_);
-  v1::FinishJobRequest finish;
-  finish.set_job_id(job_id());
-  finish.set_attempt_id(attempt_id());
-
+absl::StatusOr<std::unique_ptr<ChildProcess>> JobRunner::SpawnTrainer() {
   absl::StatusOr<std::vector<std::string>> argv = Prepare();
-  std::unique_ptr<ChildProcess> child;
-  if (argv.ok()) {
-    ChildSpec spec;
-    spec.argv = *argv;
-    if (!options_.cuda_visible_devices.empty()) {
-      spec.env["CUDA_VISIBLE_DEVICES"] = options_.cuda_visible_devices;
-    }
-    if (options_.threads > 0) {
-      spec.env["OMP_NUM_THREADS"] = std::to_string(options_.threads);
-      spec.env["MKL_NUM_THREADS"] = std::to_string(options_.threads);
-    }
-    absl::StatusOr<std::unique_ptr<ChildProcess>> spawned = ChildProcess::Spawn(spec);
-    if (spawned.ok()) {
-      child = std::move(*spawned);
-    } else {
-      argv = spawned.status();
-    }
+  if (!argv.ok()) return argv.status();
+  ChildSpec spec;
+  spec.argv = *argv;
+  if (!options_.cuda_visible_devices.empty()) {
+    spec.env["CUDA_VISIBLE_DEVICES"] = options_.cuda_visible_devices;
   }
-  if (!argv.ok()) {
-    spdlog::error("job {} attempt {}: {}", job_id(), attempt_id(), argv.status().ToString());
-    finish.set_status(v1::FINISH_FAILED);
-    finish.set_reason(absl::StrCat("worker could not start the trainer: ",
-                                   std::string(argv.status().message())));
-    Report(std::move(finish));
-    return;
+  if (options_.threads > 0) {
+    spec.env["OMP_NUM_THREADS"] = std::to_string(options_.threads);
+    spec.env["MKL_NUM_THREADS"] = std::to_string(options_.threads);
   }
+  return ChildProcess::Spawn(spec);
+}
 
+MetricRelayHooks JobRunner::RelayHooks() {
   MetricRelayHooks hooks;
   if (metrics_ != nullptr) {
     hooks.on_backlog = [m = metrics_](int64_t delta) {
@@ -478,7 +469,28 @@ void JobRunner::Run() {
   hooks.on_stale = [this](const std::string& reason) {
     StopChild(false, absl::StrCat("lease lost: ", reason));
   };
-  MetricRelay relay(client_, job_id(), attempt_id(), options_.relay, std::move(hooks));
+  return hooks;
+}
+
+void JobRunner::Run() {
+  spdlog::info("job {} attempt {} (#{}, {}): starting in {}", job_id(), attempt_id(),
+               lease_.attempt_number(), labels_.arch, run_dir_);
+  v1::FinishJobRequest finish;
+  finish.set_job_id(job_id());
+  finish.set_attempt_id(attempt_id());
+  absl::StatusOr<std::unique_ptr<ChildProcess>> spawned = SpawnTrainer();
+  if (!spawned.ok()) {
+    spdlog::error("job {} attempt {}: {}", job_id(), attempt_id(), spawned.status().ToString());
+    finish.set_status(v1::FINISH_FAILED);
+    finish.set_reason(absl::StrCat("worker could not start the trainer: ",
+                                   std::string(spawned.status().message())));
+    Report(std::move(finish));
+    return;
+  }
+  std::unique_ptr<ChildProcess> child = std::move(*spawned);
+  MetricRelayOptions relay_options = options_.relay;
+  if (relay_options.clock == nullptr) relay_options.clock = clock_;
+  MetricRelay relay(client_, job_id(), attempt_id(), relay_options, RelayHooks());
   {
     absl::MutexLock lock(&mu_);
     child_ = child.get();
@@ -516,42 +528,53 @@ void JobRunner::Run() {
     return;
   }
   for (v1::MetricPoint& p : rest) *finish.add_points() = std::move(p);
-  if (resumed_from_step_) finish.set_resumed_from_step(*resumed_from_step_);
-  finish.set_final_step(last_step_);
+  FillReport(exit, interrupted, &finish);
+  Report(std::move(finish));
+}
+
+void JobRunner::FillReport(const ExitInfo& exit, bool interrupted, v1::FinishJobRequest* finish) {
+  if (resumed_from_step_) finish->set_resumed_from_step(*resumed_from_step_);
+  finish->set_final_step(last_step_);
   if (has_val_loss_) {
-    finish.set_has_val_loss(true);
-    finish.set_final_val_loss(val_loss_);
+    finish->set_has_val_loss(true);
+    finish->set_final_val_loss(val_loss_);
   }
   if (!checkpoint_path_.empty()) {
     std::error_code ec;
     fs::path rel = fs::relative(checkpoint_path_, options_.checkpoint_root, ec);
-    finish.set_checkpoint_path(ec ? checkpoint_path_ : rel.string());
+    finish->set_checkpoint_path(ec ? checkpoint_path_ : rel.string());
   }
   auto tail = [this] {
     return absl::StrJoin(stderr_tail_.begin(), stderr_tail_.end(), "\n");
   };
-  if (exit.exited && exit.code == 0 && saw_done_ && done_status_ == "succeeded") {
-    finish.set_status(v1::FINISH_SUCCEEDED);
-    for (v1::DiagnosticResult& d : diagnostics_) *finish.add_diagnostics() = std::move(d);
-  } else if (exit.exited && exit.code == 3) {
-    finish.set_status(v1::FINISH_DIVERGED);
-    finish.set_reason(done_reason_.empty() ? "diverged" : done_reason_);
+  namespace rp = run_protocol;
+  if (exit.exited && exit.code == rp::kExitOk && saw_done_ && done_status_ == rp::kDoneSucceeded) {
+    finish->set_status(v1::FINISH_SUCCEEDED);
+    for (v1::DiagnosticResult& d : diagnostics_) *finish->add_diagnostics() = std::move(d);
+  } else if (exit.exited && exit.code == rp::kExitDiverged) {
+    finish->set_status(v1::FINISH_DIVERGED);
+    finish->set_reason(done_reason_.empty() ? "diverged" : done_reason_);
   } else if (interrupted) {
     // Only a stop the worker asked for re-queues without using an attempt.
-    finish.set_status(v1::FINISH_INTERRUPTED);
-    finish.set_reason(absl::StrCat("worker shutting down; trainer ", exit.Describe(),
+    finish->set_status(v1::FINISH_INTERRUPTED);
+    finish->set_reason(absl::StrCat("worker shutting down; trainer ", exit.Describe(),
                                    " at step ", last_step_));
   } else {
-    finish.set_status(v1::FINISH_FAILED);
-    std::string what = exit.exited && exit.code == 0
+    finish->set_status(v1::FINISH_FAILED);
+    std::string what = exit.exited && exit.code == rp::kExitOk
                            ? std::string("exit code 0 without a done event")
                            : exit.Describe();
-    if (exit.exited && exit.code == 2) what += " (invalid input)";
-    if (exit.exited && exit.code == 4) what += " (interrupted, but the worker did not stop it)";
-    finish.set_reason(absl::StrCat("depthbench-train ", what, " at step ", last_step_,
-                                   "; stderr tail:\n", tail()));
+    if (exit.exited && exit.code == rp::kExitUsage) {
+      absl::StrAppend(&what, " (", std::string(rp::ExitCodeMeaning(exit.code)), ")");
+    }
+    if (exit.exited && exit.code == rp::kExitInterrupted) {
+      what += " (interrupted, but the worker did not stop it)";
+    }
+    rp::FailureDetail detail;
+    detail.summary = absl::StrCat("depthbench-train ", what, " at step ", last_step_);
+    detail.stderr_tail = tail();
+    finish->set_reason(rp::FormatFailureReason(detail));
   }
-  Report(std::move(finish));
 }
 
 void JobRunner::Report(v1::FinishJobRequest request) {
@@ -627,7 +650,7 @@ void JobRunner::Report(v1::FinishJobRequest request) {
         break;
       }
     }
-    absl::SleepFor(absl::Milliseconds(backoff_ms));
+    clock_->SleepFor(backoff_ms);
     backoff_ms = std::min<int64_t>(backoff_ms * 2, 2000);
   }
   Finish(delivered ? request.status() : v1::FINISH_STATUS_UNSPECIFIED);
@@ -651,7 +674,7 @@ bool JobRunner::DeliverPoints(const std::vector<v1::MetricPoint>& points) {
       // Bounded: the report must still go out (and a stale lease refuses
       // it as well).
       if (!IsTransient(sent.status()) || tries >= 8) return false;
-      absl::SleepFor(absl::Milliseconds(backoff_ms));
+      clock_->SleepFor(backoff_ms);
       backoff_ms = std::min<int64_t>(backoff_ms * 2, 2000);
     }
   }

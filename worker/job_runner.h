@@ -98,7 +98,7 @@
 #include "common/clock.h"
 #include "common/daemon_metrics.h"
 #include "depthbench/v1/worker_service.pb.h"
-#include "worker/child_process.h"
+#include "common/child_process.h"
 #include "worker/metric_relay.h"
 #include "worker/output_limits.h"
 #include "worker/scheduler_client.h"
@@ -167,7 +167,20 @@ class JobRunner {
   void Run();
   // Prepares the run dir and config; returns the argv.
   absl::StatusOr<std::vector<std::string>> Prepare();
+  // Prepare() and spawn the trainer with the slot's device and threads.
+  absl::StatusOr<std::unique_ptr<ChildProcess>> SpawnTrainer();
+  // The relay's hooks: backlog gauge, published marker, stop on a lost lease.
+  MetricRelayHooks RelayHooks();
+  // What the ended trainer's run reports: its final step, loss and
+  // checkpoint, and the status the exit code, done event and stop request
+  // make of it (failure detail: common/run_protocol.h).
+  void FillReport(const ExitInfo& exit, bool interrupted, depthbench::v1::FinishJobRequest* finish);
   void Supervise(ChildProcess* child, MetricRelay* relay);
+  // Supervise's parts: the tree left after the trainer exited, SIGKILL
+  // once a stop's grace period is over, and the end-of-run output warnings.
+  void KillLeftovers(ChildProcess* child);
+  void KillIfGraceOver(ChildProcess* child);
+  void WarnAboutOutput();
   void HandleStdoutLine(const std::string& line, MetricRelay* relay);
   void HandleStderrLine(const std::string& line);
   // Re-publishes points of steps (stored_through, resumed_from_step] from

@@ -81,9 +81,7 @@ std::vector<v1::MetricPoint> MetricRelay::Close() {
   return rest;
 }
 
-void MetricRelay::SenderLoop() {
-  int64_t backoff_ms = 0;  // > 0 after a transient failure
-  int64_t acked_through = 0;
+bool MetricRelay::NextChunk(int64_t backoff_ms, v1::ReportMetricsRequest* chunk) {
   auto closing = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return closing_ || stale_; };
   auto any = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     return closing_ || stale_ || announce_ || !buffer_.empty();
@@ -91,62 +89,78 @@ void MetricRelay::SenderLoop() {
   auto full = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     return closing_ || stale_ || announce_ || buffer_.size() >= options_.batch;
   };
+  const Clock* clock = options_.clock != nullptr ? options_.clock : RealClock::Default();
+  while (true) {
+    absl::MutexLock lock(&mu_);
+    if (backoff_ms > 0) {
+      // Back off (a full buffer does not cut it short); closing does.
+      clock->AwaitWithTimeout(&mu_, absl::Condition(&closing), backoff_ms);
+    } else {
+      // Wait for points, then for a full batch or the flush deadline.
+      mu_.Await(absl::Condition(&any));
+      clock->AwaitWithTimeout(&mu_, absl::Condition(&full), options_.flush_ms);
+    }
+    // Closing: the rest goes with FinishJob.
+    if (closing_ || stale_) return false;
+    if (buffer_.empty() && !announce_) continue;
+    announce_ = false;
+    size_t n = std::min(options_.batch, buffer_.size());
+    chunk->set_job_id(job_id_);
+    chunk->set_attempt_id(attempt_id_);
+    if (resume_owed_) chunk->set_resumed_from_step(*resume_owed_);
+    for (size_t i = 0; i < n; ++i) *chunk->add_points() = buffer_[i];
+    return true;
+  }
+}
+
+void MetricRelay::Acknowledge(const v1::ReportMetricsRequest& chunk) {
+  const int64_t n = chunk.points_size();
+  int64_t acked_through = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    // Only the sender thread removes points, so the front is still this
+    // batch (Close() waits for that thread before touching the buffer).
+    for (int64_t i = 0; i < n && !buffer_.empty(); ++i) buffer_.pop_front();
+    sent_ += n;
+    if (chunk.has_resumed_from_step() && resume_owed_ == chunk.resumed_from_step()) {
+      resume_owed_.reset();
+    }
+    if (n > 0) {
+      const int64_t last = chunk.points(static_cast<int>(n) - 1).step();
+      acked_through = buffer_.empty() ? last : std::min(last, buffer_.front().step() - 1);
+    }
+  }
+  if (hooks_.on_backlog) hooks_.on_backlog(-n);
+  if (n > 0 && hooks_.on_acked) hooks_.on_acked(acked_through);
+}
+
+void MetricRelay::BecomeStale(const absl::Status& status) {
+  int64_t dropped = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    stale_ = true;
+    dropped = static_cast<int64_t>(buffer_.size());
+    buffer_.clear();
+  }
+  if (hooks_.on_backlog && dropped > 0) hooks_.on_backlog(-dropped);
+  if (hooks_.on_stale) hooks_.on_stale(std::string(status.message()));
+}
+
+void MetricRelay::SenderLoop() {
+  int64_t backoff_ms = 0;  // > 0 after a transient failure
   while (true) {
     v1::ReportMetricsRequest chunk;
-    {
-      absl::MutexLock lock(&mu_);
-      if (backoff_ms > 0) {
-        // Back off (a full buffer does not cut it short); closing does.
-        mu_.AwaitWithTimeout(absl::Condition(&closing), absl::Milliseconds(backoff_ms));
-      } else {
-        // Wait for points, then for a full batch or the flush deadline.
-        mu_.Await(absl::Condition(&any));
-        mu_.AwaitWithTimeout(absl::Condition(&full), absl::Milliseconds(options_.flush_ms));
-      }
-      // Closing: the rest goes with FinishJob.
-      if (closing_ || stale_) return;
-      if (buffer_.empty() && !announce_) continue;
-      announce_ = false;
-      size_t n = std::min(options_.batch, buffer_.size());
-      chunk.set_job_id(job_id_);
-      chunk.set_attempt_id(attempt_id_);
-      if (resume_owed_) chunk.set_resumed_from_step(*resume_owed_);
-      for (size_t i = 0; i < n; ++i) *chunk.add_points() = buffer_[i];
-    }
+    if (!NextChunk(backoff_ms, &chunk)) return;
     absl::StatusOr<v1::ReportMetricsResponse> sent = client_->ReportMetrics({chunk});
     const int64_t n = chunk.points_size();
     if (sent.ok()) {
       backoff_ms = 0;
-      {
-        absl::MutexLock lock(&mu_);
-        // Only this thread removes points, so the front is still this batch
-        // (Close() waits for this thread before touching the buffer).
-        for (int64_t i = 0; i < n && !buffer_.empty(); ++i) buffer_.pop_front();
-        sent_ += n;
-        if (chunk.has_resumed_from_step() && resume_owed_ == chunk.resumed_from_step()) {
-          resume_owed_.reset();
-        }
-        if (n > 0) {
-          const int64_t last = chunk.points(static_cast<int>(n) - 1).step();
-          acked_through = buffer_.empty() ? last
-                                          : std::min(last, buffer_.front().step() - 1);
-        }
-      }
-      if (hooks_.on_backlog) hooks_.on_backlog(-n);
-      if (n > 0 && hooks_.on_acked) hooks_.on_acked(acked_through);
+      Acknowledge(chunk);
       continue;
     }
     const absl::Status& s = sent.status();
     if (s.code() == absl::StatusCode::kFailedPrecondition) {
-      int64_t dropped = 0;
-      {
-        absl::MutexLock lock(&mu_);
-        stale_ = true;
-        dropped = static_cast<int64_t>(buffer_.size());
-        buffer_.clear();
-      }
-      if (hooks_.on_backlog && dropped > 0) hooks_.on_backlog(-dropped);
-      if (hooks_.on_stale) hooks_.on_stale(std::string(s.message()));
+      BecomeStale(s);
       return;
     }
     if (IsTransient(s)) {

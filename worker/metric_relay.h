@@ -37,6 +37,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "common/clock.h"
 #include "depthbench/v1/types.pb.h"
 #include "worker/scheduler_client.h"
 
@@ -50,6 +51,8 @@ struct MetricRelayOptions {
   int64_t flush_ms = 250;
   int64_t initial_backoff_ms = 100;
   int64_t max_backoff_ms = 3000;
+  // The flush and backoff waits are on this clock (nullptr: real time).
+  const Clock* clock = nullptr;
 };
 
 struct MetricRelayHooks {
@@ -93,6 +96,14 @@ class MetricRelay {
 
  private:
   void SenderLoop();
+  // Waits `backoff_ms` (0: for points, then a full batch or flush_ms) and
+  // fills `chunk` with the next batch; false once closing or stale.
+  bool NextChunk(int64_t backoff_ms, depthbench::v1::ReportMetricsRequest* chunk);
+  // `chunk` was stored: drops it from the buffer, reports the backlog and
+  // the step stored through.
+  void Acknowledge(const depthbench::v1::ReportMetricsRequest& chunk);
+  // The scheduler refused the attempt: drops the buffer, calls on_stale.
+  void BecomeStale(const absl::Status& status);
 
   const SchedulerClient* const client_;
   const int64_t job_id_;

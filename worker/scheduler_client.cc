@@ -1,20 +1,10 @@
 #include "worker/scheduler_client.h"
 
-#include <chrono>
+#include "common/grpc_client.h"
 
 namespace depthbench::worker {
 
 namespace v1 = ::depthbench::v1;
-
-namespace {
-
-absl::Status FromGrpc(const grpc::Status& status) {
-  if (status.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                      status.error_message());
-}
-
-}  // namespace
 
 bool IsTransient(const absl::Status& status) {
   switch (status.code()) {
@@ -40,15 +30,8 @@ SchedulerClient::SchedulerClient(const SchedulerClientOptions& options)
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);
-  std::shared_ptr<grpc::ChannelCredentials> creds;
-  if (!options.tls_ca_pem.empty()) {
-    grpc::SslCredentialsOptions ssl;
-    ssl.pem_root_certs = options.tls_ca_pem;
-    creds = grpc::SslCredentials(ssl);
-  } else {
-    creds = grpc::InsecureChannelCredentials();
-  }
-  auto channel = grpc::CreateCustomChannel(options.address, creds, args);
+  auto channel =
+      grpc::CreateCustomChannel(options.address, ChannelCredentials(options.tls_ca_pem), args);
   stub_ = v1::WorkerService::NewStub(channel);
 }
 
@@ -57,38 +40,32 @@ SchedulerClient::SchedulerClient(std::unique_ptr<v1::WorkerService::StubInterfac
     : rpc_timeout_ms_(rpc_timeout_ms), stub_(std::move(stub)) {}
 
 std::unique_ptr<grpc::ClientContext> SchedulerClient::Context() const {
-  auto ctx = std::make_unique<grpc::ClientContext>();
-  ctx->set_deadline(std::chrono::system_clock::now() +
-                    std::chrono::milliseconds(rpc_timeout_ms_));
-  if (!token_.empty()) ctx->AddMetadata("authorization", "Bearer " + token_);
-  return ctx;
+  return CallContext(rpc_timeout_ms_, token_);
+}
+
+template <typename Response, typename Request, typename Method>
+absl::StatusOr<Response> SchedulerClient::Call(Method method, const Request& request) const {
+  Response response;
+  auto ctx = Context();
+  absl::Status s = FromGrpc((stub_.get()->*method)(ctx.get(), request, &response));
+  if (!s.ok()) return s;
+  return response;
 }
 
 absl::StatusOr<v1::RegisterWorkerResponse> SchedulerClient::RegisterWorker(
     const v1::RegisterWorkerRequest& request) const {
-  v1::RegisterWorkerResponse resp;
-  auto ctx = Context();
-  absl::Status s = FromGrpc(stub_->RegisterWorker(ctx.get(), request, &resp));
-  if (!s.ok()) return s;
-  return resp;
+  return Call<v1::RegisterWorkerResponse>(&v1::WorkerService::StubInterface::RegisterWorker,
+                                          request);
 }
 
 absl::StatusOr<v1::HeartbeatResponse> SchedulerClient::Heartbeat(
     const v1::HeartbeatRequest& request) const {
-  v1::HeartbeatResponse resp;
-  auto ctx = Context();
-  absl::Status s = FromGrpc(stub_->Heartbeat(ctx.get(), request, &resp));
-  if (!s.ok()) return s;
-  return resp;
+  return Call<v1::HeartbeatResponse>(&v1::WorkerService::StubInterface::Heartbeat, request);
 }
 
 absl::StatusOr<v1::AcquireJobResponse> SchedulerClient::AcquireJob(
     const v1::AcquireJobRequest& request) const {
-  v1::AcquireJobResponse resp;
-  auto ctx = Context();
-  absl::Status s = FromGrpc(stub_->AcquireJob(ctx.get(), request, &resp));
-  if (!s.ok()) return s;
-  return resp;
+  return Call<v1::AcquireJobResponse>(&v1::WorkerService::StubInterface::AcquireJob, request);
 }
 
 absl::StatusOr<v1::ReportMetricsResponse> SchedulerClient::ReportMetrics(
@@ -108,11 +85,7 @@ absl::StatusOr<v1::ReportMetricsResponse> SchedulerClient::ReportMetrics(
 
 absl::StatusOr<v1::FinishJobResponse> SchedulerClient::FinishJob(
     const v1::FinishJobRequest& request) const {
-  v1::FinishJobResponse resp;
-  auto ctx = Context();
-  absl::Status s = FromGrpc(stub_->FinishJob(ctx.get(), request, &resp));
-  if (!s.ok()) return s;
-  return resp;
+  return Call<v1::FinishJobResponse>(&v1::WorkerService::StubInterface::FinishJob, request);
 }
 
 }  // namespace depthbench::worker

@@ -62,6 +62,9 @@ class SchedulerClient {
 
  private:
   std::unique_ptr<grpc::ClientContext> Context() const;
+  // One unary call of the stub's `method` with Context().
+  template <typename Response, typename Request, typename Method>
+  absl::StatusOr<Response> Call(Method method, const Request& request) const;
 
   const std::string token_;
   const int64_t rpc_timeout_ms_;

@@ -33,7 +33,7 @@ void Worker::Shutdown() {
 void Worker::Pause(int64_t ms) {
   absl::MutexLock lock(&mu_);
   auto woken = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stopping_ || wake_; };
-  mu_.AwaitWithTimeout(absl::Condition(&woken), absl::Milliseconds(ms));
+  clock_->AwaitWithTimeout(&mu_, absl::Condition(&woken), ms);
   wake_ = false;
 }
 
@@ -123,7 +123,7 @@ void Worker::HeartbeatLoop() {
     {
       absl::MutexLock lock(&mu_);
       auto stop = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return heartbeat_stop_; };
-      mu_.AwaitWithTimeout(absl::Condition(&stop), absl::Milliseconds(wait));
+      clock_->AwaitWithTimeout(&mu_, absl::Condition(&stop), wait);
       if (heartbeat_stop_) return;
     }
     v1::HeartbeatRequest req;
@@ -195,21 +195,36 @@ absl::Status Worker::Run() {
     return registered;
   }
   heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+  AcquireLoop();
+  DrainSlots();
+  {
+    absl::MutexLock lock(&mu_);
+    heartbeat_stop_ = true;
+  }
+  if (heartbeat_.joinable()) heartbeat_.join();
+  spdlog::info("worker stopped");
+  return absl::OkStatus();
+}
+
+Worker::Slot* Worker::FreeSlot() {
+  absl::MutexLock lock(&mu_);
+  if (stopping_) return nullptr;
+  for (Slot& s : slots_) {
+    if (s.runner == nullptr) return &s;
+  }
+  return nullptr;
+}
+
+void Worker::AcquireLoop() {
   int64_t backoff_ms = 0;
   while (true) {
     ReapFinished();
-    Slot* free_slot = nullptr;
-    {
-      absl::MutexLock lock(&mu_);
-      if (stopping_) break;
-      for (Slot& s : slots_) {
-        if (s.runner == nullptr) {
-          free_slot = &s;
-          break;
-        }
-      }
-    }
+    Slot* free_slot = FreeSlot();
     if (free_slot == nullptr) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (stopping_) return;
+      }
       Pause(options_.acquire_poll_ms);
       continue;
     }
@@ -244,9 +259,11 @@ absl::Status Worker::Run() {
     }
     Pause(backoff_ms);
   }
+}
 
-  // Shutdown: interrupt every child; heartbeats go on until each has
-  // checkpointed and been reported, so their leases do not expire meanwhile.
+void Worker::DrainSlots() {
+  // Interrupt every child; heartbeats go on until each has checkpointed and
+  // been reported, so their leases do not expire meanwhile.
   int interrupted = 0;
   {
     absl::MutexLock lock(&mu_);
@@ -268,13 +285,6 @@ absl::Status Worker::Run() {
     }
     Pause(50);
   }
-  {
-    absl::MutexLock lock(&mu_);
-    heartbeat_stop_ = true;
-  }
-  if (heartbeat_.joinable()) heartbeat_.join();
-  spdlog::info("worker stopped");
-  return absl::OkStatus();
 }
 
 }  // namespace depthbench::worker

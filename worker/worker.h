@@ -94,6 +94,13 @@ class Worker {
   absl::Status Register();
   bool HeldAttemptsEmptyLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HeartbeatLoop();
+  // Fills free slots with acquired jobs until Shutdown() (polling while
+  // idle, backing off on errors, re-registering when forgotten).
+  void AcquireLoop();
+  // A free slot; null when none is free or the worker is stopping.
+  Slot* FreeSlot();
+  // Interrupts the running jobs and waits until each is reported.
+  void DrainSlots();
   // Joins and frees slots whose runner is done.
   void ReapFinished();
   void StartJob(Slot* slot, depthbench::v1::AcquireJobResponse lease)

@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/types.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -25,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/child_process.h"
 #include "common/status_macros.h"
 
 namespace depthbench {
@@ -139,6 +139,111 @@ absl::StatusOr<std::optional<Matrix>> OptMatrix(const json& obj,
   return out;
 }
 
+// rows[i].lr_losses: {"<lr>": loss | null (diverged)}, sorted by LR.
+absl::Status ParseLrLosses(const json& j, const std::string& where, Row* row) {
+  if (!j.is_object()) {
+    return Bad(where + ".lr_losses", "must be an object {lr: loss|null}");
+  }
+  for (const auto& [key, value] : j.items()) {
+    const std::string name = absl::StrCat(where, ".lr_losses[\"", key, "\"]");
+    char* end = nullptr;
+    const double lr = std::strtod(key.c_str(), &end);
+    if (key.empty() || end == nullptr || *end != '\0' || !(lr > 0) || !std::isfinite(lr)) {
+      return Bad(name, "key must be a positive number");
+    }
+    if (!value.is_null() && !value.is_number()) {
+      return Bad(name, "must be a number or null (diverged)");
+    }
+    row->lr_losses.push_back(
+        {lr, value.is_null() ? std::nullopt : std::optional<double>(value.get<double>())});
+  }
+  std::sort(row->lr_losses.begin(), row->lr_losses.end(),
+            [](const LrLoss& a, const LrLoss& b) { return a.lr < b.lr; });
+  return absl::OkStatus();
+}
+
+// rows[i].diagnostics: the summaries and the matrices.
+absl::Status ParseRowDiagnostics(const json& d, const std::string& dw, Row* row) {
+  if (!d.is_object()) return Bad(dw, "must be an object");
+  ASSIGN_OR_RETURN(row->r_causal, OptNumber(d, "r_causal", dw));
+  ASSIGN_OR_RETURN(row->r_perm, OptNumber(d, "r_perm", dw));
+  ASSIGN_OR_RETURN(row->deff_over_l, OptNumber(d, "deff_over_l", dw));
+  ASSIGN_OR_RETURN(row->deff_n, OptCount(d, "deff_n", dw));
+  if (d.contains("causal_form") && !d["causal_form"].is_null()) {
+    if (!d["causal_form"].is_string()) return Bad(dw + ".causal_form", "must be a string");
+    row->causal_form = d["causal_form"].get<std::string>();
+  }
+  if (d.contains("legacy") && !d["legacy"].is_null()) {
+    if (!d["legacy"].is_boolean()) return Bad(dw + ".legacy", "must be true or false");
+    row->legacy = d["legacy"].get<bool>();
+  }
+  ASSIGN_OR_RETURN(row->angular, OptMatrix(d, "angular", dw));
+  ASSIGN_OR_RETURN(row->causal, OptMatrix(d, "causal", dw));
+  ASSIGN_OR_RETURN(row->perm, OptMatrix(d, "perm", dw));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Row> ParseRow(const json& j, const std::string& where) {
+  if (!j.is_object()) return Bad(where, "must be an object");
+  Row row;
+  if (!j.contains("arch") || !j["arch"].is_string() || j["arch"].get<std::string>().empty()) {
+    return Bad(where + ".arch", "must be a non-empty string");
+  }
+  row.arch = j["arch"].get<std::string>();
+  ASSIGN_OR_RETURN(row.layers, PositiveInt(j, "layers", where));
+  ASSIGN_OR_RETURN(row.d_model, PositiveInt(j, "d_model", where));
+  ASSIGN_OR_RETURN(std::optional<double> aspect, OptNumber(j, "aspect_ratio", where));
+  row.aspect = aspect.value_or(static_cast<double>(row.d_model) /
+                               static_cast<double>(row.layers));
+  if (!(row.aspect > 0)) return Bad(where + ".aspect_ratio", "must be > 0");
+  if (j.contains("params") && !j["params"].is_null()) {
+    if (!j["params"].is_number_integer() || j["params"].get<int64_t>() < 0) {
+      return Bad(where + ".params", "must be a non-negative integer");
+    }
+    row.params = j["params"].get<int64_t>();
+  }
+  ASSIGN_OR_RETURN(row.budget_tokens, OptCount(j, "budget_tokens", where));
+  ASSIGN_OR_RETURN(row.budget_steps, OptCount(j, "budget_steps", where));
+  ASSIGN_OR_RETURN(row.diagnosed_lr, OptNumber(j, "diagnosed_lr", where));
+  ASSIGN_OR_RETURN(row.best_lr, OptNumber(j, "best_lr", where));
+  ASSIGN_OR_RETURN(row.val_loss, OptNumber(j, "val_loss", where));
+  if (j.contains("run_id") && !j["run_id"].is_null()) {
+    if (!j["run_id"].is_string()) return Bad(where + ".run_id", "must be a string");
+    row.run_id = j["run_id"].get<std::string>();
+  }
+  if (j.contains("lr_losses") && !j["lr_losses"].is_null()) {
+    RETURN_IF_ERROR(ParseLrLosses(j["lr_losses"], where, &row));
+  }
+  if (j.contains("diagnostics") && !j["diagnostics"].is_null()) {
+    RETURN_IF_ERROR(ParseRowDiagnostics(j["diagnostics"], where + ".diagnostics", &row));
+  }
+  return row;
+}
+
+// curves: {run_id: [[step, loss|null], ...]}; null and non-finite losses
+// are left out.
+absl::Status ParseCurves(const json& curves, Results* r) {
+  if (!curves.is_object()) return Bad("curves", "must be an object");
+  for (const auto& [run_id, points] : curves.items()) {
+    const std::string where = absl::StrCat("curves[\"", run_id, "\"]");
+    if (!points.is_array()) return Bad(where, "must be [[step, loss], ...]");
+    Curve c;
+    c.run_id = run_id;
+    for (size_t i = 0; i < points.size(); ++i) {
+      const json& p = points[i];
+      if (!p.is_array() || p.size() != 2 || !p[0].is_number() ||
+          !(p[1].is_number() || p[1].is_null())) {
+        return Bad(absl::StrCat(where, "[", i, "]"), "must be [step, loss|null]");
+      }
+      if (p[1].is_null()) continue;
+      const double loss = p[1].get<double>();
+      if (std::isfinite(loss)) c.points.push_back({p[0].get<double>(), loss});
+    }
+    r->curves.push_back(std::move(c));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Results> Parse(const json& doc) {
   if (!doc.is_object()) return Bad("document", "must be a JSON object");
   if (doc.contains("schema") &&
@@ -154,103 +259,11 @@ absl::StatusOr<Results> Parse(const json& doc) {
     return Bad("rows", "must be an array");
   }
   for (size_t i = 0; i < doc["rows"].size(); ++i) {
-    const json& j = doc["rows"][i];
-    const std::string where = absl::StrCat("rows[", i, "]");
-    if (!j.is_object()) return Bad(where, "must be an object");
-    Row row;
-    if (!j.contains("arch") || !j["arch"].is_string() ||
-        j["arch"].get<std::string>().empty()) {
-      return Bad(where + ".arch", "must be a non-empty string");
-    }
-    row.arch = j["arch"].get<std::string>();
-    ASSIGN_OR_RETURN(row.layers, PositiveInt(j, "layers", where));
-    ASSIGN_OR_RETURN(row.d_model, PositiveInt(j, "d_model", where));
-    ASSIGN_OR_RETURN(std::optional<double> aspect,
-                     OptNumber(j, "aspect_ratio", where));
-    row.aspect = aspect.value_or(static_cast<double>(row.d_model) /
-                                 static_cast<double>(row.layers));
-    if (!(row.aspect > 0)) return Bad(where + ".aspect_ratio", "must be > 0");
-    if (j.contains("params") && !j["params"].is_null()) {
-      if (!j["params"].is_number_integer() || j["params"].get<int64_t>() < 0) {
-        return Bad(where + ".params", "must be a non-negative integer");
-      }
-      row.params = j["params"].get<int64_t>();
-    }
-    ASSIGN_OR_RETURN(row.budget_tokens, OptCount(j, "budget_tokens", where));
-    ASSIGN_OR_RETURN(row.budget_steps, OptCount(j, "budget_steps", where));
-    ASSIGN_OR_RETURN(row.diagnosed_lr, OptNumber(j, "diagnosed_lr", where));
-    ASSIGN_OR_RETURN(row.best_lr, OptNumber(j, "best_lr", where));
-    ASSIGN_OR_RETURN(row.val_loss, OptNumber(j, "val_loss", where));
-    if (j.contains("run_id") && !j["run_id"].is_null()) {
-      if (!j["run_id"].is_string())
-        return Bad(where + ".run_id", "must be a string");
-      row.run_id = j["run_id"].get<std::string>();
-    }
-    if (j.contains("lr_losses") && !j["lr_losses"].is_null()) {
-      if (!j["lr_losses"].is_object()) {
-        return Bad(where + ".lr_losses", "must be an object {lr: loss|null}");
-      }
-      for (const auto& [key, value] : j["lr_losses"].items()) {
-        const std::string name =
-            absl::StrCat(where, ".lr_losses[\"", key, "\"]");
-        char* end = nullptr;
-        const double lr = std::strtod(key.c_str(), &end);
-        if (key.empty() || end == nullptr || *end != '\0' || !(lr > 0) ||
-            !std::isfinite(lr)) {
-          return Bad(name, "key must be a positive number");
-        }
-        if (!value.is_null() && !value.is_number()) {
-          return Bad(name, "must be a number or null (diverged)");
-        }
-        row.lr_losses.push_back(
-            {lr, value.is_null() ? std::nullopt
-                                 : std::optional<double>(value.get<double>())});
-      }
-      std::sort(row.lr_losses.begin(), row.lr_losses.end(),
-                [](const LrLoss& a, const LrLoss& b) { return a.lr < b.lr; });
-    }
-    if (j.contains("diagnostics") && !j["diagnostics"].is_null()) {
-      const json& d = j["diagnostics"];
-      const std::string dw = where + ".diagnostics";
-      if (!d.is_object()) return Bad(dw, "must be an object");
-      ASSIGN_OR_RETURN(row.r_causal, OptNumber(d, "r_causal", dw));
-      ASSIGN_OR_RETURN(row.r_perm, OptNumber(d, "r_perm", dw));
-      ASSIGN_OR_RETURN(row.deff_over_l, OptNumber(d, "deff_over_l", dw));
-      ASSIGN_OR_RETURN(row.deff_n, OptCount(d, "deff_n", dw));
-      if (d.contains("causal_form") && !d["causal_form"].is_null()) {
-        if (!d["causal_form"].is_string()) return Bad(dw + ".causal_form", "must be a string");
-        row.causal_form = d["causal_form"].get<std::string>();
-      }
-      if (d.contains("legacy") && !d["legacy"].is_null()) {
-        if (!d["legacy"].is_boolean()) return Bad(dw + ".legacy", "must be true or false");
-        row.legacy = d["legacy"].get<bool>();
-      }
-      ASSIGN_OR_RETURN(row.angular, OptMatrix(d, "angular", dw));
-      ASSIGN_OR_RETURN(row.causal, OptMatrix(d, "causal", dw));
-      ASSIGN_OR_RETURN(row.perm, OptMatrix(d, "perm", dw));
-    }
+    ASSIGN_OR_RETURN(Row row, ParseRow(doc["rows"][i], absl::StrCat("rows[", i, "]")));
     r.rows.push_back(std::move(row));
   }
   if (doc.contains("curves") && !doc["curves"].is_null()) {
-    if (!doc["curves"].is_object()) return Bad("curves", "must be an object");
-    for (const auto& [run_id, points] : doc["curves"].items()) {
-      const std::string where = absl::StrCat("curves[\"", run_id, "\"]");
-      if (!points.is_array()) return Bad(where, "must be [[step, loss], ...]");
-      Curve c;
-      c.run_id = run_id;
-      for (size_t i = 0; i < points.size(); ++i) {
-        const json& p = points[i];
-        if (!p.is_array() || p.size() != 2 || !p[0].is_number() ||
-            !(p[1].is_number() || p[1].is_null())) {
-          return Bad(absl::StrCat(where, "[", i, "]"),
-                     "must be [step, loss|null]");
-        }
-        if (p[1].is_null()) continue;
-        const double loss = p[1].get<double>();
-        if (std::isfinite(loss)) c.points.push_back({p[0].get<double>(), loss});
-      }
-      r.curves.push_back(std::move(c));
-    }
+    RETURN_IF_ERROR(ParseCurves(doc["curves"], &r));
   }
   return r;
 }
@@ -344,6 +357,55 @@ std::string Pct(std::optional<double> v) {
   return v ? absl::StrFormat("%.1f%%", 100.0 * *v) : "";
 }
 
+// The pivot arch x L -> val loss at the best LR; the best shape per arch in
+// bold ("" without rows).
+std::string PivotByDepth(const Results& r) {
+  std::string out;
+  std::set<int64_t> layer_set;
+  std::vector<std::string> archs;
+  for (const Row& row : r.rows) {
+    layer_set.insert(row.layers);
+    if (std::find(archs.begin(), archs.end(), row.arch) == archs.end()) {
+      archs.push_back(row.arch);
+    }
+  }
+  if (!r.rows.empty()) {
+    out +=
+        "\n## Validation loss by depth (best LR; bold: best shape per "
+        "arch)\n\n";
+    out += "| arch |";
+    for (int64_t l : layer_set) absl::StrAppend(&out, " L=", l, " |");
+    out += "\n|---|";
+    for (size_t i = 0; i < layer_set.size(); ++i) out += "---:|";
+    out += "\n";
+    for (const std::string& arch : archs) {
+      std::optional<double> best;
+      for (const Row& row : r.rows) {
+        if (row.arch == arch && row.val_loss &&
+            (!best || *row.val_loss < *best)) {
+          best = row.val_loss;
+        }
+      }
+      absl::StrAppend(&out, "| ", MdCell(arch), " |");
+      for (int64_t l : layer_set) {
+        std::string cell;
+        for (const Row& row : r.rows) {
+          if (row.arch != arch || row.layers != l) continue;
+          if (!row.val_loss) {
+            cell = row.lr_losses.empty() ? "" : "diverged";
+          } else {
+            cell = Num(row.val_loss, "%.4f");
+            if (best && *row.val_loss == *best) cell = "**" + cell + "**";
+          }
+        }
+        absl::StrAppend(&out, " ", cell, " |");
+      }
+      out += "\n";
+    }
+  }
+  return out;
+}
+
 std::string MarkdownOf(const Results& r,
                        const std::vector<std::string>& figures) {
   std::string out = absl::StrCat("# Sweep `", r.sweep, "`\n\n");
@@ -390,49 +452,7 @@ std::string MarkdownOf(const Results& r,
         "old skip rules; D_eff possibly from N far below d_model). Not comparable "
         "with the other rows; re-run their diagnose jobs.\n";
   }
-  // Pivot: arch x L -> val loss; best shape per arch in bold.
-  std::set<int64_t> layer_set;
-  std::vector<std::string> archs;
-  for (const Row& row : r.rows) {
-    layer_set.insert(row.layers);
-    if (std::find(archs.begin(), archs.end(), row.arch) == archs.end()) {
-      archs.push_back(row.arch);
-    }
-  }
-  if (!r.rows.empty()) {
-    out +=
-        "\n## Validation loss by depth (best LR; bold: best shape per "
-        "arch)\n\n";
-    out += "| arch |";
-    for (int64_t l : layer_set) absl::StrAppend(&out, " L=", l, " |");
-    out += "\n|---|";
-    for (size_t i = 0; i < layer_set.size(); ++i) out += "---:|";
-    out += "\n";
-    for (const std::string& arch : archs) {
-      std::optional<double> best;
-      for (const Row& row : r.rows) {
-        if (row.arch == arch && row.val_loss &&
-            (!best || *row.val_loss < *best)) {
-          best = row.val_loss;
-        }
-      }
-      absl::StrAppend(&out, "| ", MdCell(arch), " |");
-      for (int64_t l : layer_set) {
-        std::string cell;
-        for (const Row& row : r.rows) {
-          if (row.arch != arch || row.layers != l) continue;
-          if (!row.val_loss) {
-            cell = row.lr_losses.empty() ? "" : "diverged";
-          } else {
-            cell = Num(row.val_loss, "%.4f");
-            if (best && *row.val_loss == *best) cell = "**" + cell + "**";
-          }
-        }
-        absl::StrAppend(&out, " ", cell, " |");
-      }
-      out += "\n";
-    }
-  }
+  out += PivotByDepth(r);
   if (!figures.empty()) {
     out += "\n## Figures\n\n";
     for (const std::string& f : figures) {
@@ -465,58 +485,32 @@ std::string Quote(const std::string& s) {
   return out + "\"";
 }
 
-// Runs argv with cwd, stdin from /dev/null; returns (exit code, stdout+stderr).
-// Exit code 127 with no output: the program could not be executed.
+// Runs argv (argv[0] looked up on PATH) in cwd, stdin from /dev/null;
+// returns (exit code, stdout+stderr). Exit code 127 with no output: the
+// program could not be found.
 absl::StatusOr<std::pair<int, std::string>> RunProcess(
     const std::vector<std::string>& argv, const std::string& cwd) {
-  int fds[2];
-  if (pipe(fds) != 0) {
-    return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
-  }
-  std::vector<char*> cargv;
-  for (const std::string& a : argv)
-    cargv.push_back(const_cast<char*>(a.c_str()));
-  cargv.push_back(nullptr);
-  const pid_t pid = fork();
-  if (pid < 0) {
-    close(fds[0]);
-    close(fds[1]);
-    return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
-  }
-  if (pid == 0) {
-    // Child: only async-signal-safe calls until exec.
-    if (!cwd.empty() && chdir(cwd.c_str()) != 0) _exit(126);
-    const int devnull = open("/dev/null", O_RDONLY);
-    if (devnull >= 0) dup2(devnull, 0);
-    dup2(fds[1], 1);
-    dup2(fds[1], 2);
-    close(fds[0]);
-    close(fds[1]);
-    execvp(cargv[0], cargv.data());
-    _exit(127);
-  }
-  close(fds[1]);
+  ChildSpec spec;
+  spec.argv = argv;
+  spec.search_path = true;
+  spec.cwd = cwd;
+  spec.parent_death_signal = 0;
+  spec.output = ChildSpec::Output::kMergedPipe;
+  absl::StatusOr<std::unique_ptr<ChildProcess>> child = ChildProcess::Spawn(spec);
+  if (absl::IsNotFound(child.status())) return std::make_pair(127, std::string());
+  if (!child.ok()) return child.status();
   std::string output;
   char buf[4096];
   while (true) {
-    const ssize_t n = read(fds[0], buf, sizeof(buf));
+    const ssize_t n = read((*child)->stdout_fd(), buf, sizeof(buf));
     if (n > 0) {
       output.append(buf, static_cast<size_t>(n));
     } else if (n == 0 || errno != EINTR) {
       break;
     }
   }
-  close(fds[0]);
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0) {
-    if (errno != EINTR) {
-      return absl::InternalError(
-          absl::StrCat("waitpid: ", std::strerror(errno)));
-    }
-  }
-  const int code =
-      WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return std::make_pair(code, output);
+  const ExitInfo exit = (*child)->Wait();
+  return std::make_pair(exit.exited ? exit.code : 128 + exit.signal, output);
 }
 
 absl::Status NotFound(const std::string& gnuplot) {
@@ -789,6 +783,74 @@ absl::StatusOr<std::string> DetectPngTerminal(const std::string& gnuplot) {
       "gnuplot has neither the pngcairo nor the png terminal");
 }
 
+// One heatmap per (row, diagnostic) with finite values, each diagnostic on
+// one colour scale: the report-wide maximum.
+absl::Status PlotHeatmaps(const Results& r, Plotter& p, std::set<std::string>* used) {
+  const HeatmapKind kAngular = {
+      "angular", "Angular distance arccos(cos(h_l, h_l+n))/pi",
+      "n (offset in blocks)", "l (state; 0 = embedding)",
+      "angular distance (0 = same direction, 0.5 = orthogonal)"};
+  const HeatmapKind kCausal = {
+      "causal", "Causal score C(s, l)", "l (later block, 0-indexed)",
+      "s (skipped block, 0-indexed)",
+      "C(s,l): |D'_l - D_l| / |D_l| (per token, or ratio of means)"};
+  const HeatmapKind kPerm = {
+      "perm", "Permutation score P(l1, l2)", "l2 (block, 0-indexed)",
+      "l1 (block, 0-indexed)", "|loss_swap - loss| / loss"};
+  std::vector<const Matrix*> angular, causal, perm;
+  for (const Row& row : r.rows) {
+    if (row.angular.has_value()) angular.push_back(&*row.angular);
+    if (row.causal.has_value()) causal.push_back(&*row.causal);
+    if (row.perm.has_value()) perm.push_back(&*row.perm);
+  }
+  const double cb_angular = ReportMax(angular);
+  const double cb_causal = ReportMax(causal);
+  const double cb_perm = ReportMax(perm);
+  for (const Row& row : r.rows) {
+    const std::string stem = absl::StrCat(Sanitise(row.arch), "_L", row.layers);
+    const std::tuple<const std::optional<Matrix>*, const HeatmapKind*, double> maps[] = {
+        {&row.angular, &kAngular, cb_angular},
+        {&row.causal, &kCausal, cb_causal},
+        {&row.perm, &kPerm, cb_perm}};
+    for (const auto& [m, kind, cb_max] : maps) {
+      if (!m->has_value() || !HasFinite(**m)) continue;
+      const std::string name = UniqueName(absl::StrCat(kind->prefix, "_", stem), used);
+      RETURN_IF_ERROR(PlotHeatmap(row, name, **m, *kind, cb_max, p));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// One loss curve per run, labelled with its row's shape and LR.
+absl::Status PlotCurves(const Results& r, Plotter& p, std::set<std::string>* used) {
+  for (const Curve& c : r.curves) {
+    if (c.points.empty()) continue;
+    std::string label = c.run_id;
+    for (const Row& row : r.rows) {
+      if (!row.run_id.empty() && row.run_id == c.run_id) {
+        label = absl::StrCat(c.run_id, " (", row.arch, ", L=", row.layers,
+                             ", d_model=", row.d_model,
+                             row.best_lr ? absl::StrCat(", lr=", LrLabel(*row.best_lr)) : "",
+                             ")");
+      }
+    }
+    const std::string name = UniqueName(absl::StrCat("loss_", Sanitise(c.run_id)), used);
+    RETURN_IF_ERROR(PlotCurve(c, name, label, p));
+  }
+  return absl::OkStatus();
+}
+
+// Every figure (gnuplot must run); the files written go into the summary.
+absl::Status PlotAll(const Results& r, const ReportOptions& options, const fs::path& dir,
+                     ReportSummary* summary) {
+  ASSIGN_OR_RETURN(summary->png_terminal, DetectPngTerminal(options.gnuplot));
+  Plotter p{options.gnuplot, summary->png_terminal, dir, &summary->files};
+  RETURN_IF_ERROR(PlotLossVsAspect(r, p));
+  std::set<std::string> used;
+  RETURN_IF_ERROR(PlotHeatmaps(r, p, &used));
+  return PlotCurves(r, p, &used);
+}
+
 absl::StatusOr<ReportSummary> WriteReport(const json& doc,
                                           const std::string& out_dir,
                                           const ReportOptions& options) {
@@ -801,8 +863,6 @@ absl::StatusOr<ReportSummary> WriteReport(const json& doc,
         "cannot create ", (dir / "gnuplot").string(), ": ", ec.message()));
   }
   ReportSummary summary;
-  std::vector<std::string> figures;
-
   // Tables first: they do not need gnuplot.
   json normalised = doc;
   for (size_t i = 0; i < r.rows.size(); ++i) {
@@ -813,73 +873,9 @@ absl::StatusOr<ReportSummary> WriteReport(const json& doc,
   RETURN_IF_ERROR(WriteFile(dir / "results.csv", CsvOf(r)));
   summary.files = {"results.csv", "results.json", "results.md"};
 
-  absl::Status plot_status = absl::OkStatus();
-  if (options.plots) {
-    auto terminal = DetectPngTerminal(options.gnuplot);
-    if (!terminal.ok()) {
-      plot_status = terminal.status();
-    } else {
-      summary.png_terminal = *terminal;
-      Plotter p{options.gnuplot, *terminal, dir, &summary.files};
-      plot_status = [&]() -> absl::Status {
-        RETURN_IF_ERROR(PlotLossVsAspect(r, p));
-        const HeatmapKind kAngular = {
-            "angular", "Angular distance arccos(cos(h_l, h_l+n))/pi",
-            "n (offset in blocks)", "l (state; 0 = embedding)",
-            "angular distance (0 = same direction, 0.5 = orthogonal)"};
-        const HeatmapKind kCausal = {
-            "causal", "Causal score C(s, l)", "l (later block, 0-indexed)",
-            "s (skipped block, 0-indexed)",
-            "C(s,l): |D'_l - D_l| / |D_l| (per token, or ratio of means)"};
-        const HeatmapKind kPerm = {
-            "perm", "Permutation score P(l1, l2)", "l2 (block, 0-indexed)",
-            "l1 (block, 0-indexed)", "|loss_swap - loss| / loss"};
-        // One colour scale per diagnostic: the report-wide maximum.
-        std::vector<const Matrix*> angular, causal, perm;
-        for (const Row& row : r.rows) {
-          if (row.angular.has_value()) angular.push_back(&*row.angular);
-          if (row.causal.has_value()) causal.push_back(&*row.causal);
-          if (row.perm.has_value()) perm.push_back(&*row.perm);
-        }
-        const double cb_angular = ReportMax(angular);
-        const double cb_causal = ReportMax(causal);
-        const double cb_perm = ReportMax(perm);
-        std::set<std::string> used;
-        for (const Row& row : r.rows) {
-          const std::string stem =
-              absl::StrCat(Sanitise(row.arch), "_L", row.layers);
-          const std::tuple<const std::optional<Matrix>*, const HeatmapKind*, double>
-              maps[] = {{&row.angular, &kAngular, cb_angular},
-                        {&row.causal, &kCausal, cb_causal},
-                        {&row.perm, &kPerm, cb_perm}};
-          for (const auto& [m, kind, cb_max] : maps) {
-            if (!m->has_value() || !HasFinite(**m)) continue;
-            const std::string name =
-                UniqueName(absl::StrCat(kind->prefix, "_", stem), &used);
-            RETURN_IF_ERROR(PlotHeatmap(row, name, **m, *kind, cb_max, p));
-          }
-        }
-        for (const Curve& c : r.curves) {
-          if (c.points.empty()) continue;
-          std::string label = c.run_id;
-          for (const Row& row : r.rows) {
-            if (!row.run_id.empty() && row.run_id == c.run_id) {
-              label = absl::StrCat(
-                  c.run_id, " (", row.arch, ", L=", row.layers,
-                  ", d_model=", row.d_model,
-                  row.best_lr ? absl::StrCat(", lr=", LrLabel(*row.best_lr))
-                              : "",
-                  ")");
-            }
-          }
-          const std::string name =
-              UniqueName(absl::StrCat("loss_", Sanitise(c.run_id)), &used);
-          RETURN_IF_ERROR(PlotCurve(c, name, label, p));
-        }
-        return absl::OkStatus();
-      }();
-    }
-  }
+  const absl::Status plot_status =
+      options.plots ? PlotAll(r, options, dir, &summary) : absl::OkStatus();
+  std::vector<std::string> figures;
   for (const std::string& f : summary.files) {
     if (f.size() > 4 && f.compare(f.size() - 4, 4, ".png") == 0) {
       figures.push_back(f);

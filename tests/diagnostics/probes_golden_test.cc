@@ -21,28 +21,18 @@
 #include <nlohmann/json.hpp>
 
 #include "trainer_core/diagnostics/run.h"
+#include "tests/golden/golden_io.h"
 #include "trainer_core/arch.h"
 #include "trainer_core/model/model.h"
 
 namespace depthbench::diagnostics {
 namespace {
 
-constexpr const char* kPython = "/usr/bin/python3";
+using golden::kPython;
+using golden::ReadF32;
+using golden::WriteF32;
+
 constexpr double kTol = 1e-5;
-
-void WriteF32(const std::string& path, const torch::Tensor& t) {
-  torch::Tensor c = t.detach().to(torch::kFloat32).contiguous();
-  std::ofstream f(path, std::ios::binary);
-  f.write(reinterpret_cast<const char*>(c.data_ptr<float>()), c.numel() * sizeof(float));
-}
-
-torch::Tensor ReadF32(const std::string& path, c10::IntArrayRef sizes) {
-  torch::Tensor t = torch::empty(sizes, torch::kFloat32);
-  std::ifstream f(path, std::ios::binary);
-  f.read(reinterpret_cast<char*>(t.data_ptr<float>()), t.numel() * sizeof(float));
-  EXPECT_EQ(f.gcount(), static_cast<std::streamsize>(t.numel() * sizeof(float))) << path;
-  return t;
-}
 
 struct Case {
   Arch arch;
@@ -67,13 +57,10 @@ double MatrixDiff(const Matrix& got, const nlohmann::json& want, const std::stri
 }
 
 TEST(ProbesGoldenTest, CausalPermutationAndSkipSwapRulesMatchPyTorch) {
-  if (std::system((std::string(kPython) + " -c 'import torch, numpy' 2>/dev/null").c_str()) != 0) {
+  if (!golden::PythonHasTorch()) {
     GTEST_SKIP() << kPython << " lacks torch/numpy (Debian python3-torch); golden check skipped";
   }
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() / ("probes_golden_" + std::to_string(::getpid()));
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
+  const std::filesystem::path dir = golden::FreshDir("probes_golden");
   // attnres_block at L = 12: block size 3, so boundaries fall on attention
   // (k = 6, 12, 18) and FFN sub-layers alike and states 1, 2, 4, ... are
   // plain partial sums inside a group.

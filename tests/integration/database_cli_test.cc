@@ -90,6 +90,65 @@ v1::SweepSpec Spec() {
   return spec;
 }
 
+// A worker over WorkerService: lease, report 20 points, "train" 60 ms,
+// finish, until no job is left.
+void FakeWorker(const std::string& address, const std::string& name,
+                std::atomic<int64_t>* finished, std::atomic<bool>* failed) {
+  WorkerClient worker(address, name);
+  if (!worker.Register().ok()) {
+    *failed = true;
+    return;
+  }
+  while (true) {
+    v1::AcquireJobResponse lease;
+    if (!worker.Acquire(&lease).ok()) {
+      *failed = true;
+      return;
+    }
+    if (!lease.has_job()) return;
+    if (!worker.Report(lease, 1, 20).ok()) *failed = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(60));
+    double loss = 3.0 + 0.01 * static_cast<double>(lease.job_id() % 7);
+    if (!worker.Finish(lease, v1::FINISH_SUCCEEDED, loss).ok()) *failed = true;
+    ++*finished;
+  }
+}
+
+// The finished sweep "cli" as the views show it: the rows QueryResults
+// returns, and the point, run and best-run counts.
+void ExpectViewsAgreeWithQueryResults(v1::SweepService::Stub* sweeps, const std::string& dir,
+                                      const std::string& db) {
+  v1::QueryResultsRequest q;
+  q.set_sweep("cli");
+  v1::QueryResultsResponse results;
+  ASSERT_TRUE(sweeps->QueryResults(Ctx().get(), q, &results).ok());
+  ASSERT_EQ(results.rows_size(), 2);
+  std::map<std::string, v1::ResultRow> by_arch;
+  for (const auto& row : results.rows()) by_arch[row.arch()] = row;
+  std::ostringstream want;
+  for (const auto& [arch, row] : by_arch) {
+    ASSERT_TRUE(row.complete());
+    char buf[160];
+    std::snprintf(buf, sizeof(buf), "%s,%lld,%lld,%.6g,%.6f,%lld,1\n", row.arch().c_str(),
+                  static_cast<long long>(row.layers()), static_cast<long long>(row.d_model()),
+                  row.best_lr(), row.best_val_loss(), static_cast<long long>(row.best_job_id()));
+    want << buf;
+  }
+  CliResult got = Sqlite(dir, {"-readonly", "-separator", ",", db,
+                               "SELECT arch, layers, d_model, printf('%.6g', best_lr), "
+                               "printf('%.6f', best_val_loss), best_job_id, complete "
+                               "FROM results_v1 WHERE sweep = 'cli' ORDER BY arch"});
+  ASSERT_EQ(got.exit_code, 0) << got.err;
+  EXPECT_EQ(got.out, want.str());
+  CliResult counts = Sqlite(dir, {"-readonly", db,
+                                  "SELECT (SELECT COUNT(*) FROM metrics_v1 WHERE sweep = 'cli'), "
+                                  "(SELECT SUM(runs) FROM lrs_v1), "
+                                  "(SELECT COUNT(*) FROM runs_v1 WHERE is_best), "
+                                  "(SELECT views_version FROM contract)"});
+  ASSERT_EQ(counts.exit_code, 0) << counts.err;
+  EXPECT_EQ(counts.out, "800|40|2|1\n");
+}
+
 TEST(DatabaseCliTest, Sqlite3ReadsTheViewsWhileWorkersWrite) {
   ASSERT_FALSE(std::string(SQLITE3_CLI).empty())
       << "the sqlite3 CLI was not found at configure time (scripts/setup.sh installs the "
@@ -112,26 +171,8 @@ TEST(DatabaseCliTest, Sqlite3ReadsTheViewsWhileWorkersWrite) {
   std::atomic<bool> failed{false};
   Joiner workers;
   for (int w = 0; w < 4; ++w) {
-    workers.threads.emplace_back([&, w] {
-      WorkerClient worker(scheduler.address(), "w" + std::to_string(w));
-      if (!worker.Register().ok()) {
-        failed = true;
-        return;
-      }
-      while (true) {
-        v1::AcquireJobResponse lease;
-        if (!worker.Acquire(&lease).ok()) {
-          failed = true;
-          return;
-        }
-        if (!lease.has_job()) return;
-        if (!worker.Report(lease, 1, 20).ok()) failed = true;
-        std::this_thread::sleep_for(std::chrono::milliseconds(60));
-        double loss = 3.0 + 0.01 * static_cast<double>(lease.job_id() % 7);
-        if (!worker.Finish(lease, v1::FINISH_SUCCEEDED, loss).ok()) failed = true;
-        ++finished;
-      }
-    });
+    workers.threads.emplace_back(
+        [&, w] { FakeWorker(scheduler.address(), "w" + std::to_string(w), &finished, &failed); });
   }
 
   // Read while they write: every read answers, counts only grow.
@@ -174,35 +215,7 @@ TEST(DatabaseCliTest, Sqlite3ReadsTheViewsWhileWorkersWrite) {
   EXPECT_NE(write.err.find("readonly"), std::string::npos) << write.err;
 
   // Once done, the views say what QueryResults says.
-  v1::QueryResultsRequest q;
-  q.set_sweep("cli");
-  v1::QueryResultsResponse results;
-  ASSERT_TRUE(sweeps->QueryResults(Ctx().get(), q, &results).ok());
-  ASSERT_EQ(results.rows_size(), 2);
-  std::map<std::string, v1::ResultRow> by_arch;
-  for (const auto& row : results.rows()) by_arch[row.arch()] = row;
-  std::ostringstream want;
-  for (const auto& [arch, row] : by_arch) {
-    ASSERT_TRUE(row.complete());
-    char buf[160];
-    std::snprintf(buf, sizeof(buf), "%s,%lld,%lld,%.6g,%.6f,%lld,1\n", row.arch().c_str(),
-                  static_cast<long long>(row.layers()), static_cast<long long>(row.d_model()),
-                  row.best_lr(), row.best_val_loss(), static_cast<long long>(row.best_job_id()));
-    want << buf;
-  }
-  CliResult got = Sqlite(dir, {"-readonly", "-separator", ",", db,
-                               "SELECT arch, layers, d_model, printf('%.6g', best_lr), "
-                               "printf('%.6f', best_val_loss), best_job_id, complete "
-                               "FROM results_v1 WHERE sweep = 'cli' ORDER BY arch"});
-  ASSERT_EQ(got.exit_code, 0) << got.err;
-  EXPECT_EQ(got.out, want.str());
-  CliResult counts = Sqlite(dir, {"-readonly", db,
-                                  "SELECT (SELECT COUNT(*) FROM metrics_v1 WHERE sweep = 'cli'), "
-                                  "(SELECT SUM(runs) FROM lrs_v1), "
-                                  "(SELECT COUNT(*) FROM runs_v1 WHERE is_best), "
-                                  "(SELECT views_version FROM contract)"});
-  ASSERT_EQ(counts.exit_code, 0) << counts.err;
-  EXPECT_EQ(counts.out, "800|40|2|1\n");
+  ExpectViewsAgreeWithQueryResults(sweeps.get(), dir, db);
   scheduler.Stop(SIGTERM);
 }
 

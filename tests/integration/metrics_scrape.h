@@ -29,24 +29,34 @@ struct HttpResponse {
   std::string body;
 };
 
-// GET http://127.0.0.1:`port``target` with "Connection: close"; the body is
-// read to EOF and de-chunked if sent chunked. Times out after `timeout_ms`
-// per socket operation.
-inline HttpResponse HttpGet(int port, const std::string& target, int timeout_ms = 5000) {
-  HttpResponse out;
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return out;
-  timeval tv{timeout_ms / 1000, (timeout_ms % 1000) * 1000};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+// A TCP connection to 127.0.0.1:`port` (-1 on failure), with send and
+// receive timeouts of `timeout_ms` when above 0.
+inline int ConnectLoopback(int port, int timeout_ms = 0) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  if (timeout_ms > 0) {
+    timeval tv{timeout_ms / 1000, (timeout_ms % 1000) * 1000};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  }
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     close(fd);
-    return out;
+    return -1;
   }
+  return fd;
+}
+
+// GET http://127.0.0.1:`port``target` with "Connection: close"; the body is
+// read to EOF and de-chunked if sent chunked. Times out after `timeout_ms`
+// per socket operation.
+inline HttpResponse HttpGet(int port, const std::string& target, int timeout_ms = 5000) {
+  HttpResponse out;
+  const int fd = ConnectLoopback(port, timeout_ms);
+  if (fd < 0) return out;
   std::string request = "GET " + target +
                          " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
   if (send(fd, request.data(), request.size(), MSG_NOSIGNAL) !=

@@ -39,7 +39,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/child_process.h"
 #include "common/daemon_metrics.h"
+#include "common/free_port.h"
 #include "tests/common/promql_refs.h"
 #include "tests/integration/metrics_scrape.h"
 #include "tests/integration/scheduler_process.h"
@@ -62,18 +64,7 @@ struct ScrapeTarget {
   int port = 0;
 };
 
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
+int FreePort() { return FreeLoopbackPort().value_or(0); }
 
 std::string UrlEncode(const std::string& s) {
   std::string out;
@@ -96,58 +87,34 @@ int ReadPort(const std::string& path) {
   return port;
 }
 
-// A child process (execv), killed and reaped by Stop() / the destructor.
-class ChildProcess {
+// A daemon (common/child_process.h) with its output appended to a log,
+// stopped by Stop() / the destructor: SIGTERM, then SIGKILL after 10 s.
+class Daemon {
  public:
-  ChildProcess() = default;
-  ChildProcess(const ChildProcess&) = delete;
-  ChildProcess& operator=(const ChildProcess&) = delete;
-  ~ChildProcess() { Stop(); }
+  Daemon() = default;
+  Daemon(const Daemon&) = delete;
+  Daemon& operator=(const Daemon&) = delete;
+  ~Daemon() { Stop(); }
 
   bool Start(std::vector<std::string> args, const std::string& log) {
-    pid_ = fork();
-    if (pid_ == 0) {
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      FILE* e = freopen(log.c_str(), "a", stderr);
-      FILE* o = freopen(log.c_str(), "a", stdout);
-      (void)e;
-      (void)o;
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-    return pid_ > 0;
-  }
-  bool Running() {
-    if (pid_ <= 0) return false;
-    int status = 0;
-    if (waitpid(pid_, &status, WNOHANG) == pid_) {
-      pid_ = -1;
-      return false;
-    }
+    ChildSpec spec;
+    spec.argv = std::move(args);
+    spec.parent_death_signal = 0;
+    spec.output = ChildSpec::Output::kLogFile;
+    spec.log_file = log;
+    absl::StatusOr<std::unique_ptr<::depthbench::ChildProcess>> child =
+        ::depthbench::ChildProcess::Spawn(spec);
+    if (!child.ok()) return false;
+    child_ = std::move(*child);
     return true;
   }
-  // SIGTERM, then SIGKILL after 10 s.
+  bool Running() { return child_ != nullptr && !child_->Exited(); }
   void Stop() {
-    if (pid_ <= 0) return;
-    kill(pid_, SIGTERM);
-    for (int i = 0; i < 200; ++i) {
-      int status = 0;
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        return;
-      }
-      std::this_thread::sleep_for(milliseconds(50));
-    }
-    kill(pid_, SIGKILL);
-    int status = 0;
-    waitpid(pid_, &status, 0);
-    pid_ = -1;
+    if (child_ != nullptr) child_->Stop(10000);
   }
 
  private:
-  pid_t pid_ = -1;
+  std::unique_ptr<::depthbench::ChildProcess> child_;
 };
 
 struct QueryResult {
@@ -230,7 +197,7 @@ class PrometheusServer {
   }
 
  private:
-  ChildProcess process_;
+  Daemon process_;
   int port_ = 0;
 };
 
@@ -416,6 +383,10 @@ double LrOf(const std::string& config_json) {
   return at == std::string::npos ? 0 : std::atof(config_json.c_str() + at + 5);
 }
 
+// Drives a synthetic sweep with scripted workers; returns leases granted
+// (defined below the fixture).
+int DriveSweep(const std::string& address, const std::string& sweep);
+
 class PrometheusE2eTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -428,6 +399,114 @@ class PrometheusE2eTest : public ::testing::Test {
     prometheus_.Stop();
     for (auto& p : extra_daemons_) p->Stop();
     if (scheduler_ != nullptr) scheduler_->Stop(SIGTERM);
+  }
+
+  // Prometheus creates its scrape loops a few seconds after it is ready;
+  // traffic before the first scrape would only show in counters.
+  void WaitUntilScrapingScheduler() {
+    bool scraping = false;
+    for (int i = 0; i < 300 && !scraping; ++i) {  // up to 30 s
+      scraping = prometheus_.Scalar(absl::StrCat("up{job=\"", kSchedulerJob, "\"}")) == 1;
+      if (!scraping) std::this_thread::sleep_for(milliseconds(100));
+    }
+    ASSERT_TRUE(scraping) << "Prometheus never scraped the scheduler; see " << dir_;
+  }
+
+  // Waits until Prometheus holds the final counters (`granted` leases) and
+  // a few more scrapes (and, with the real worker, its job's series).
+  void WaitUntilCaughtUp(int granted) {
+    bool caught_up = false;
+    for (int i = 0; i < 600 && !caught_up; ++i) {  // up to 60 s
+      // >=: a real worker, when started, takes leases of its own sweep too.
+      caught_up = prometheus_.Scalar("sum(depthbench_scheduler_leases_granted_total)") >= granted &&
+                  prometheus_.Scalar(absl::StrCat("count_over_time(up{job=\"", kSchedulerJob,
+                                                  "\"}[10m])")) >= 6;
+      if (!caught_up) std::this_thread::sleep_for(milliseconds(100));
+    }
+    ASSERT_TRUE(caught_up) << "Prometheus did not scrape the scheduler; see " << dir_;
+#ifdef DEPTHBENCH_WORKER_BIN
+    // The real worker's job: wait until its step and validation series are in.
+    bool worker_seen = false;
+    for (int i = 0; i < 1200 && !worker_seen; ++i) {  // up to 120 s
+      worker_seen = prometheus_.Scalar("count(depthbench_worker_job_validation_loss)") >= 1 &&
+                    prometheus_.Scalar("count_over_time(depthbench_worker_job_step[10m])") >= 3;
+      if (!worker_seen) std::this_thread::sleep_for(milliseconds(100));
+    }
+    ASSERT_TRUE(worker_seen) << "the real worker's job never reported; see " << dir_;
+#endif
+    std::this_thread::sleep_for(milliseconds(3000));  // >= 2 scrapes past the end for rate()
+  }
+
+  // Every dashboard and alert expression evaluates without error, and with
+  // data where the daemons it needs run.
+  void ExpectEveryExpressionEvaluates(const std::vector<PromQlExpression>& expressions) {
+    std::vector<std::string> failures, not_checked;
+    int with_data = 0;
+    for (const PromQlExpression& e : expressions) {
+      Verdict v = CheckExpression(prometheus_, e, running_);
+      if (!v.status.ok()) {
+        failures.push_back(absl::StrCat(e.source, ": ", v.status.message()));
+      } else if (!v.data_checked) {
+        not_checked.push_back(absl::StrCat(e.source, " (needs ",
+                                           absl::StrJoin(v.missing_daemons, ", "), ")"));
+      } else {
+        ++with_data;
+      }
+    }
+    EXPECT_TRUE(failures.empty()) << failures.size() << " expression(s) failed:\n  "
+                                  << absl::StrJoin(failures, "\n  ");
+    std::cout << "[prometheus_e2e] " << expressions.size() << " expressions evaluated, "
+              << with_data << " with data required and found\n";
+    if (!not_checked.empty()) {
+      std::cout << "[prometheus_e2e] NOT CHECKED FOR DATA: " << not_checked.size()
+                << " expression(s) need a daemon this build does not start"
+                << " (evaluated without error only):\n  " << absl::StrJoin(not_checked, "\n  ")
+                << "\n";
+    }
+    RecordProperty("expressions_with_data", with_data);
+    RecordProperty("expressions_not_checked_for_data", static_cast<int>(not_checked.size()));
+#ifdef DEPTHBENCH_WORKER_BIN
+    EXPECT_TRUE(not_checked.empty());
+#endif
+  }
+
+  // The check itself can fail: a metric nobody exports, a label value that
+  // never occurs, and a syntax error.
+  void ExpectWrongExpressionsFail() {
+    std::set<std::string> all = {"scheduler", "worker"};
+    for (const char* wrong :
+         {"sum(rate(depthbench_scheduler_no_such_metric_total[1m]))",
+          "depthbench_scheduler_jobs{state=\"no_such_state\"}",
+          "sum(rate(depthbench_scheduler_rpcs_total[1m])"}) {
+      PromQlExpression e{"deliberately wrong", wrong, ""};
+      Verdict v = CheckExpression(prometheus_, e, all);
+      EXPECT_FALSE(v.status.ok()) << wrong;
+    }
+  }
+
+  // A sweep submitted and cancelled; the main sweep driven by synthetic
+  // workers (DriveSweep), a manual retry of its failed job, driven again.
+  // `granted`: the leases granted.
+  void RunSweeps(const std::string& address, int* granted) {
+    auto sweeps = v1::SweepService::NewStub(
+        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    v1::SubmitSweepRequest submit;
+    v1::SubmitSweepResponse submitted;
+    *submit.mutable_spec() = SyntheticSpec("e2e-cancelled", {1e-3});
+    ASSERT_TRUE(sweeps->SubmitSweep(Ctx().get(), submit, &submitted).ok());
+    v1::CancelSweepRequest cancel;
+    cancel.set_name("e2e-cancelled");
+    v1::CancelSweepResponse cancelled;
+    ASSERT_TRUE(sweeps->CancelSweep(Ctx().get(), cancel, &cancelled).ok());
+    *submit.mutable_spec() = SyntheticSpec("e2e", {1e-3, 2e-3, 3e-3, 4e-3});
+    ASSERT_TRUE(sweeps->SubmitSweep(Ctx().get(), submit, &submitted).ok());
+    *granted = DriveSweep(address, "e2e");
+    v1::RetryJobRequest retry;
+    retry.set_sweep("e2e");
+    v1::RetryJobResponse retried;
+    ASSERT_TRUE(sweeps->RetryJob(Ctx().get(), retry, &retried).ok());
+    ASSERT_EQ(retried.job_ids_size(), 1);
+    *granted += DriveSweep(address, "e2e");
   }
 
   // Starts depthbench-scheduler with a metrics endpoint and adds it to the
@@ -451,7 +530,7 @@ class PrometheusE2eTest : public ::testing::Test {
   // there); the flags follow worker/main.cc as of that branch.
   void StartWorkerDaemon() {
     int port = FreePort();
-    auto worker = std::make_unique<ChildProcess>();
+    auto worker = std::make_unique<Daemon>();
     std::filesystem::create_directories(dir_ + "/checkpoints");
     ASSERT_TRUE(worker->Start(
         {DEPTHBENCH_WORKER_BIN, "--scheduler", scheduler_->address(), "--name", "e2e-worker",
@@ -486,7 +565,7 @@ class PrometheusE2eTest : public ::testing::Test {
 
   std::string dir_;
   std::unique_ptr<SchedulerProcess> scheduler_;
-  std::vector<std::unique_ptr<ChildProcess>> extra_daemons_;
+  std::vector<std::unique_ptr<Daemon>> extra_daemons_;
   std::vector<ScrapeTarget> targets_;
   std::set<std::string> running_;
   PrometheusServer prometheus_;
@@ -550,21 +629,12 @@ TEST_F(PrometheusE2eTest, EveryDashboardAndAlertExpressionEvaluatesWithData) {
   ASSERT_TRUE(prometheus_.Start(dir_, targets_, DEPTHBENCH_SOURCE_DIR "/dashboards/alerts.yml"))
       << "see " << dir_ << "/prometheus.log";
 
-  // Prometheus creates its scrape loops a few seconds after it is ready;
-  // traffic before the first scrape would only show in counters.
-  bool scraping = false;
-  for (int i = 0; i < 300 && !scraping; ++i) {  // up to 30 s
-    scraping = prometheus_.Scalar(absl::StrCat("up{job=\"", kSchedulerJob, "\"}")) == 1;
-    if (!scraping) std::this_thread::sleep_for(milliseconds(100));
-  }
-  ASSERT_TRUE(scraping) << "Prometheus never scraped the scheduler; see " << dir_;
+  ASSERT_NO_FATAL_FAILURE(WaitUntilScrapingScheduler());
 
   // Traffic: w1 heartbeats throughout; w2 heartbeats until Prometheus has
   // seen both connected, then goes silent (so the gauge drops); a cancelled
   // sweep, the main sweep, a manual retry of its failed job, the sweep again.
   std::string address = scheduler_->address();
-  auto sweeps = v1::SweepService::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   WorkerClient w1(address, "w1");
   ASSERT_TRUE(w1.Register(4, {{"pool", "synthetic"}}).ok());
   std::atomic<bool> stop_heartbeats{false};
@@ -593,47 +663,12 @@ TEST_F(PrometheusE2eTest, EveryDashboardAndAlertExpressionEvaluatesWithData) {
     if (!both_seen) std::this_thread::sleep_for(milliseconds(200));
   }
   ASSERT_TRUE(both_seen) << "workers_connected never reached 2 in Prometheus";
-  v1::SubmitSweepRequest submit;
-  v1::SubmitSweepResponse submitted;
-  *submit.mutable_spec() = SyntheticSpec("e2e-cancelled", {1e-3});
-  ASSERT_TRUE(sweeps->SubmitSweep(Ctx().get(), submit, &submitted).ok());
-  v1::CancelSweepRequest cancel;
-  cancel.set_name("e2e-cancelled");
-  v1::CancelSweepResponse cancelled;
-  ASSERT_TRUE(sweeps->CancelSweep(Ctx().get(), cancel, &cancelled).ok());
-  *submit.mutable_spec() = SyntheticSpec("e2e", {1e-3, 2e-3, 3e-3, 4e-3});
-  ASSERT_TRUE(sweeps->SubmitSweep(Ctx().get(), submit, &submitted).ok());
-  int granted = DriveSweep(address, "e2e");
-  v1::RetryJobRequest retry;
-  retry.set_sweep("e2e");
-  v1::RetryJobResponse retried;
-  ASSERT_TRUE(sweeps->RetryJob(Ctx().get(), retry, &retried).ok());
-  ASSERT_EQ(retried.job_ids_size(), 1);
-  granted += DriveSweep(address, "e2e");
+  int granted = 0;
+  ASSERT_NO_FATAL_FAILURE(RunSweeps(address, &granted));
   // 1e-3: 2, 2e-3: 2 + 2 after the manual retry, 3e-3: 1, 4e-3: 2.
   ASSERT_EQ(granted, 9);
 
-  // Wait until Prometheus holds the final counters and a few more scrapes.
-  bool caught_up = false;
-  for (int i = 0; i < 600 && !caught_up; ++i) {  // up to 60 s
-    // >=: a real worker, when started, takes leases of its own sweep too.
-    caught_up = prometheus_.Scalar("sum(depthbench_scheduler_leases_granted_total)") >= granted &&
-                prometheus_.Scalar(absl::StrCat("count_over_time(up{job=\"", kSchedulerJob,
-                                                "\"}[10m])")) >= 6;
-    if (!caught_up) std::this_thread::sleep_for(milliseconds(100));
-  }
-  ASSERT_TRUE(caught_up) << "Prometheus did not scrape the scheduler; see " << dir_;
-#ifdef DEPTHBENCH_WORKER_BIN
-  // The real worker's job: wait until its step and validation series are in.
-  bool worker_seen = false;
-  for (int i = 0; i < 1200 && !worker_seen; ++i) {  // up to 120 s
-    worker_seen = prometheus_.Scalar("count(depthbench_worker_job_validation_loss)") >= 1 &&
-                  prometheus_.Scalar("count_over_time(depthbench_worker_job_step[10m])") >= 3;
-    if (!worker_seen) std::this_thread::sleep_for(milliseconds(100));
-  }
-  ASSERT_TRUE(worker_seen) << "the real worker's job never reported; see " << dir_;
-#endif
-  std::this_thread::sleep_for(milliseconds(3000));  // >= 2 scrapes past the end for rate()
+  ASSERT_NO_FATAL_FAILURE(WaitUntilCaughtUp(granted));
   for (const ScrapeTarget& t : targets_) {
     EXPECT_EQ(prometheus_.Scalar(absl::StrCat("up{job=\"", t.job, "\",instance=\"127.0.0.1:",
                                               t.port, "\"}")),
@@ -651,46 +686,9 @@ TEST_F(PrometheusE2eTest, EveryDashboardAndAlertExpressionEvaluatesWithData) {
   EXPECT_EQ(prometheus_.Scalar("depthbench_scheduler_workers_connected"),
             1 + real_workers);  // w2 dropped
 
-  std::vector<std::string> failures, not_checked;
-  int with_data = 0;
-  for (const PromQlExpression& e : *expressions) {
-    Verdict v = CheckExpression(prometheus_, e, running_);
-    if (!v.status.ok()) {
-      failures.push_back(absl::StrCat(e.source, ": ", v.status.message()));
-    } else if (!v.data_checked) {
-      not_checked.push_back(absl::StrCat(e.source, " (needs ",
-                                         absl::StrJoin(v.missing_daemons, ", "), ")"));
-    } else {
-      ++with_data;
-    }
-  }
-  EXPECT_TRUE(failures.empty()) << failures.size() << " expression(s) failed:\n  "
-                                << absl::StrJoin(failures, "\n  ");
-  std::cout << "[prometheus_e2e] " << expressions->size() << " expressions evaluated, "
-            << with_data << " with data required and found\n";
-  if (!not_checked.empty()) {
-    std::cout << "[prometheus_e2e] NOT CHECKED FOR DATA: " << not_checked.size()
-              << " expression(s) need a daemon this build does not start"
-              << " (evaluated without error only):\n  " << absl::StrJoin(not_checked, "\n  ")
-              << "\n";
-  }
-  RecordProperty("expressions_with_data", with_data);
-  RecordProperty("expressions_not_checked_for_data", static_cast<int>(not_checked.size()));
-#ifdef DEPTHBENCH_WORKER_BIN
-  EXPECT_TRUE(not_checked.empty());
-#endif
+  ExpectEveryExpressionEvaluates(*expressions);
 
-  // The check itself can fail: a metric nobody exports, a label value that
-  // never occurs, and a syntax error.
-  std::set<std::string> all = {"scheduler", "worker"};
-  for (const char* wrong :
-       {"sum(rate(depthbench_scheduler_no_such_metric_total[1m]))",
-        "depthbench_scheduler_jobs{state=\"no_such_state\"}",
-        "sum(rate(depthbench_scheduler_rpcs_total[1m])"}) {
-    PromQlExpression e{"deliberately wrong", wrong, ""};
-    Verdict v = CheckExpression(prometheus_, e, all);
-    EXPECT_FALSE(v.status.ok()) << wrong;
-  }
+  ExpectWrongExpressionsFail();
 }
 
 TEST(AlertSignalTest, StripsComparisonsAndSkipsAbsent) {

@@ -59,6 +59,28 @@ std::string SpecText(const std::string& name, const std::string& data) {
   return text;
 }
 
+// Items 7 and 8: hostile files end in a message and exit 2, not an abort.
+void ExpectHostileFilesRefused(const std::string& address, const std::string& dir) {
+  Write(dir + "/bomb.yaml",
+        "a: &a [\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\"]\n"
+        "b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]\nc: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]\n"
+        "d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c]\ne: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d]\n"
+        "f: &f [*e,*e,*e,*e,*e,*e,*e,*e,*e]\ng: &g [*f,*f,*f,*f,*f,*f,*f,*f,*f]\n"
+        "h: &h [*g,*g,*g,*g,*g,*g,*g,*g,*g]\ni: &i [*h,*h,*h,*h,*h,*h,*h,*h,*h]\n");
+  Output bomb = Cli(address, "submit " + dir + "/bomb.yaml");
+  EXPECT_EQ(bomb.code, 2) << bomb.text;
+  EXPECT_NE(bomb.text.find("YAML aliases"), std::string::npos) << bomb.text;
+  Write(dir + "/inf.json", R"({"name": "x", "training": {"tokens_per_param": 1e400}})");
+  Output inf = Cli(address, "submit " + dir + "/inf.json");
+  EXPECT_EQ(inf.code, 2) << inf.text;
+  EXPECT_NE(inf.text.find("spec.training.tokens_per_param"), std::string::npos) << inf.text;
+  Write(dir + "/utf8.yaml", SpecText("u", "\"br\xff\xfewn\""));
+  Output utf8 = Cli(address, "submit " + dir + "/utf8.yaml");
+  EXPECT_EQ(utf8.code, 2) << utf8.text;
+  EXPECT_NE(utf8.text.find("spec.training.data: not valid UTF-8"), std::string::npos)
+      << utf8.text;
+}
+
 TEST(SchedulerFaultsIntegrationTest, BoundedSpecsListsDeleteAndCliErrors) {
   std::string dir = MakeTempDir("faults");
   SchedulerProcess server(dir + "/s.db", dir);
@@ -131,26 +153,29 @@ TEST(SchedulerFaultsIntegrationTest, BoundedSpecsListsDeleteAndCliErrors) {
   EXPECT_EQ(gone.code, 1);
   EXPECT_NE(gone.text.find("not found"), std::string::npos) << gone.text;
 
-  // Items 7 and 8: hostile files end in a message and exit 2, not an abort.
-  Write(dir + "/bomb.yaml",
-        "a: &a [\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\"]\n"
-        "b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]\nc: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]\n"
-        "d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c]\ne: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d]\n"
-        "f: &f [*e,*e,*e,*e,*e,*e,*e,*e,*e]\ng: &g [*f,*f,*f,*f,*f,*f,*f,*f,*f]\n"
-        "h: &h [*g,*g,*g,*g,*g,*g,*g,*g,*g]\ni: &i [*h,*h,*h,*h,*h,*h,*h,*h,*h]\n");
-  Output bomb = Cli(address, "submit " + dir + "/bomb.yaml");
-  EXPECT_EQ(bomb.code, 2) << bomb.text;
-  EXPECT_NE(bomb.text.find("YAML aliases"), std::string::npos) << bomb.text;
-  Write(dir + "/inf.json", R"({"name": "x", "training": {"tokens_per_param": 1e400}})");
-  Output inf = Cli(address, "submit " + dir + "/inf.json");
-  EXPECT_EQ(inf.code, 2) << inf.text;
-  EXPECT_NE(inf.text.find("spec.training.tokens_per_param"), std::string::npos) << inf.text;
-  Write(dir + "/utf8.yaml", SpecText("u", "\"br\xff\xfewn\""));
-  Output utf8 = Cli(address, "submit " + dir + "/utf8.yaml");
-  EXPECT_EQ(utf8.code, 2) << utf8.text;
-  EXPECT_NE(utf8.text.find("spec.training.data: not valid UTF-8"), std::string::npos)
-      << utf8.text;
+  ExpectHostileFilesRefused(address, dir);
   server.Stop(SIGTERM);
+}
+
+// One ReportMetrics stream with "loss" at steps 1..steps, 50 per message.
+void ReportLossPoints(v1::WorkerService::Stub* workers, const v1::AcquireJobResponse& lease,
+                      int steps, v1::ReportMetricsResponse* reported) {
+  auto ctx = Ctx(60000);
+  auto writer = workers->ReportMetrics(ctx.get(), reported);
+  for (int s = 1; s <= steps; s += 50) {
+    v1::ReportMetricsRequest chunk;
+    chunk.set_job_id(lease.job_id());
+    chunk.set_attempt_id(lease.attempt_id());
+    for (int i = s; i < s + 50; ++i) {
+      auto* p = chunk.add_points();
+      p->set_step(i);
+      p->set_name("loss");
+      p->set_value(1.0 / i);
+    }
+    ASSERT_TRUE(writer->Write(chunk));
+  }
+  writer->WritesDone();
+  ASSERT_TRUE(writer->Finish().ok());
 }
 
 // Item 12 over gRPC: streams watching a job while it is written get every
@@ -212,24 +237,7 @@ TEST(SchedulerFaultsIntegrationTest, LiveWatchersGetEveryPointThenTheFinalState)
   }
   while (open.load() < kWatchers) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   v1::ReportMetricsResponse reported;
-  {
-    auto ctx = Ctx(60000);
-    auto writer = workers->ReportMetrics(ctx.get(), &reported);
-    for (int s = 1; s <= kSteps; s += 50) {
-      v1::ReportMetricsRequest chunk;
-      chunk.set_job_id(lease.job_id());
-      chunk.set_attempt_id(lease.attempt_id());
-      for (int i = s; i < s + 50; ++i) {
-        auto* p = chunk.add_points();
-        p->set_step(i);
-        p->set_name("loss");
-        p->set_value(1.0 / i);
-      }
-      ASSERT_TRUE(writer->Write(chunk));
-    }
-    writer->WritesDone();
-    ASSERT_TRUE(writer->Finish().ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(ReportLossPoints(workers.get(), lease, kSteps, &reported));
   EXPECT_EQ(reported.accepted(), kSteps);
   v1::FinishJobRequest fin;
   fin.set_job_id(lease.job_id());

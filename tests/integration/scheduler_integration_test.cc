@@ -191,6 +191,30 @@ class Sweeps {
   std::unique_ptr<v1::SweepService::Stub> stub_;
 };
 
+// WatchJob of a finished 20-step job from step 15: loss at 15..20 and
+// val_loss at 20, then its state SUCCEEDED.
+void ExpectReplayFromStep15(Sweeps& sweeps, int64_t job_id) {
+  v1::WatchJobRequest watch;
+  watch.set_job_id(job_id);
+  watch.set_from_step(15);
+  auto ctx = Ctx();
+  auto reader = sweeps->WatchJob(ctx.get(), watch);
+  v1::WatchJobEvent event;
+  int points = 0;
+  v1::JobState last = v1::JOB_STATE_UNSPECIFIED;
+  while (reader->Read(&event)) {
+    if (event.has_point()) {
+      EXPECT_GE(event.point().step(), 15);
+      ++points;
+    } else {
+      last = event.state();
+    }
+  }
+  EXPECT_TRUE(reader->Finish().ok());
+  EXPECT_EQ(points, 6 + 1);  // loss at 15..20 + val_loss at 20
+  EXPECT_EQ(last, v1::SUCCEEDED);
+}
+
 TEST(SchedulerIntegrationTest, SweepRunsToCompletion) {
   std::string dir = MakeTempDir("complete");
   SchedulerProcess server(dir + "/s.db", dir);
@@ -240,25 +264,7 @@ TEST(SchedulerIntegrationTest, SweepRunsToCompletion) {
   EXPECT_EQ(sweep.job_counts().at("diverged"), 6);
 
   // WatchJob replays a finished job's points from a step, then its state.
-  v1::WatchJobRequest watch;
-  watch.set_job_id(results.rows(0).best_job_id());
-  watch.set_from_step(15);
-  auto ctx = Ctx();
-  auto reader = sweeps->WatchJob(ctx.get(), watch);
-  v1::WatchJobEvent event;
-  int points = 0;
-  v1::JobState last = v1::JOB_STATE_UNSPECIFIED;
-  while (reader->Read(&event)) {
-    if (event.has_point()) {
-      EXPECT_GE(event.point().step(), 15);
-      ++points;
-    } else {
-      last = event.state();
-    }
-  }
-  EXPECT_TRUE(reader->Finish().ok());
-  EXPECT_EQ(points, 6 + 1);  // loss at 15..20 + val_loss at 20
-  EXPECT_EQ(last, v1::SUCCEEDED);
+  ExpectReplayFromStep15(sweeps, results.rows(0).best_job_id());
 
   // The CLI reads the same table.
   std::string cmd = std::string(DEPTHBENCH_CLI_BIN) + " --scheduler " + server.address() +
@@ -333,6 +339,45 @@ TEST(SchedulerIntegrationTest, SilentWorkerLosesLeaseAndJobIsReleased) {
   EXPECT_EQ(job.attempts(1).outcome(), "succeeded");
 }
 
+// In the database file: every job succeeded, exactly one attempt of each
+// ran to completion, and that attempt's points 1..steps are there once.
+void ExpectEveryJobSucceededOnceWithAllPoints(const std::string& db, int kSteps,
+                                              int expected_jobs) {
+  auto database = storage::Database::Open(db);
+  ASSERT_TRUE(database.ok());
+  auto jobs = (*database)->Prepare(
+      "SELECT id, state, current_attempt_id, lr FROM jobs ORDER BY id");
+  ASSERT_TRUE(jobs.ok());
+  int n = 0;
+  std::vector<std::tuple<int64_t, std::string, int64_t, double>> rows;
+  while (*jobs->Step()) {
+    rows.emplace_back(jobs->ColumnInt(0), jobs->ColumnText(1), jobs->ColumnInt(2),
+                      jobs->ColumnDouble(3));
+  }
+  ASSERT_EQ(static_cast<int>(rows.size()), expected_jobs);
+  for (const auto& [id, state, attempt, lr] : rows) {
+    EXPECT_EQ(state, "succeeded") << "job " << id;
+    // Exactly one attempt ran to completion.
+    auto finished = (*database)->Prepare(
+        "SELECT COUNT(*) FROM attempts WHERE job_id = ? AND outcome = 'succeeded'");
+    finished->Bind(1, id);
+    ASSERT_TRUE(*finished->Step());
+    EXPECT_EQ(finished->ColumnInt(0), 1) << "job " << id;
+    // Every point of that attempt is present exactly once.
+    auto points = (*database)->Prepare(
+        "SELECT COUNT(*), COUNT(DISTINCT step || '/' || name), MIN(step), MAX(step) "
+        "FROM metric_points WHERE job_id = ? AND attempt_id = ?");
+    points->Bind(1, id).Bind(2, attempt);
+    ASSERT_TRUE(*points->Step());
+    EXPECT_EQ(points->ColumnInt(0), kSteps + 1) << "job " << id;
+    EXPECT_EQ(points->ColumnInt(1), kSteps + 1) << "job " << id;
+    EXPECT_EQ(points->ColumnInt(2), 1);
+    EXPECT_EQ(points->ColumnInt(3), kSteps);
+    ++n;
+  }
+  EXPECT_EQ(n, expected_jobs);
+}
+
 TEST(SchedulerIntegrationTest, Kill9MidSweepRestartCompletesEveryPointOnce) {
   std::string dir = MakeTempDir("kill9");
   std::string db = dir + "/s.db";
@@ -384,39 +429,7 @@ TEST(SchedulerIntegrationTest, Kill9MidSweepRestartCompletesEveryPointOnce) {
   EXPECT_FALSE(again.created());
   server.Stop(SIGTERM);
 
-  auto database = storage::Database::Open(db);
-  ASSERT_TRUE(database.ok());
-  auto jobs = (*database)->Prepare(
-      "SELECT id, state, current_attempt_id, lr FROM jobs ORDER BY id");
-  ASSERT_TRUE(jobs.ok());
-  int n = 0;
-  std::vector<std::tuple<int64_t, std::string, int64_t, double>> rows;
-  while (*jobs->Step()) {
-    rows.emplace_back(jobs->ColumnInt(0), jobs->ColumnText(1), jobs->ColumnInt(2),
-                      jobs->ColumnDouble(3));
-  }
-  ASSERT_EQ(rows.size(), 2u * 3u * 3u);
-  for (const auto& [id, state, attempt, lr] : rows) {
-    EXPECT_EQ(state, "succeeded") << "job " << id;
-    // Exactly one attempt ran to completion.
-    auto finished = (*database)->Prepare(
-        "SELECT COUNT(*) FROM attempts WHERE job_id = ? AND outcome = 'succeeded'");
-    finished->Bind(1, id);
-    ASSERT_TRUE(*finished->Step());
-    EXPECT_EQ(finished->ColumnInt(0), 1) << "job " << id;
-    // Every point of that attempt is present exactly once.
-    auto points = (*database)->Prepare(
-        "SELECT COUNT(*), COUNT(DISTINCT step || '/' || name), MIN(step), MAX(step) "
-        "FROM metric_points WHERE job_id = ? AND attempt_id = ?");
-    points->Bind(1, id).Bind(2, attempt);
-    ASSERT_TRUE(*points->Step());
-    EXPECT_EQ(points->ColumnInt(0), kSteps + 1) << "job " << id;
-    EXPECT_EQ(points->ColumnInt(1), kSteps + 1) << "job " << id;
-    EXPECT_EQ(points->ColumnInt(2), 1);
-    EXPECT_EQ(points->ColumnInt(3), kSteps);
-    ++n;
-  }
-  EXPECT_EQ(n, 18);
+  ASSERT_NO_FATAL_FAILURE(ExpectEveryJobSucceededOnceWithAllPoints(db, kSteps, 18));
 }
 
 TEST(SchedulerIntegrationTest, BearerTokenIsRequiredWhenConfigured) {

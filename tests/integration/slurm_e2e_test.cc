@@ -19,6 +19,7 @@
 
 #include <gtest/gtest.h>
 
+#include "common/free_port.h"
 #include "tests/integration/scheduler_process.h"
 #include "tests/integration/worker_process.h"
 
@@ -32,21 +33,7 @@ const std::string kSourceDir = DEPTHBENCH_SOURCE_DIR;
 const std::string kCluster = kSourceDir + "/deploy/slurm/local-cluster.sh";
 const std::string kSbatch = kSourceDir + "/deploy/slurm/depthbench-workers.sbatch";
 
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  close(fd);
-  return port;
-}
+int FreePort() { return FreeLoopbackPort().value_or(0); }
 
 std::string Slurp(const std::string& path) {
   std::ifstream in(path);

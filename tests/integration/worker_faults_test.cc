@@ -35,7 +35,9 @@
 
 #include "depthbench/v1/sweep_service.grpc.pb.h"
 #include "tests/integration/metrics_scrape.h"
+#include "tests/integration/process_util.h"
 #include "tests/integration/scheduler_process.h"
+#include "tests/integration/sweep_fixture.h"
 
 namespace depthbench::testing {
 namespace {
@@ -53,14 +55,6 @@ int ReadPortFile(const std::string& path) {
     std::this_thread::sleep_for(milliseconds(20));
   }
   return 0;
-}
-
-bool Alive(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string stat;
-  if (!std::getline(in, stat)) return false;
-  size_t close = stat.rfind(')');
-  return close != std::string::npos && stat.size() > close + 2 && stat[close + 2] != 'Z';
 }
 
 // "Max open files" soft limit of a process (-1: unknown).
@@ -96,23 +90,7 @@ class Daemon {
 
   void Start(std::vector<std::string> args, const std::string& log,
              std::optional<std::pair<rlim_t, rlim_t>> nofile = std::nullopt) {
-    pid_ = fork();
-    if (pid_ == 0) {
-      if (nofile) {
-        rlimit lim{nofile->first, nofile->second};
-        if (setrlimit(RLIMIT_NOFILE, &lim) != 0) _exit(126);
-      }
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-      if (fd >= 0) {
-        dup2(fd, 1);
-        dup2(fd, 2);
-      }
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
+    pid_ = SpawnLogged(std::move(args), log, nofile);
   }
 
   // Sends `sig`, waits up to `timeout_ms`; returns the wait status, or -1
@@ -140,21 +118,6 @@ class Daemon {
  private:
   pid_t pid_ = -1;
 };
-
-// An idle TCP connection to 127.0.0.1:port (-1 on failure).
-int ConnectIdle(int port) {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
 
 // One gRPC call over a fresh connection; true if the server answered.
 bool GrpcAnswers(const std::string& address, int timeout_ms = 3000) {
@@ -200,14 +163,9 @@ constexpr char kEvents[] =
 constexpr char kDone[] =
     "echo '{\"event\":\"done\",\"step\":1,\"status\":\"succeeded\",\"val_loss\":2.5}'\n";
 
-class WorkerFaultsTest : public ::testing::Test {
+class WorkerFaultsTest : public SweepFixture {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = MakeTempDir(std::string("faults_") + info->name());
-    root_ = dir_ + "/checkpoints";
-    fs::create_directories(root_);
-  }
+  void SetUp() override { MakeDirs("faults_"); }
 
   void TearDown() override {
     worker_.Stop(SIGKILL, 5000);
@@ -215,13 +173,7 @@ class WorkerFaultsTest : public ::testing::Test {
     if (!HasFailure()) fs::remove_all(dir_);
   }
 
-  void StartScheduler() {
-    server_ = std::make_unique<SchedulerProcess>(
-        dir_ + "/s.db", dir_, std::vector<std::string>{"--lease-ttl-ms", "3000"});
-    ASSERT_TRUE(server_->Start()) << "scheduler did not start; see " << dir_;
-    stub_ = v1::SweepService::NewStub(
-        grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials()));
-  }
+  void StartScheduler() { SweepFixture::StartScheduler(/*lease_ttl_ms=*/3000); }
 
   // Writes an executable /bin/sh script (the fake trainer) and returns its path.
   std::string Script(const std::string& name, const std::string& body) {
@@ -240,32 +192,6 @@ class WorkerFaultsTest : public ::testing::Test {
     worker_.Start(args, worker_log());
   }
   std::string worker_log() const { return dir_ + "/worker.log"; }
-
-  void Submit(const v1::SweepSpec& spec) {
-    v1::SubmitSweepRequest req;
-    *req.mutable_spec() = spec;
-    v1::SubmitSweepResponse resp;
-    grpc::Status s = stub_->SubmitSweep(Ctx().get(), req, &resp);
-    ASSERT_TRUE(s.ok()) << s.error_message();
-  }
-
-  std::vector<v1::Job> Jobs(const std::string& sweep) {
-    v1::ListJobsRequest req;
-    req.set_sweep(sweep);
-    req.set_page_size(100);
-    v1::ListJobsResponse resp;
-    grpc::Status s = stub_->ListJobs(Ctx().get(), req, &resp);
-    EXPECT_TRUE(s.ok()) << s.error_message();
-    return {resp.jobs().begin(), resp.jobs().end()};
-  }
-
-  v1::Job GetJob(int64_t id) {
-    v1::GetJobRequest req;
-    req.set_job_id(id);
-    v1::Job job;
-    EXPECT_TRUE(stub_->GetJob(Ctx().get(), req, &job).ok());
-    return job;
-  }
 
   // Waits until a job of `sweep` (of `kind`) is in a final state.
   std::optional<v1::Job> WaitFinal(const std::string& sweep, v1::JobKind kind, int timeout_s) {
@@ -293,9 +219,6 @@ class WorkerFaultsTest : public ::testing::Test {
     return std::nullopt;
   }
 
-  std::string dir_, root_;
-  std::unique_ptr<SchedulerProcess> server_;
-  std::unique_ptr<v1::SweepService::Stub> stub_;
   Daemon worker_;
 };
 
@@ -383,8 +306,8 @@ TEST_F(WorkerFaultsTest, TrainerExitEndsTheAttemptThoughAGrandchildHoldsStdout) 
   pid_t grandchild = 0;
   std::ifstream(pid_file) >> grandchild;
   ASSERT_GT(grandchild, 0);
-  for (int i = 0; i < 100 && Alive(grandchild); ++i) std::this_thread::sleep_for(milliseconds(20));
-  EXPECT_FALSE(Alive(grandchild)) << "the trainer's grandchild survived";
+  for (int i = 0; i < 100 && ProcessAlive(grandchild); ++i) std::this_thread::sleep_for(milliseconds(20));
+  EXPECT_FALSE(ProcessAlive(grandchild)) << "the trainer's grandchild survived";
 }
 
 // (5) A grandchild in its own session (out of the process group) holding
@@ -413,8 +336,8 @@ TEST_F(WorkerFaultsTest, SigtermReturnsThoughADetachedGrandchildHoldsStdout) {
   int status = worker_.Stop(SIGTERM, 15000);
   ASSERT_NE(status, -1) << "the worker did not exit within 15 s of SIGTERM; see " << worker_log();
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
-  for (int i = 0; i < 100 && Alive(grandchild); ++i) std::this_thread::sleep_for(milliseconds(20));
-  EXPECT_FALSE(Alive(grandchild)) << "the detached grandchild survived";
+  for (int i = 0; i < 100 && ProcessAlive(grandchild); ++i) std::this_thread::sleep_for(milliseconds(20));
+  EXPECT_FALSE(ProcessAlive(grandchild)) << "the detached grandchild survived";
   // Reported INTERRUPTED: back to pending without using an attempt.
   std::optional<v1::Job> job = WaitState("detached", v1::PENDING, 10);
   ASSERT_TRUE(job.has_value());
@@ -483,7 +406,7 @@ TEST_F(WorkerFaultsTest, IdleMetricsConnectionsCannotStopGrpc) {
 
   std::vector<int> idle;
   for (int i = 0; i < 400; ++i) {
-    int fd = ConnectIdle(mport);
+    int fd = ConnectLoopback(mport);
     if (fd >= 0) idle.push_back(fd);
   }
   std::this_thread::sleep_for(milliseconds(500));  // let the server accept them
@@ -515,7 +438,7 @@ TEST_F(WorkerFaultsTest, ReadinessFailsWhenGrpcStopsAccepting) {
 
   std::vector<int> flood;
   for (int i = 0; i < 200; ++i) {
-    int fd = ConnectIdle(port);
+    int fd = ConnectLoopback(port);
     if (fd >= 0) flood.push_back(fd);
   }
   std::this_thread::sleep_for(milliseconds(500));

@@ -22,6 +22,7 @@
 #include <gtest/gtest.h>
 
 #include "tests/integration/scheduler_process.h"
+#include "tests/integration/sweep_fixture.h"
 #include "tests/integration/worker_process.h"
 
 namespace depthbench::testing {
@@ -82,18 +83,11 @@ struct PointKey {
   std::string name;
 };
 
-class WorkerSystemTest : public ::testing::Test {
+class WorkerSystemTest : public SweepFixture {
  protected:
   void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = MakeTempDir(std::string("worker_") + info->name());
-    root_ = dir_ + "/checkpoints";
-    std::filesystem::create_directories(root_);
-    server_ = std::make_unique<SchedulerProcess>(
-        dir_ + "/s.db", dir_,
-        std::vector<std::string>{"--lease-ttl-ms", std::to_string(kLeaseTtlMs)});
-    ASSERT_TRUE(server_->Start()) << "scheduler did not start; see " << dir_;
-    Connect();
+    MakeDirs("worker_");
+    StartScheduler(kLeaseTtlMs);
   }
 
   void TearDown() override {
@@ -103,31 +97,10 @@ class WorkerSystemTest : public ::testing::Test {
     if (!HasFailure()) std::filesystem::remove_all(dir_);
   }
 
-  void Connect() {
-    stub_ = v1::SweepService::NewStub(
-        grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials()));
-  }
-
   WorkerProcess* AddWorker(const std::string& name, std::vector<std::string> extra = {}) {
     workers_.push_back(std::make_unique<WorkerProcess>(name, dir_));
     workers_.back()->Start(server_->address(), root_, std::move(extra));
     return workers_.back().get();
-  }
-
-  void Submit(const v1::SweepSpec& spec) {
-    v1::SubmitSweepRequest req;
-    *req.mutable_spec() = spec;
-    v1::SubmitSweepResponse resp;
-    grpc::Status s = stub_->SubmitSweep(Ctx().get(), req, &resp);
-    ASSERT_TRUE(s.ok()) << s.error_message();
-  }
-
-  std::optional<v1::Sweep> GetSweep(const std::string& name) {
-    v1::GetSweepRequest req;
-    req.set_name(name);
-    v1::Sweep sweep;
-    if (!stub_->GetSweep(Ctx(2000).get(), req, &sweep).ok()) return std::nullopt;
-    return sweep;
   }
 
   // Waits for the sweep to leave RUNNING; false on timeout.
@@ -141,26 +114,6 @@ class WorkerSystemTest : public ::testing::Test {
     return false;
   }
 
-  std::vector<v1::Job> Jobs(const std::string& sweep) {
-    v1::ListJobsRequest req;
-    req.set_sweep(sweep);
-    req.set_page_size(1000);
-    v1::ListJobsResponse resp;
-    grpc::Status s = stub_->ListJobs(Ctx().get(), req, &resp);
-    EXPECT_TRUE(s.ok()) << s.error_message();
-    return {resp.jobs().begin(), resp.jobs().end()};
-  }
-
-  v1::Job GetJob(int64_t id) {
-    v1::GetJobRequest req;
-    req.set_job_id(id);
-    v1::Job job;
-    grpc::Status s = stub_->GetJob(Ctx().get(), req, &job);
-    EXPECT_TRUE(s.ok()) << s.error_message();
-    return job;
-  }
-
-  // Every stored point of a finished job (WatchJob replays them, then ends).
   std::vector<PointKey> Points(int64_t job_id) {
     v1::WatchJobRequest req;
     req.set_job_id(job_id);
@@ -227,13 +180,34 @@ class WorkerSystemTest : public ::testing::Test {
     return steps;
   }
 
+  // SIGSTOPs `trainer` once the steps attempt `attempt_id` stored stop
+  // changing and the last is not on a checkpoint (else lets it run a little
+  // and tries again); returns that last step (0: none stored).
+  int64_t FreezeBetweenCheckpoints(pid_t trainer, int64_t job_id, int64_t attempt_id,
+                                   int64_t interval) {
+    std::vector<int64_t> stored;
+    for (int tries = 0; tries < 20; ++tries) {
+      if (kill(trainer, SIGSTOP) != 0) return 0;
+      std::vector<int64_t> previous;
+      while (true) {  // until two reads agree (the relay flushes every 250 ms)
+        std::this_thread::sleep_for(milliseconds(600));
+        stored = AttemptLossSteps(job_id, attempt_id, 1500);
+        if (stored == previous) break;
+        previous = stored;
+      }
+      if (stored.empty()) return 0;
+      if (stored.back() % interval != 0) break;  // not exactly at a checkpoint
+      kill(trainer, SIGCONT);
+      std::this_thread::sleep_for(milliseconds(15));
+    }
+    return stored.back();
+  }
+
   std::string Cli(const std::string& args) {
     return std::string(DEPTHBENCH_CLI_BIN) + " --scheduler " + server_->address() + " " + args;
   }
 
-  std::string dir_, root_;
-  std::unique_ptr<SchedulerProcess> server_;
-  std::unique_ptr<v1::SweepService::Stub> stub_;
+  // dir_, root_, server_ and stub_ are SweepFixture's.
   std::vector<std::unique_ptr<WorkerProcess>> workers_;
 };
 
@@ -302,24 +276,9 @@ TEST_F(WorkerSystemTest, KilledWorkerLeaseExpiresAndAnotherResumesFromCheckpoint
   ASSERT_NE(attempt1, 0) << "no live point past step " << kInterval + 10 << "; see " << w1->log();
   std::vector<pid_t> trainers = ChildPids(w1->pid());
   ASSERT_EQ(trainers.size(), 1u);
-  // Freeze the trainer between checkpoints and let the relay deliver what
-  // it logged, so the test knows exactly how far attempt 1 got: M.
-  std::vector<int64_t> stored;
-  for (int tries = 0; tries < 20; ++tries) {
-    ASSERT_EQ(kill(trainers[0], SIGSTOP), 0);
-    std::vector<int64_t> previous;
-    while (true) {  // until two reads agree (the relay flushes every 250 ms)
-      std::this_thread::sleep_for(milliseconds(600));
-      stored = AttemptLossSteps(job_id, attempt1, 1500);
-      if (stored == previous) break;
-      previous = stored;
-    }
-    ASSERT_FALSE(stored.empty());
-    if (stored.back() % kInterval != 0) break;  // not exactly at a checkpoint
-    kill(trainers[0], SIGCONT);
-    std::this_thread::sleep_for(milliseconds(15));
-  }
-  const int64_t reached = stored.back();
+  // Freeze the trainer between checkpoints: attempt 1 got exactly this far.
+  const int64_t reached = FreezeBetweenCheckpoints(trainers[0], job_id, attempt1, kInterval);
+  ASSERT_GT(reached, 0) << "attempt 1 stored no points";
   ASSERT_NE(reached % kInterval, 0);
   ASSERT_LT(reached, 300);
   ASSERT_NE(GetJob(job_id).state(), v1::SUCCEEDED);

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "nlohmann/json.hpp"
+#include "tests/golden/golden_io.h"
 #include "trainer_core/arch.h"
 #include "trainer_core/batcher.h"
 #include "trainer_core/data.h"
@@ -469,29 +470,44 @@ TEST(DesignInitTest, DeepNormBetaAndKeelFirstBlock) {
 
 // ---- golden check against PyTorch -----------------------------------------
 
-constexpr const char* kPython = "/usr/bin/python3";
+using golden::kPython;
+using golden::ReadF32;
+using golden::WriteF32;
 
-void WriteF32(const std::string& path, const torch::Tensor& t) {
-  torch::Tensor c = t.detach().to(torch::kFloat32).contiguous();
-  std::ofstream f(path, std::ios::binary);
-  f.write(reinterpret_cast<const char*>(c.data_ptr<float>()), c.numel() * sizeof(float));
-}
-
-torch::Tensor ReadF32(const std::string& path, c10::IntArrayRef sizes) {
-  torch::Tensor t = torch::empty(sizes, torch::kFloat32);
-  std::ifstream f(path, std::ios::binary);
-  f.read(reinterpret_cast<char*>(t.data_ptr<float>()), t.numel() * sizeof(float));
-  EXPECT_EQ(f.gcount(), static_cast<std::streamsize>(t.numel() * sizeof(float))) << path;
-  return t;
+// After the first AdamW step on `m`: its gradients and updated parameters
+// against the reference's grad_*.f32 / out_*.f32 in `case_dir`.
+void ExpectFirstStepMatchesReference(LanguageModel& m, const std::filesystem::path& case_dir) {
+  // Gradients agree to fp32 accumulation precision; the updated parameters to 1e-5
+  // wherever |grad| >= 1e-6. Below that, AdamW's first step
+  // lr * g / (|g| + 1e-8) turns fp32 rounding of a near-zero gradient into
+  // an O(lr) difference, so there only the bound |update| <= lr is checked.
+  double worst = 0, worst_grad = 0;
+  std::string worst_name, worst_grad_name;
+  for (auto& item : m->named_parameters()) {
+    torch::Tensor p = item.value().detach();
+    torch::Tensor w = ReadF32((case_dir / ("out_" + item.key() + ".f32")).string(), p.sizes());
+    torch::Tensor gref = ReadF32((case_dir / ("grad_" + item.key() + ".f32")).string(), p.sizes());
+    torch::Tensor g = item.value().grad().defined() ? item.value().grad() : torch::zeros_like(p);
+    const double gdiff = ((g - gref).abs() / (gref.abs().max() + 1e-6)).max().item<double>();
+    if (gdiff > worst_grad) worst_grad = gdiff, worst_grad_name = item.key();
+    torch::Tensor well = gref.abs() >= 1e-6;
+    torch::Tensor diff = (p - w).abs();
+    const double d_well = diff.masked_select(well).numel() ? diff.masked_select(well).max().item<double>() : 0;
+    if (d_well > worst) worst = d_well, worst_name = item.key();
+    EXPECT_LT(diff.max().item<double>(), 2.05e-3) << item.key();
+  }
+  // 5e-3 of the tensor's largest gradient: scalar gains (HC's gain_a) sum
+  // B*T*n*(n+1) cancelling terms, and fp32 accumulation leaves ~3e-3 there;
+  // a wrong formula gives O(1).
+  EXPECT_LT(worst_grad, 5e-3) << "worst relative gradient " << worst_grad_name;
+  EXPECT_LT(worst, 1e-5) << "worst parameter " << worst_name;
 }
 
 TEST(DesignGoldenTest, LogitsAndFirstAdamWStepsMatchPyTorch) {
-  if (std::system((std::string(kPython) + " -c 'import torch, numpy' 2>/dev/null").c_str()) != 0) {
+  if (!golden::PythonHasTorch()) {
     GTEST_SKIP() << kPython << " lacks torch/numpy (Debian python3-torch); golden check skipped";
   }
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() / ("designs_golden_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
+  const std::filesystem::path dir = golden::FreshDir("designs_golden");
   const std::vector<Case> cases = AllCases();
   torch::Tensor tokens = torch::randint(0, 256, {2, 17}, torch::kLong);
   torch::Tensor in = tokens.narrow(1, 0, 16), tgt = tokens.narrow(1, 1, 16);
@@ -541,30 +557,7 @@ TEST(DesignGoldenTest, LogitsAndFirstAdamWStepsMatchPyTorch) {
     opt.zero_grad();
     LanguageModelImpl::CrossEntropy(logits, tgt).backward();
     opt.step();
-    // Gradients agree to fp32 accumulation precision; the updated parameters to 1e-5
-    // wherever |grad| >= 1e-6. Below that, AdamW's first step
-    // lr * g / (|g| + 1e-8) turns fp32 rounding of a near-zero gradient into
-    // an O(lr) difference, so there only the bound |update| <= lr is checked.
-    double worst = 0, worst_grad = 0;
-    std::string worst_name, worst_grad_name;
-    for (auto& item : m->named_parameters()) {
-      torch::Tensor p = item.value().detach();
-      torch::Tensor w = ReadF32((dir / name / ("out_" + item.key() + ".f32")).string(), p.sizes());
-      torch::Tensor gref = ReadF32((dir / name / ("grad_" + item.key() + ".f32")).string(), p.sizes());
-      torch::Tensor g = item.value().grad().defined() ? item.value().grad() : torch::zeros_like(p);
-      const double gdiff = ((g - gref).abs() / (gref.abs().max() + 1e-6)).max().item<double>();
-      if (gdiff > worst_grad) worst_grad = gdiff, worst_grad_name = item.key();
-      torch::Tensor well = gref.abs() >= 1e-6;
-      torch::Tensor diff = (p - w).abs();
-      const double d_well = diff.masked_select(well).numel() ? diff.masked_select(well).max().item<double>() : 0;
-      if (d_well > worst) worst = d_well, worst_name = item.key();
-      EXPECT_LT(diff.max().item<double>(), 2.05e-3) << item.key();
-    }
-    // 5e-3 of the tensor's largest gradient: scalar gains (HC's gain_a) sum
-    // B*T*n*(n+1) cancelling terms, and fp32 accumulation leaves ~3e-3 there;
-    // a wrong formula gives O(1).
-    EXPECT_LT(worst_grad, 5e-3) << "worst relative gradient " << worst_grad_name;
-    EXPECT_LT(worst, 1e-5) << "worst parameter " << worst_name;
+    ExpectFirstStepMatchesReference(m, dir / name);
 
     // Three more steps of the recipe (loss, global-norm clip at 1.0, AdamW)
     // on the same batch: the losses and pre-clip gradient norms follow the

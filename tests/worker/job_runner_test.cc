@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include "common/clock.h"
+#include "common/run_protocol.h"
 #include "tests/worker/fake_worker_service.h"
 
 namespace depthbench::worker {
@@ -27,11 +28,7 @@ namespace fs = std::filesystem;
 class JobRunnerReportTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("job_runner_test_" + std::to_string(getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = FreshTestDir("job_runner_test");
     client_ = std::make_unique<SchedulerClient>(
         SchedulerClientOptions{server_.address(), "", 5000, ""});
   }
@@ -39,11 +36,13 @@ class JobRunnerReportTest : public ::testing::Test {
     if (!HasFailure()) fs::remove_all(dir_);
   }
 
-  // Runs one attempt of a trainer that writes bad UTF-8 to stderr and exits
-  // 1; returns what the runner reported.
-  v1::FinishStatus RunFailingTrainer() {
+  // A runner of one attempt of a trainer that writes bad UTF-8 to stderr
+  // and exits `exit_code`, waiting on `clock`.
+  std::unique_ptr<JobRunner> FailingRunner(Clock* clock, int exit_code = 1) {
     std::string script = dir_ + "/trainer.sh";
-    std::ofstream(script) << "#!/bin/sh\nprintf 'bad \\377\\n' >&2\nexit 1\n";
+    std::ofstream(script) << "#!/bin/sh\nprintf 'bad \\377\\n' >&2\n"
+                          << "echo 'depthbench-train: error: --config: lr must be positive' >&2\n"
+                          << "exit " << exit_code << "\n";
     chmod(script.c_str(), 0755);
     JobRunnerOptions options;
     options.train_binary = script;
@@ -54,14 +53,19 @@ class JobRunnerReportTest : public ::testing::Test {
     lease.set_config_json("{}");
     lease.set_checkpoint_dir("s/1");
     lease.set_kind(v1::TRAIN);
-    JobRunner runner(client_.get(), RealClock::Default(), nullptr, options, lease, nullptr);
-    runner.Start();
+    return std::make_unique<JobRunner>(client_.get(), clock, nullptr, options, lease, nullptr);
+  }
+
+  // Runs FailingRunner on the real clock; returns what the runner reported.
+  v1::FinishStatus RunFailingTrainer() {
+    std::unique_ptr<JobRunner> runner = FailingRunner(RealClock::Default());
+    runner->Start();
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    while (!runner.done() && std::chrono::steady_clock::now() < deadline) {
+    while (!runner->done() && std::chrono::steady_clock::now() < deadline) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
-    EXPECT_TRUE(runner.done()) << "the runner kept retrying its report";
-    return runner.reported();  // the destructor joins the thread
+    EXPECT_TRUE(runner->done()) << "the runner kept retrying its report";
+    return runner->reported();  // the destructor joins the thread
   }
 
   std::string dir_;
@@ -96,6 +100,52 @@ TEST_F(JobRunnerReportTest, RefusedMinimalReportEndsTheAttemptUnreported) {
   server_.service().FailNextFinishes(100, grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(RunFailingTrainer(), v1::FINISH_STATUS_UNSPECIFIED);
   EXPECT_EQ(server_.service().finishes().size(), 2u);  // full, minimal, then stop
+}
+
+// The report's retries wait on the runner's Clock: with a FakeClock nothing
+// is retried until the test advances it, and the gaps are 100, 200, 400 ms.
+TEST_F(JobRunnerReportTest, TransientFinishErrorsRetryWithBackoffOnTheClock) {
+  FakeClock clock;
+  server_.service().set_clock(&clock);
+  server_.service().FailNextFinishes(3, grpc::StatusCode::UNAVAILABLE);
+  std::unique_ptr<JobRunner> runner = FailingRunner(&clock);
+  runner->Start();
+  ASSERT_TRUE(clock.WaitForPendingWaiters(1, 30000)) << "the report never waited on the clock";
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(server_.service().finishes().size(), 1u) << "retried without the clock moving";
+  for (int step = 0; step < 100 && !runner->done(); ++step) {
+    if (!clock.WaitForPendingWaiters(1, 2000)) continue;  // reporting, or done
+    clock.AdvanceMs(50);
+  }
+  ASSERT_TRUE(runner->done());
+  EXPECT_EQ(runner->reported(), v1::FINISH_FAILED);
+  const std::vector<v1::FinishJobRequest> finishes = server_.service().finishes();
+  ASSERT_EQ(finishes.size(), 4u);
+  EXPECT_EQ(finishes[3].reason(), finishes[0].reason());  // the same report each time
+  const std::vector<int64_t> t = server_.service().finish_times();
+  ASSERT_EQ(t.size(), 4u);
+  EXPECT_EQ((std::vector<int64_t>{t[1] - t[0], t[2] - t[1], t[3] - t[2]}),
+            (std::vector<int64_t>{100, 200, 400}));
+}
+
+// The failure detail is written through the run protocol: the CLI reads the
+// exit code's meaning, the stderr tail and the trainer's own error back.
+TEST_F(JobRunnerReportTest, FailureReasonCarriesTheProtocolsFailureDetail) {
+  std::unique_ptr<JobRunner> runner = FailingRunner(RealClock::Default(), /*exit_code=*/2);
+  runner->Start();
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!runner->done() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(runner->done());
+  const std::vector<v1::FinishJobRequest> finishes = server_.service().finishes();
+  ASSERT_EQ(finishes.size(), 1u);
+  EXPECT_EQ(finishes[0].status(), v1::FINISH_FAILED);
+  const run_protocol::FailureDetail detail = run_protocol::ParseFailureDetail(finishes[0].reason());
+  EXPECT_EQ(detail.summary, "depthbench-train exit code 2 (invalid input) at step 0");
+  EXPECT_NE(detail.stderr_tail.find("bad "), std::string::npos) << detail.stderr_tail;
+  ASSERT_TRUE(detail.has_trainer_error);
+  EXPECT_EQ(detail.trainer_error, "--config: lr must be positive");
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
-#include "worker/child_process.h"
+#include "common/child_process.h"
 
+#include <errno.h>  // program_invocation_short_name
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -7,20 +8,24 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
 #include <sstream>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 extern char** environ;
 
-namespace depthbench::worker {
+namespace depthbench {
 
 std::string ExitInfo::Describe() const {
   if (exited) return absl::StrCat("exit code ", code);
@@ -37,7 +42,8 @@ namespace {
     ssize_t n = write(STDERR_FILENO, s, strlen(s));
     (void)n;
   };
-  put("depthbench-worker: ");
+  put(program_invocation_short_name);  // "depthbench-worker: ..."
+  put(": ");
   put(what);
   put(" ");
   put(arg);
@@ -47,8 +53,177 @@ namespace {
   _exit(127);
 }
 
-// Every process of this machine: pid -> parent pid (racy by nature: a
-// snapshot).
+
+// True if /proc/<pid>/environ (readable for this user's processes only)
+// holds exactly `entry` ("VAR=value").
+bool HasEnvEntry(pid_t pid, const std::string& entry) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/environ", std::ios::binary);
+  if (!in) return false;
+  std::string var;
+  while (std::getline(in, var, '\0')) {
+    if (var == entry) return true;
+  }
+  return false;
+}
+
+std::string NewTag() {
+  static std::atomic<uint64_t> counter{0};
+  return absl::StrCat(getpid(), ".", ++counter);
+}
+
+
+// `name` if it is a path to an executable, else the first executable
+// PATH entry/`name`.
+absl::StatusOr<std::string> ResolveExecutable(const std::string& name) {
+  if (name.find('/') != std::string::npos) {
+    if (access(name.c_str(), X_OK) == 0) return name;
+    return absl::NotFoundError(absl::StrCat(name, ": not an executable file"));
+  }
+  const char* path = std::getenv("PATH");
+  for (absl::string_view dir : absl::StrSplit(path != nullptr ? path : "", ':')) {
+    if (dir.empty()) continue;
+    const std::string candidate = absl::StrCat(dir, "/", name);
+    if (access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return absl::NotFoundError(absl::StrCat(name, ": not found on PATH"));
+}
+
+// The child's environment: this process's, with `spec.env` on top and a
+// fresh tree tag.
+std::vector<std::string> ChildEnvironment(const ChildSpec& spec, const std::string& tag) {
+  std::vector<std::string> env_strings;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    std::string kv = *e;
+    std::string key = kv.substr(0, kv.find('='));
+    // A process started by a child (tests) must not pass its own tag on.
+    if (spec.env.count(key) == 0 && (key != kChildTagVar || tag.empty())) {
+      env_strings.push_back(std::move(kv));
+    }
+  }
+  for (const auto& [k, v] : spec.env) {
+    if (k != kChildTagVar) env_strings.push_back(absl::StrCat(k, "=", v));
+  }
+  if (!tag.empty()) env_strings.push_back(absl::StrCat(kChildTagVar, "=", tag));
+  return env_strings;
+}
+
+// The descriptors the child's stdout and stderr get (out[1], err[1]) and
+// the parent keeps (out[0], err[0]); -1 where there is none.
+struct ChildOutput {
+  int out[2] = {-1, -1};
+  int err[2] = {-1, -1};
+  void CloseAll() {
+    for (int fd : {out[0], out[1], err[0], err[1]}) {
+      if (fd >= 0) close(fd);
+    }
+  }
+};
+
+absl::StatusOr<ChildOutput> OpenOutput(const ChildSpec& spec) {
+  ChildOutput o;
+  switch (spec.output) {
+    case ChildSpec::Output::kLogFile: {
+      if (spec.log_file.empty()) return absl::InvalidArgumentError("log_file: empty");
+      const int fd = open(spec.log_file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+      if (fd < 0) {
+        return absl::InternalError(absl::StrCat("open ", spec.log_file, ": ", strerror(errno)));
+      }
+      o.out[1] = fd;
+      o.err[1] = dup(fd);
+      fcntl(o.err[1], F_SETFD, FD_CLOEXEC);
+      return o;
+    }
+    case ChildSpec::Output::kInherit:
+      return o;
+    case ChildSpec::Output::kMergedPipe:
+      if (pipe2(o.out, O_CLOEXEC) != 0) {
+        return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
+      }
+      o.err[1] = dup(o.out[1]);
+      fcntl(o.err[1], F_SETFD, FD_CLOEXEC);
+      return o;
+    case ChildSpec::Output::kPipes:
+      break;
+  }
+  if (pipe2(o.out, O_CLOEXEC) != 0) {
+    return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
+  }
+  if (pipe2(o.err, O_CLOEXEC) != 0) {
+    int saved = errno;
+    o.CloseAll();
+    return absl::InternalError(absl::StrCat("pipe: ", strerror(saved)));
+  }
+  return o;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Spawn(const ChildSpec& spec) {
+  if (spec.argv.empty()) return absl::InvalidArgumentError("argv: empty");
+
+  // Everything the child needs is built before fork().
+  std::vector<std::string> args = spec.argv;
+  if (spec.search_path) {
+    absl::StatusOr<std::string> resolved = ResolveExecutable(args[0]);
+    if (!resolved.ok()) return resolved.status();
+    args[0] = *resolved;
+  }
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const std::string tag = spec.tag_tree ? NewTag() : std::string();
+  std::vector<std::string> env_strings = ChildEnvironment(spec, tag);
+  std::vector<char*> envp;
+  for (std::string& e : env_strings) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  const pid_t parent = getpid();
+  const int death_signal = spec.parent_death_signal;
+  const char* cwd = spec.cwd.empty() ? nullptr : spec.cwd.c_str();
+  const bool new_group = spec.new_process_group;
+  absl::StatusOr<ChildOutput> output = OpenOutput(spec);
+  if (!output.ok()) return output.status();
+  ChildOutput o = *output;
+
+  pid_t pid = fork();
+  if (pid < 0) {
+    int saved = errno;
+    o.CloseAll();
+    return absl::InternalError(absl::StrCat("fork: ", strerror(saved)));
+  }
+  if (pid == 0) {
+    // Child: async-signal-safe calls only until execve().
+    if (new_group) setpgid(0, 0);
+    if (death_signal != 0) {
+      prctl(PR_SET_PDEATHSIG, death_signal);
+      if (getppid() != parent) _exit(127);  // the parent already died
+    }
+    // Default dispositions and an empty mask: the trainer installs its own
+    // SIGTERM handler, and must die of SIGPIPE if its reader is gone.
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof(dfl));
+    dfl.sa_handler = SIG_DFL;
+    for (int s : {SIGPIPE, SIGTERM, SIGINT, SIGHUP, SIGCHLD}) sigaction(s, &dfl, nullptr);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    int devnull = open("/dev/null", O_RDONLY);
+    if (devnull >= 0) dup2(devnull, STDIN_FILENO);
+    if ((o.out[1] >= 0 && dup2(o.out[1], STDOUT_FILENO) < 0) ||
+        (o.err[1] >= 0 && dup2(o.err[1], STDERR_FILENO) < 0)) {
+      _exit(127);
+    }
+    if (cwd != nullptr && chdir(cwd) != 0) ChildFail("cannot enter", cwd);
+    execve(argv[0], argv.data(), envp.data());
+    ChildFail("cannot execute", argv[0]);
+  }
+  // Parent. Set the group here too so that a SignalGroup() right after
+  // Spawn() cannot race the child's own setpgid().
+  if (new_group) setpgid(pid, pid);
+  if (o.out[1] >= 0) close(o.out[1]);
+  if (o.err[1] >= 0) close(o.err[1]);
+  return std::unique_ptr<ChildProcess>(new ChildProcess(pid, o.out[0], o.err[0], tag));
+}
+
 std::map<pid_t, pid_t> ParentPids() {
   std::map<pid_t, pid_t> out;
   std::error_code ec;
@@ -70,100 +245,6 @@ std::map<pid_t, pid_t> ParentPids() {
   return out;
 }
 
-// True if /proc/<pid>/environ (readable for this user's processes only)
-// holds exactly `entry` ("VAR=value").
-bool HasEnvEntry(pid_t pid, const std::string& entry) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/environ", std::ios::binary);
-  if (!in) return false;
-  std::string var;
-  while (std::getline(in, var, '\0')) {
-    if (var == entry) return true;
-  }
-  return false;
-}
-
-std::string NewTag() {
-  static std::atomic<uint64_t> counter{0};
-  return absl::StrCat(getpid(), ".", ++counter);
-}
-
-}  // namespace
-
-absl::StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Spawn(const ChildSpec& spec) {
-  if (spec.argv.empty()) return absl::InvalidArgumentError("argv: empty");
-
-  // Everything the child needs is built before fork().
-  std::vector<std::string> args = spec.argv;
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  std::vector<std::string> env_strings;
-  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
-    std::string kv = *e;
-    std::string key = kv.substr(0, kv.find('='));
-    // A worker started by a trainer (tests) must not pass its own tag on.
-    if (spec.env.count(key) == 0 && key != kChildTagVar) env_strings.push_back(std::move(kv));
-  }
-  for (const auto& [k, v] : spec.env) {
-    if (k != kChildTagVar) env_strings.push_back(absl::StrCat(k, "=", v));
-  }
-  const std::string tag = NewTag();
-  env_strings.push_back(absl::StrCat(kChildTagVar, "=", tag));
-  std::vector<char*> envp;
-  for (std::string& e : env_strings) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  const pid_t parent = getpid();
-  const int death_signal = spec.parent_death_signal;
-
-  int out_pipe[2], err_pipe[2];
-  if (pipe2(out_pipe, O_CLOEXEC) != 0) {
-    return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
-  }
-  if (pipe2(err_pipe, O_CLOEXEC) != 0) {
-    int saved = errno;
-    close(out_pipe[0]);
-    close(out_pipe[1]);
-    return absl::InternalError(absl::StrCat("pipe: ", strerror(saved)));
-  }
-
-  pid_t pid = fork();
-  if (pid < 0) {
-    int saved = errno;
-    for (int fd : {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1]}) close(fd);
-    return absl::InternalError(absl::StrCat("fork: ", strerror(saved)));
-  }
-  if (pid == 0) {
-    // Child: async-signal-safe calls only until execve().
-    setpgid(0, 0);
-    if (death_signal != 0) {
-      prctl(PR_SET_PDEATHSIG, death_signal);
-      if (getppid() != parent) _exit(127);  // the parent already died
-    }
-    // Default dispositions and an empty mask: the trainer installs its own
-    // SIGTERM handler, and must die of SIGPIPE if its reader is gone.
-    struct sigaction dfl;
-    memset(&dfl, 0, sizeof(dfl));
-    dfl.sa_handler = SIG_DFL;
-    for (int s : {SIGPIPE, SIGTERM, SIGINT, SIGHUP, SIGCHLD}) sigaction(s, &dfl, nullptr);
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, nullptr);
-    int devnull = open("/dev/null", O_RDONLY);
-    if (devnull >= 0) dup2(devnull, STDIN_FILENO);
-    if (dup2(out_pipe[1], STDOUT_FILENO) < 0 || dup2(err_pipe[1], STDERR_FILENO) < 0) {
-      _exit(127);
-    }
-    execve(argv[0], argv.data(), envp.data());
-    ChildFail("cannot execute", argv[0]);
-  }
-  // Parent. Set the group here too so that a SignalGroup() right after
-  // Spawn() cannot race the child's own setpgid().
-  setpgid(pid, pid);
-  close(out_pipe[1]);
-  close(err_pipe[1]);
-  return std::unique_ptr<ChildProcess>(new ChildProcess(pid, out_pipe[0], err_pipe[0], tag));
-}
-
 ChildProcess::~ChildProcess() {
   bool reaped;
   {
@@ -174,8 +255,8 @@ ChildProcess::~ChildProcess() {
     SignalGroup(SIGKILL);
     Wait();
   }
-  close(stdout_fd_);
-  close(stderr_fd_);
+  if (stdout_fd_ >= 0) close(stdout_fd_);
+  if (stderr_fd_ >= 0) close(stderr_fd_);
 }
 
 bool ChildProcess::SignalGroup(int sig) {
@@ -217,6 +298,7 @@ int ChildProcess::KillTreeLocked() {
     }
     // ... and the re-parented ones, by their tag.
     for (const auto& [pid, ppid] : parents) {
+      if (tag_.empty()) break;
       if (pid != self && pid != pid_ && HasEnvEntry(pid, entry)) victims.push_back(pid);
     }
     bool new_ones = false;
@@ -271,4 +353,17 @@ ExitInfo ChildProcess::Wait() {
   return exit_;
 }
 
-}  // namespace depthbench::worker
+ExitInfo ChildProcess::Stop(int64_t grace_ms) {
+  SignalGroup(SIGTERM);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(grace_ms);
+  while (!Exited()) {
+    if (std::chrono::steady_clock::now() >= deadline) {
+      SignalGroup(SIGKILL);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return Wait();
+}
+
+}  // namespace depthbench

@@ -1,18 +1,25 @@
-#include "worker/child_process.h"
+#include "common/child_process.h"
 
 #include <poll.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 
 #include <gtest/gtest.h>
 
-namespace depthbench::worker {
+#include "tests/integration/process_util.h"
+
+namespace depthbench {
 namespace {
+
+using ::depthbench::testing::ProcessAlive;
 
 std::string ReadAll(int fd) {
   std::string out;
@@ -57,13 +64,6 @@ TEST(ChildProcessTest, OwnProcessGroupAndGroupSignalReachesGrandchildren) {
   ReadAll((*child)->stdout_fd());
 }
 
-bool Alive(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string stat;
-  if (!std::getline(in, stat)) return false;
-  size_t close = stat.rfind(')');
-  return close != std::string::npos && stat.size() > close + 2 && stat[close + 2] != 'Z';
-}
 
 // A grandchild that left the group (setsid) and was re-parented when the
 // child exited is still found (by its environment tag) and killed.
@@ -86,16 +86,16 @@ TEST(ChildProcessTest, ExitedAndWaitKillADetachedGrandchild) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   ASSERT_TRUE((*child)->Exited());
-  ASSERT_TRUE(Alive(grandchild));
+  ASSERT_TRUE(ProcessAlive(grandchild));
   EXPECT_NE(getpgid(grandchild), (*child)->pid());  // out of the group
   EXPECT_EQ((*child)->KillTree(), 1);
   ExitInfo info = (*child)->Wait();
   EXPECT_TRUE(info.exited);
   EXPECT_EQ(info.code, 0);
-  for (int i = 0; i < 100 && Alive(grandchild); ++i) {
+  for (int i = 0; i < 100 && ProcessAlive(grandchild); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  EXPECT_FALSE(Alive(grandchild));
+  EXPECT_FALSE(ProcessAlive(grandchild));
 }
 
 TEST(ChildProcessTest, SigtermIsDeliveredEvenIfBlockedInTheParent) {
@@ -138,5 +138,91 @@ TEST(ChildProcessTest, DestructorKillsAnUnreapedChild) {
   EXPECT_NE(kill(pid, 0), 0);  // reaped and gone
 }
 
+TEST(ChildProcessTest, MergedPipeCarriesStdoutAndStderrInOrder) {
+  ChildSpec spec;
+  spec.argv = {"/bin/sh", "-c", "echo one; echo two >&2; echo three"};
+  spec.output = ChildSpec::Output::kMergedPipe;
+  auto child = ChildProcess::Spawn(spec);
+  ASSERT_TRUE(child.ok()) << child.status();
+  EXPECT_EQ((*child)->stderr_fd(), -1);
+  EXPECT_EQ(ReadAll((*child)->stdout_fd()), "one\ntwo\nthree\n");
+  EXPECT_EQ((*child)->Wait().code, 0);
+}
+
+TEST(ChildProcessTest, LogFileIsAppendedAndCwdAndPathSearchApply) {
+  const std::string dir = "/tmp/child_process_test_" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  const std::string log = dir + "/out.log";
+  std::ofstream(log) << "before\n";
+  ChildSpec spec;
+  spec.argv = {"sh", "-c", "pwd; echo err >&2"};
+  spec.search_path = true;
+  spec.cwd = dir;
+  spec.output = ChildSpec::Output::kLogFile;
+  spec.log_file = log;
+  auto child = ChildProcess::Spawn(spec);
+  ASSERT_TRUE(child.ok()) << child.status();
+  EXPECT_EQ((*child)->stdout_fd(), -1);
+  EXPECT_EQ((*child)->Wait().code, 0);
+  std::ifstream in(log);
+  std::stringstream text;
+  text << in.rdbuf();
+  EXPECT_EQ(text.str(), "before\n" + dir + "\nerr\n");
+  std::filesystem::remove_all(dir);
+}
+
+TEST(ChildProcessTest, PathSearchNamesAMissingProgram) {
+  ChildSpec spec;
+  spec.argv = {"depthbench-no-such-program"};
+  spec.search_path = true;
+  auto child = ChildProcess::Spawn(spec);
+  ASSERT_FALSE(child.ok());
+  EXPECT_EQ(child.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(child.status().message().find("depthbench-no-such-program"), std::string::npos);
+  spec.output = ChildSpec::Output::kLogFile;  // without log_file
+  spec.argv = {"/bin/true"};
+  EXPECT_EQ(ChildProcess::Spawn(spec).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ChildProcessTest, StopSendsSigtermThenSigkillAfterTheGrace) {
+  ChildSpec polite;
+  polite.argv = {"/bin/sh", "-c", "exec sleep 30"};
+  auto a = ChildProcess::Spawn(polite);
+  ASSERT_TRUE(a.ok());
+  ExitInfo info = (*a)->Stop(5000);
+  EXPECT_FALSE(info.exited);
+  EXPECT_EQ(info.signal, SIGTERM);
+
+  ChildSpec stubborn;
+  stubborn.argv = {"/bin/sh", "-c", "trap '' TERM; echo ready; while true; do sleep 1; done"};
+  auto b = ChildProcess::Spawn(stubborn);
+  ASSERT_TRUE(b.ok());
+  char c;
+  ASSERT_EQ(read((*b)->stdout_fd(), &c, 1), 1);  // the trap is set
+  const auto start = std::chrono::steady_clock::now();
+  info = (*b)->Stop(300);
+  EXPECT_FALSE(info.exited);
+  EXPECT_EQ(info.signal, SIGKILL);
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(300));
+}
+
+TEST(ChildProcessTest, WithoutANewGroupTheChildStaysInOursAndKeepsOurTag) {
+  ChildSpec spec;
+  spec.argv = {"/bin/sh", "-c", "echo $(ps -o pgid= $$) ${DEPTHBENCH_WORKER_CHILD_TAG:-none}"};
+  spec.new_process_group = false;
+  spec.tag_tree = false;
+  auto child = ChildProcess::Spawn(spec);
+  ASSERT_TRUE(child.ok()) << child.status();
+  std::istringstream words(ReadAll((*child)->stdout_fd()));
+  long pgid = 0;
+  std::string tag;
+  words >> pgid >> tag;
+  EXPECT_EQ(pgid, static_cast<long>(getpgid(0)));
+  const char* ours = std::getenv(kChildTagVar);
+  EXPECT_EQ(tag, ours != nullptr ? ours : "none");
+  EXPECT_TRUE((*child)->tag().empty());
+  EXPECT_EQ((*child)->Wait().code, 0);
+}
+
 }  // namespace
-}  // namespace depthbench::worker
+}  // namespace depthbench

@@ -1,6 +1,7 @@
-// One supervised child process (a `depthbench-train` run): spawned in its
-// own process group with stdout and stderr on pipes, signalled as a group,
-// reaped once.
+// The one way this code base runs a child process: spawned in its own
+// process group, its stdout and stderr on pipes (the worker's trainer
+// runs), on one merged pipe (report's gnuplot) or appended to a log file
+// (the demo's daemons), signalled as a group, its tree killed, reaped once.
 //
 // Why POSIX fork/exec and not Boost.Process: the worker needs three things
 // Boost.Process 1.74 does not give cleanly: the child in its own process
@@ -36,10 +37,12 @@
 // been reaped. The fds belong
 // to the object and are read by one thread. Ownership: owns both pipe fds;
 // the destructor SIGKILLs and reaps a child that was not waited for.
-#ifndef DEPTHBENCH_WORKER_CHILD_PROCESS_H_
-#define DEPTHBENCH_WORKER_CHILD_PROCESS_H_
+#ifndef DEPTHBENCH_COMMON_CHILD_PROCESS_H_
+#define DEPTHBENCH_COMMON_CHILD_PROCESS_H_
 
 #include <sys/types.h>
+
+#include <cstdint>
 
 #include <map>
 #include <memory>
@@ -50,18 +53,44 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 
-namespace depthbench::worker {
+namespace depthbench {
+
+// Every live (not zombie) process of this machine: pid -> parent pid, read
+// from /proc (a snapshot: racy by nature). KillTree walks it; tests use it
+// to find a daemon's children.
+std::map<pid_t, pid_t> ParentPids();
 
 // The environment variable that tags a child's process tree.
 inline constexpr char kChildTagVar[] = "DEPTHBENCH_WORKER_CHILD_TAG";
 
 struct ChildSpec {
-  std::vector<std::string> argv;  // argv[0] is the executable path
-  // Variables set (or overridden) on top of the worker's environment.
+  // argv[0] is the executable's path (or, with search_path, a name looked
+  // up on PATH before the fork).
+  std::vector<std::string> argv;
+  bool search_path = false;
+  // Variables set (or overridden) on top of this process's environment.
   std::map<std::string, std::string> env;
   // Signal sent to the child if the spawning thread (in practice: the
-  // worker) dies. 0 = none.
+  // worker, the demo) dies. 0 = none.
   int parent_death_signal = 9;  // SIGKILL
+  // Where stdout and stderr go (stdin is /dev/null):
+  //   kPipes       two pipes, stdout_fd() and stderr_fd()
+  //   kMergedPipe  one pipe for both, stdout_fd() (stderr_fd() is -1)
+  //   kLogFile     appended to `log_file` (created 0644; both fds -1)
+  //   kInherit     this process's stdout and stderr (both fds -1)
+  enum class Output { kPipes, kMergedPipe, kLogFile, kInherit };
+  Output output = Output::kPipes;
+  std::string log_file;
+  std::string cwd;  // the child's working directory; empty: this one's
+  // Tag the child's tree with a fresh kChildTagVar (KillTree finds
+  // descendants that left the group by it). false: the child inherits this
+  // process's tag, if any, so that it stays in the tree of whoever tagged
+  // this process (the trainer's rank launcher).
+  bool tag_tree = true;
+  // The child leads a new process group (SignalGroup reaches what it
+  // starts). false: it stays in this process's group, so that a signal to
+  // that group reaches it too (the trainer's ranks); SignalGroup then fails.
+  bool new_process_group = true;
 };
 
 struct ExitInfo {
@@ -74,9 +103,12 @@ struct ExitInfo {
 
 class ChildProcess {
  public:
-  // InvalidArgument for an empty argv; Internal if pipe()/fork() fail. An
-  // executable that cannot be exec'd shows up as exit code 127 with the
-  // reason on its stderr.
+  // InvalidArgument for an empty argv or (kLogFile) no log_file; NotFound
+  // when search_path finds no executable argv[0] (as a path, or on PATH);
+  // Internal if
+  // pipe()/open()/fork() fail. An executable that cannot be exec'd (or a
+  // cwd that cannot be entered) shows up as exit code 127 with the reason
+  // on its stderr.
   static absl::StatusOr<std::unique_ptr<ChildProcess>> Spawn(const ChildSpec& spec);
 
   ~ChildProcess();
@@ -102,6 +134,10 @@ class ChildProcess {
   // it returns, KillTree()s the rest so no descendant survives.
   ExitInfo Wait();
 
+  // SignalGroup(SIGTERM), then SIGKILL once `grace_ms` passed without the
+  // child exiting; Wait()s. Returns Wait()'s info.
+  ExitInfo Stop(int64_t grace_ms);
+
   const std::string& tag() const { return tag_; }
 
  private:
@@ -121,6 +157,6 @@ class ChildProcess {
   absl::Mutex wait_mu_;  // serialises waitpid() callers
 };
 
-}  // namespace depthbench::worker
+}  // namespace depthbench
 
-#endif  // DEPTHBENCH_WORKER_CHILD_PROCESS_H_
+#endif  // DEPTHBENCH_COMMON_CHILD_PROCESS_H_
