@@ -1,0 +1,426 @@
+#include "trainer_core/diagnostics/cka_kernel.h"
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <thread>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace depthbench {
+namespace diagnostics {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Columns of the [L, t*t] Gram buffer contracted per GEMM: float32 partial
+// sums over at most this many products, then summed in float64.
+constexpr int64_t kContractChunk = int64_t{1} << 16;
+// Elements per block of the mean / variance pass.
+constexpr int64_t kStatsChunkElems = int64_t{1} << 21;
+
+int64_t SaturatedBytes(long double bytes) {
+  constexpr auto kMax = std::numeric_limits<int64_t>::max();
+  return bytes >= static_cast<long double>(kMax) ? kMax
+                                                 : static_cast<int64_t>(bytes);
+}
+
+struct FormCost {
+  int64_t tile_rows = 0;
+  int64_t block_layers = 0;
+  double flops = 0;
+  long double bytes = 0;
+};
+
+struct DimStats {
+  long double l = 0, sumd = 0, sumd2 = 0, maxd = 0;
+};
+
+FormCost GramCost(int64_t n, const DimStats& s, int64_t es, int64_t budget,
+                  int64_t tile_rows) {
+  FormCost c;
+  int64_t t = tile_rows;
+  if (t <= 0) {
+    const long double fit =
+        std::sqrt(std::max<long double>(0, budget * 0.8L) / (s.l * es));
+    t = fit >= static_cast<long double>(n) ? n : static_cast<int64_t>(fit);
+    t = std::max<int64_t>(t, std::min<int64_t>(n, 256));
+    if (t < n) t = std::max<int64_t>(64, t / 64 * 64);
+  }
+  t = std::min(t, n);
+  c.tile_rows = t;
+  const int64_t blocks = (n + t - 1) / t;
+  const long double last = static_cast<long double>(n - (blocks - 1) * t);
+  const long double sum_sq =
+      static_cast<long double>(blocks - 1) * t * t + last * last;
+  const long double pairs = (static_cast<long double>(n) * n + sum_sq) / 2;
+  c.flops = static_cast<double>(2 * s.sumd * pairs + 2 * s.l * s.l * pairs);
+  c.bytes = s.l * t * t * es + 2.0L * t * s.maxd * es + s.l * s.maxd * (8 + es) +
+            3 * s.l * s.l * 8;
+  return c;
+}
+
+FormCost FeatureCost(int64_t n, const DimStats& s, int64_t es,
+                     int64_t budget) {
+  FormCost c;
+  const long double layer = static_cast<long double>(n) * s.maxd * es;
+  const long double fit = (budget - layer) / layer;
+  c.block_layers = fit < 1 ? 1 : fit >= s.l ? static_cast<int64_t>(s.l)
+                                            : static_cast<int64_t>(fit);
+  c.flops = static_cast<double>(static_cast<long double>(n) *
+                                (s.sumd * s.sumd + s.sumd2));
+  c.bytes = (c.block_layers + 1) * layer +
+            2.0L * c.block_layers * s.maxd * s.maxd * es +
+            s.l * s.maxd * (8 + es) + 3.0L * s.l * s.l * 8;
+  return c;
+}
+
+CkaPlan PlanFromStats(int64_t num_rows, const DimStats& s,
+                      const CkaOptions& options) {
+  CkaPlan plan;
+  if (s.l < 1 || num_rows < 1) return plan;
+  auto cost = [&](int64_t es, CkaForm* form) {
+    const FormCost g =
+        GramCost(num_rows, s, es, options.budget_bytes, options.tile_rows);
+    const FormCost f = FeatureCost(num_rows, s, es, options.budget_bytes);
+    plan.gram_flops = g.flops;
+    plan.feature_flops = f.flops;
+    if (*form == CkaForm::kAuto) {
+      *form = g.flops <= f.flops ? CkaForm::kGram : CkaForm::kFeature;
+    }
+    return *form == CkaForm::kGram ? g : f;
+  };
+  CkaForm form = options.form;
+  FormCost c = cost(4, &form);
+  CkaPrecision precision = options.precision;
+  if (precision == CkaPrecision::kAuto) {
+    precision = c.flops < kCkaFloat64MaxFlops ? CkaPrecision::kFloat64
+                                              : CkaPrecision::kFloat32;
+  }
+  if (precision == CkaPrecision::kFloat64) c = cost(8, &form);
+  plan.form = form;
+  plan.precision = precision;
+  plan.tile_rows = c.tile_rows;
+  plan.block_layers = c.block_layers;
+  plan.flops = c.flops;
+  plan.working_bytes = SaturatedBytes(c.bytes);
+  return plan;
+}
+
+// out = x - mu (mu in float64 [d]; out in the compute dtype, any strides).
+void Centre(torch::Tensor out, const torch::Tensor& x,
+            const torch::Tensor& mu_compute, const torch::Tensor& mu64) {
+  if (x.scalar_type() == out.scalar_type()) {
+    at::sub_out(out, x, mu_compute);
+  } else if (x.scalar_type() == torch::kFloat64) {
+    out.copy_(x - mu64);  // centre before rounding to float32
+  } else {
+    out.copy_(x);
+    out.sub_(mu_compute);
+  }
+}
+
+double SumSquares(const torch::Tensor& m) {
+  return at::sum(m.square(), torch::kFloat64).item<double>();
+}
+
+}  // namespace
+
+const char* CkaPrecisionName(CkaPrecision p) {
+  switch (p) {
+    case CkaPrecision::kFloat32:
+      return "fp32";
+    case CkaPrecision::kFloat64:
+      return "fp64";
+    default:
+      return "auto";
+  }
+}
+
+const char* CkaFormName(CkaForm f) {
+  switch (f) {
+    case CkaForm::kGram:
+      return "gram";
+    case CkaForm::kFeature:
+      return "feature";
+    default:
+      return "auto";
+  }
+}
+
+CkaPlan PlanCka(int64_t num_rows, const std::vector<int64_t>& dims,
+                const CkaOptions& options) {
+  DimStats s;
+  s.l = static_cast<long double>(dims.size());
+  for (int64_t d : dims) {
+    s.sumd += d;
+    s.sumd2 += static_cast<long double>(d) * d;
+    s.maxd = std::max<long double>(s.maxd, d);
+  }
+  return PlanFromStats(num_rows, s, options);
+}
+
+CkaPlan PlanCkaUniform(int64_t num_layers, int64_t num_rows, int64_t dim,
+                       const CkaOptions& options) {
+  DimStats s;
+  s.l = static_cast<long double>(num_layers);
+  s.sumd = s.l * dim;
+  s.sumd2 = s.l * dim * static_cast<long double>(dim);
+  s.maxd = static_cast<long double>(dim);
+  return PlanFromStats(num_rows, s, options);
+}
+
+absl::StatusOr<CkaResult> LinearCkaMatrix(LayerRows& source,
+                                          const CkaOptions& options,
+                                          const std::string& what) {
+  try {
+    torch::NoGradGuard no_grad;
+    const Clock::time_point start = Clock::now();
+    const int64_t num_layers = source.num_layers();
+    const int64_t n = source.num_rows();
+    if (num_layers < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": no layers"));
+    }
+    if (n < 2) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": need N >= 2 sequences, got ", n));
+    }
+    std::vector<int64_t> dims(static_cast<size_t>(num_layers));
+    int64_t maxd = 0;
+    for (int64_t l = 0; l < num_layers; ++l) {
+      dims[l] = source.dim(l);
+      if (dims[l] < 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, ": layer ", l + 1, " has no features"));
+      }
+      maxd = std::max(maxd, dims[l]);
+    }
+    CkaResult result;
+    result.plan = PlanCka(n, dims, options);
+    const CkaPlan& plan = result.plan;
+    const auto cdt = plan.precision == CkaPrecision::kFloat64
+                         ? torch::kFloat64
+                         : torch::kFloat32;
+    const auto f64 = torch::TensorOptions().dtype(torch::kFloat64);
+    const auto fc = torch::TensorOptions().dtype(cdt);
+
+    // Pass 1: column means and the variance check, float64, merged per block
+    // (Chan et al.) so that a large mean does not cancel the variance.
+    std::vector<torch::Tensor> mu64(num_layers), muc(num_layers);
+    for (int64_t l = 0; l < num_layers; ++l) {
+      const int64_t d = dims[l];
+      const int64_t chunk = std::max<int64_t>(1, kStatsChunkElems / d);
+      torch::Tensor mean = torch::zeros({d}, f64);
+      torch::Tensor m2 = torch::zeros({d}, f64);
+      double raw_sq = 0;
+      int64_t count = 0;
+      for (int64_t r0 = 0; r0 < n; r0 += chunk) {
+        const int64_t r1 = std::min(n, r0 + chunk);
+        const int64_t nb = r1 - r0;
+        torch::Tensor x = source.Rows(l, r0, r1).to(torch::kFloat64);
+        torch::Tensor cm = x.mean(0);
+        torch::Tensor cm2 = (x - cm).square().sum(0);
+        raw_sq += x.square().sum().item<double>();
+        source.Release();
+        torch::Tensor delta = cm - mean;
+        const double total = static_cast<double>(count + nb);
+        mean.add_(delta, static_cast<double>(nb) / total);
+        m2.add_(cm2).add_(delta.square(),
+                          static_cast<double>(count) * nb / total);
+        count += nb;
+      }
+      const double raw = std::sqrt(raw_sq);
+      const double cen = std::sqrt(m2.sum().item<double>());
+      if (!std::isfinite(raw) || !std::isfinite(cen)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, ": layer ", l + 1, ": non-finite values"));
+      }
+      // Centring a constant column leaves rounding residue ~1e-17 relative.
+      if (cen <= 1e-12 * raw || cen == 0.0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            what, ": layer ", l + 1, ": zero variance after centring columns"));
+      }
+      mu64[l] = mean;
+      muc[l] = mean.to(cdt);
+    }
+
+    torch::Tensor g = torch::zeros({num_layers, num_layers}, f64);
+    CkaProgress progress;
+    progress.total_flops = plan.flops;
+    auto report = [&](double flops) {
+      progress.done_flops += flops;
+      ++progress.done_steps;
+      if (options.progress) options.progress(progress);
+    };
+
+    if (plan.form == CkaForm::kGram) {
+      const int64_t t = plan.tile_rows;
+      const int64_t blocks = (n + t - 1) / t;
+      progress.total_steps = blocks * (blocks + 1) / 2 * num_layers;
+      torch::Tensor kbuf = torch::empty({num_layers, t * t}, fc);
+      torch::Tensor abuf = torch::empty({t * maxd}, fc);
+      torch::Tensor bbuf = torch::empty({t * maxd}, fc);
+      for (int64_t a = 0; a < blocks; ++a) {
+        const int64_t ra0 = a * t, ra1 = std::min(n, ra0 + t);
+        const int64_t ta = ra1 - ra0;
+        for (int64_t b = a; b < blocks; ++b) {
+          const int64_t rb0 = b * t, rb1 = std::min(n, rb0 + t);
+          const int64_t tb = rb1 - rb0;
+          for (int64_t l = 0; l < num_layers; ++l) {
+            const int64_t d = dims[l];
+            torch::Tensor ca = abuf.narrow(0, 0, ta * d).view({ta, d});
+            Centre(ca, source.Rows(l, ra0, ra1), muc[l], mu64[l]);
+            torch::Tensor cb = ca;
+            if (b != a) {
+              cb = bbuf.narrow(0, 0, tb * d).view({tb, d});
+              Centre(cb, source.Rows(l, rb0, rb1), muc[l], mu64[l]);
+            }
+            source.Release();
+            torch::Tensor k =
+                kbuf.select(0, l).narrow(0, 0, ta * tb).view({ta, tb});
+            at::mm_out(k, ca, cb.t());
+            report(2.0 * ta * tb * d + (l + 1 == num_layers
+                                            ? 2.0 * num_layers * num_layers *
+                                                  ta * tb
+                                            : 0.0));
+          }
+          const double w = a == b ? 1.0 : 2.0;
+          torch::Tensor kt = kbuf.narrow(1, 0, ta * tb);
+          for (int64_t c0 = 0; c0 < ta * tb; c0 += kContractChunk) {
+            torch::Tensor kc =
+                kt.narrow(1, c0, std::min(kContractChunk, ta * tb - c0));
+            g.add_(at::mm(kc, kc.t()).to(torch::kFloat64), w);
+          }
+        }
+      }
+    } else {
+      const int64_t bl = plan.block_layers;
+      progress.total_steps = num_layers * (num_layers + 1) / 2;
+      int64_t max_block = 0;
+      for (int64_t p0 = 0; p0 < num_layers; p0 += bl) {
+        int64_t s = 0;
+        for (int64_t l = p0; l < std::min(num_layers, p0 + bl); ++l) {
+          s += dims[l];
+        }
+        max_block = std::max(max_block, s);
+      }
+      torch::Tensor pbuf = torch::empty({n * max_block}, fc);
+      torch::Tensor jbuf = torch::empty({n * maxd}, fc);
+      const int64_t chunk_rows = std::max<int64_t>(1, kStatsChunkElems / maxd);
+      // Centred layer l into the columns of `dst` [n, *].
+      auto load = [&](torch::Tensor dst, int64_t l) {
+        for (int64_t r0 = 0; r0 < n; r0 += chunk_rows) {
+          const int64_t r1 = std::min(n, r0 + chunk_rows);
+          Centre(dst.narrow(0, r0, r1 - r0), source.Rows(l, r0, r1), muc[l],
+                 mu64[l]);
+          source.Release();
+        }
+      };
+      for (int64_t p0 = 0; p0 < num_layers; p0 += bl) {
+        const int64_t p1 = std::min(num_layers, p0 + bl);
+        std::vector<int64_t> off(static_cast<size_t>(p1 - p0 + 1), 0);
+        for (int64_t l = p0; l < p1; ++l) {
+          off[l - p0 + 1] = off[l - p0] + dims[l];
+        }
+        const int64_t width = off.back();
+        torch::Tensor xp = pbuf.narrow(0, 0, n * width).view({n, width});
+        for (int64_t l = p0; l < p1; ++l) {
+          load(xp.narrow(1, off[l - p0], dims[l]), l);
+        }
+        for (int64_t i = p0; i < p1; ++i) {
+          torch::Tensor xi = xp.narrow(1, off[i - p0], dims[i]);
+          for (int64_t j = i; j < p1; ++j) {
+            torch::Tensor xj = xp.narrow(1, off[j - p0], dims[j]);
+            const double v = SumSquares(at::mm(xi.t(), xj));
+            g[i][j] = v;
+            g[j][i] = v;
+            report(2.0 * n * dims[i] * dims[j]);
+          }
+        }
+        for (int64_t j = p1; j < num_layers; ++j) {
+          torch::Tensor xj = jbuf.narrow(0, 0, n * dims[j]).view({n, dims[j]});
+          load(xj, j);
+          torch::Tensor m = at::mm(xp.t(), xj);  // [width, d_j]
+          for (int64_t i = p0; i < p1; ++i) {
+            const double v = SumSquares(m.narrow(0, off[i - p0], dims[i]));
+            g[i][j] = v;
+            g[j][i] = v;
+            report(2.0 * n * dims[i] * dims[j]);
+          }
+        }
+      }
+    }
+
+    auto ga = g.accessor<double, 2>();
+    result.hsic.assign(num_layers, std::vector<double>(num_layers, 0.0));
+    result.cka.assign(num_layers, std::vector<double>(num_layers, 0.0));
+    for (int64_t i = 0; i < num_layers; ++i) {
+      for (int64_t j = 0; j < num_layers; ++j) {
+        result.hsic[i][j] = ga[i][j];
+        result.cka[i][j] =
+            i == j ? 1.0 : ga[i][j] / std::sqrt(ga[i][i] * ga[j][j]);
+      }
+    }
+    result.seconds =
+        std::chrono::duration<double>(Clock::now() - start).count();
+    return result;
+  } catch (const c10::Error& e) {
+    return absl::InternalError(
+        absl::StrCat(what, ": LibTorch error: ", e.what_without_backtrace()));
+  }
+}
+
+absl::StatusOr<CkaPrecision> ParseCkaPrecision(const std::string& name,
+                                               const std::string& flag) {
+  if (name == "auto") return CkaPrecision::kAuto;
+  if (name == "fp32") return CkaPrecision::kFloat32;
+  if (name == "fp64") return CkaPrecision::kFloat64;
+  return absl::InvalidArgumentError(absl::StrCat(
+      flag, ": unknown precision \"", name, "\" (auto, fp32 or fp64)"));
+}
+
+absl::StatusOr<CkaForm> ParseCkaForm(const std::string& name,
+                                     const std::string& flag) {
+  if (name == "auto") return CkaForm::kAuto;
+  if (name == "gram") return CkaForm::kGram;
+  if (name == "feature") return CkaForm::kFeature;
+  return absl::InvalidArgumentError(absl::StrCat(
+      flag, ": unknown form \"", name, "\" (auto, gram or feature)"));
+}
+
+int SetKernelThreads(int n) {
+  if (n <= 0) n = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  at::set_num_threads(n);
+  return at::get_num_threads();
+}
+
+double MeasureSgemmPeakGflops() {
+  torch::NoGradGuard no_grad;
+  constexpr int64_t kN = 2048;
+  torch::Tensor a = torch::randn({kN, kN});
+  torch::Tensor b = torch::randn({kN, kN});
+  torch::Tensor c = torch::empty({kN, kN});
+  at::mm_out(c, a, b);  // warm-up (thread pool, packing buffers)
+  double best = std::numeric_limits<double>::infinity();
+  for (int rep = 0; rep < 3; ++rep) {
+    const Clock::time_point t0 = Clock::now();
+    at::mm_out(c, a, b);
+    best = std::min(best,
+                    std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  return 2.0 * kN * kN * kN / best / 1e9;
+}
+
+int64_t PeakRssBytes() {
+  struct rusage ru {};
+  if (getrusage(RUSAGE_SELF, &ru) != 0) return -1;
+  return static_cast<int64_t>(ru.ru_maxrss) * 1024;  // Linux: kilobytes
+}
+
+}  // namespace diagnostics
+}  // namespace depthbench
