@@ -22,7 +22,7 @@ using Clock = std::chrono::steady_clock;
 // sums over at most this many products, then summed in float64.
 constexpr int64_t kContractChunk = int64_t{1} << 16;
 // Elements per block of the mean / variance pass.
-constexpr int64_t kStatsChunkElems = int64_t{1} << 21;
+constexpr int64_t kStatsChunkElems = int64_t{1} << 19;
 
 int64_t SaturatedBytes(long double bytes) {
   constexpr auto kMax = std::numeric_limits<int64_t>::max();
