@@ -20,7 +20,7 @@ using Clock = std::chrono::steady_clock;
 
 // Columns of the [L, t*t] Gram buffer contracted per GEMM: float32 partial
 // sums over at most this many products, then summed in float64.
-constexpr int64_t kContractChunk = int64_t{1} << 16;
+constexpr int64_t kContractChunk = int64_t{1} << 18;
 // Elements per block of the mean / variance pass.
 constexpr int64_t kStatsChunkElems = int64_t{1} << 19;
 
@@ -113,8 +113,37 @@ CkaPlan PlanFromStats(int64_t num_rows, const DimStats& s,
 }
 
 // out = x - mu (mu in float64 [d]; out in the compute dtype, any strides).
+template <typename T>
+void CentreRows(T* out, int64_t out_stride, const T* x, const T* mu,
+                int64_t rows, int64_t d) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * d;
+    T* o = out + r * out_stride;
+    for (int64_t c = 0; c < d; ++c) o[c] = xr[c] - mu[c];
+  }
+}
+
+// Plain loops on this thread where the layouts allow: centring is memory
+// bound and short, and an intra-op parallel region per block costs more in
+// thread hand-offs than it saves on a busy 2-core machine (measured: the
+// GEMMs' OpenMP workers spin between regions).
 void Centre(torch::Tensor out, const torch::Tensor& x,
             const torch::Tensor& mu_compute, const torch::Tensor& mu64) {
+  const bool rows_ok = x.is_contiguous() && out.stride(1) == 1 &&
+                       out.stride(0) >= out.size(1) &&
+                       mu_compute.is_contiguous();
+  if (rows_ok && x.scalar_type() == out.scalar_type()) {
+    if (out.scalar_type() == torch::kFloat32) {
+      CentreRows(out.data_ptr<float>(), out.stride(0), x.data_ptr<float>(),
+                 mu_compute.data_ptr<float>(), x.size(0), x.size(1));
+      return;
+    }
+    if (out.scalar_type() == torch::kFloat64) {
+      CentreRows(out.data_ptr<double>(), out.stride(0), x.data_ptr<double>(),
+                 mu_compute.data_ptr<double>(), x.size(0), x.size(1));
+      return;
+    }
+  }
   if (x.scalar_type() == out.scalar_type()) {
     at::sub_out(out, x, mu_compute);
   } else if (x.scalar_type() == torch::kFloat64) {
