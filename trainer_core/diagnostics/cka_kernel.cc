@@ -6,6 +6,9 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <mutex>
+#include <type_traits>
+#include <cstring>
 #include <thread>
 #include <utility>
 
@@ -18,9 +21,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Columns of the [L, t*t] Gram buffer contracted per GEMM: float32 partial
-// sums over at most this many products, then summed in float64.
-constexpr int64_t kContractChunk = int64_t{1} << 18;
 // Elements per block of the mean / variance pass.
 constexpr int64_t kStatsChunkElems = int64_t{1} << 19;
 
@@ -154,6 +154,101 @@ void Centre(torch::Tensor out, const torch::Tensor& x,
   }
 }
 
+// G[i][j] += w * <K_i, K_j> for i <= j over the L rows of K (row stride
+// `ld`, `cols` columns), float32 products summed in float32 over blocks of
+// kContractCols columns, blocks summed in float64. Hand-written because this
+// product is inner-product shaped (L x P times P x L with P ~ 10^6): BLAS
+// GEMM packs both operands for every K block and, threaded on a busy
+// machine, was measured at 0.1-1.5 GFLOP/s on it (ssyrk ~5).
+constexpr int64_t kContractCols = 512;
+using V4 = float __attribute__((vector_size(16)));
+
+template <typename T>
+void ContractBlock(const T* k, int64_t ld, int64_t num_layers, int64_t p0,
+                   int64_t n, double* acc) {
+  for (int64_t i = 0; i < num_layers; ++i) {
+    const T* ki = k + i * ld + p0;
+    for (int64_t j = i; j < num_layers; ++j) {
+      const T* kj = k + j * ld + p0;
+      double s = 0;
+      if constexpr (std::is_same_v<T, float>) {
+        V4 a0 = {0, 0, 0, 0}, a1 = a0, a2 = a0, a3 = a0;
+        int64_t p = 0;
+        for (; p + 16 <= n; p += 16) {
+          V4 x0, x1, x2, x3, y0, y1, y2, y3;
+          std::memcpy(&x0, ki + p, 16);
+          std::memcpy(&x1, ki + p + 4, 16);
+          std::memcpy(&x2, ki + p + 8, 16);
+          std::memcpy(&x3, ki + p + 12, 16);
+          std::memcpy(&y0, kj + p, 16);
+          std::memcpy(&y1, kj + p + 4, 16);
+          std::memcpy(&y2, kj + p + 8, 16);
+          std::memcpy(&y3, kj + p + 12, 16);
+          a0 += x0 * y0;
+          a1 += x1 * y1;
+          a2 += x2 * y2;
+          a3 += x3 * y3;
+        }
+        const V4 a = (a0 + a1) + (a2 + a3);
+        float tail = 0;
+        for (; p < n; ++p) tail += ki[p] * kj[p];
+        s = static_cast<double>(a[0]) + a[1] + a[2] + a[3] + tail;
+      } else {
+        for (int64_t p = 0; p < n; ++p) s += ki[p] * kj[p];
+      }
+      acc[i * num_layers + j] += s;
+    }
+  }
+}
+
+template <typename T>
+void Contract(const T* k, int64_t ld, int64_t num_layers, int64_t cols,
+              double w, double* g) {
+  const int64_t blocks = (cols + kContractCols - 1) / kContractCols;
+  std::mutex mu;
+  at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+    std::vector<double> acc(static_cast<size_t>(num_layers * num_layers), 0.0);
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t p0 = b * kContractCols;
+      ContractBlock(k, ld, num_layers, p0, std::min(kContractCols, cols - p0),
+                    acc.data());
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    for (int64_t i = 0; i < num_layers; ++i) {
+      for (int64_t j = i; j < num_layers; ++j) {
+        g[i * num_layers + j] += w * acc[i * num_layers + j];
+      }
+    }
+  });
+}
+
+// Column means, centred sums of squares (float64) of a [rows, d] block, and
+// its raw sum of squares added to *raw_sq. Plain loops on this thread: the
+// pass is memory-bound, and ATen's parallel elementwise ops were measured
+// ten times slower than one thread on a busy 2-core machine.
+template <typename T>
+void ChunkStats(const T* x, int64_t rows, int64_t d, double* cm, double* cm2,
+                double* raw_sq) {
+  std::fill(cm, cm + d, 0.0);
+  std::fill(cm2, cm2 + d, 0.0);
+  double raw = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * d;
+    for (int64_t c = 0; c < d; ++c) cm[c] += xr[c];
+  }
+  for (int64_t c = 0; c < d; ++c) cm[c] /= static_cast<double>(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * d;
+    for (int64_t c = 0; c < d; ++c) {
+      const double v = static_cast<double>(xr[c]);
+      const double e = v - cm[c];
+      cm2[c] += e * e;
+      raw += v * v;
+    }
+  }
+  *raw_sq += raw;
+}
+
 double SumSquares(const torch::Tensor& m) {
   return at::sum(m.square(), torch::kFloat64).item<double>();
 }
@@ -244,27 +339,40 @@ absl::StatusOr<CkaResult> LinearCkaMatrix(LayerRows& source,
     for (int64_t l = 0; l < num_layers; ++l) {
       const int64_t d = dims[l];
       const int64_t chunk = std::max<int64_t>(1, kStatsChunkElems / d);
-      torch::Tensor mean = torch::zeros({d}, f64);
-      torch::Tensor m2 = torch::zeros({d}, f64);
+      std::vector<double> mean(d, 0.0), m2(d, 0.0), cm(d), cm2(d);
       double raw_sq = 0;
       int64_t count = 0;
       for (int64_t r0 = 0; r0 < n; r0 += chunk) {
         const int64_t r1 = std::min(n, r0 + chunk);
         const int64_t nb = r1 - r0;
-        torch::Tensor x = source.Rows(l, r0, r1).to(torch::kFloat64);
-        torch::Tensor cm = x.mean(0);
-        torch::Tensor cm2 = (x - cm).square().sum(0);
-        raw_sq += x.square().sum().item<double>();
+        torch::Tensor x = source.Rows(l, r0, r1);
+        if (x.scalar_type() != torch::kFloat32 &&
+            x.scalar_type() != torch::kFloat64) {
+          x = x.to(torch::kFloat64);
+        }
+        x = x.contiguous();
+        if (x.scalar_type() == torch::kFloat32) {
+          ChunkStats(x.data_ptr<float>(), nb, d, cm.data(), cm2.data(),
+                     &raw_sq);
+        } else {
+          ChunkStats(x.data_ptr<double>(), nb, d, cm.data(), cm2.data(),
+                     &raw_sq);
+        }
         source.Release();
-        torch::Tensor delta = cm - mean;
         const double total = static_cast<double>(count + nb);
-        mean.add_(delta, static_cast<double>(nb) / total);
-        m2.add_(cm2).add_(delta.square(),
-                          static_cast<double>(count) * nb / total);
+        const double wn = static_cast<double>(nb) / total;
+        const double wc = static_cast<double>(count) * nb / total;
+        for (int64_t c = 0; c < d; ++c) {
+          const double delta = cm[c] - mean[c];
+          mean[c] += delta * wn;
+          m2[c] += cm2[c] + delta * delta * wc;
+        }
         count += nb;
       }
+      double m2_sum = 0;
+      for (double v : m2) m2_sum += v;
       const double raw = std::sqrt(raw_sq);
-      const double cen = std::sqrt(m2.sum().item<double>());
+      const double cen = std::sqrt(m2_sum);
       if (!std::isfinite(raw) || !std::isfinite(cen)) {
         return absl::InvalidArgumentError(
             absl::StrCat(what, ": layer ", l + 1, ": non-finite values"));
@@ -274,8 +382,8 @@ absl::StatusOr<CkaResult> LinearCkaMatrix(LayerRows& source,
         return absl::InvalidArgumentError(absl::StrCat(
             what, ": layer ", l + 1, ": zero variance after centring columns"));
       }
-      mu64[l] = mean;
-      muc[l] = mean.to(cdt);
+      mu64[l] = torch::from_blob(mean.data(), {d}, f64).clone();
+      muc[l] = mu64[l].to(cdt);
     }
 
     torch::Tensor g = torch::zeros({num_layers, num_layers}, f64);
@@ -292,6 +400,8 @@ absl::StatusOr<CkaResult> LinearCkaMatrix(LayerRows& source,
       const int64_t blocks = (n + t - 1) / t;
       progress.total_steps = blocks * (blocks + 1) / 2 * num_layers;
       torch::Tensor kbuf = torch::empty({num_layers, t * t}, fc);
+      // Upper triangle of G, row-major L x L.
+      std::vector<double> gu(static_cast<size_t>(num_layers * num_layers), 0.0);
       torch::Tensor abuf = torch::empty({t * maxd}, fc);
       torch::Tensor bbuf = torch::empty({t * maxd}, fc);
       for (int64_t a = 0; a < blocks; ++a) {
@@ -319,12 +429,19 @@ absl::StatusOr<CkaResult> LinearCkaMatrix(LayerRows& source,
                                             : 0.0));
           }
           const double w = a == b ? 1.0 : 2.0;
-          torch::Tensor kt = kbuf.narrow(1, 0, ta * tb);
-          for (int64_t c0 = 0; c0 < ta * tb; c0 += kContractChunk) {
-            torch::Tensor kc =
-                kt.narrow(1, c0, std::min(kContractChunk, ta * tb - c0));
-            g.add_(at::mm(kc, kc.t()).to(torch::kFloat64), w);
+          if (cdt == torch::kFloat32) {
+            Contract(kbuf.data_ptr<float>(), t * t, num_layers, ta * tb, w,
+                     gu.data());
+          } else {
+            Contract(kbuf.data_ptr<double>(), t * t, num_layers, ta * tb, w,
+                     gu.data());
           }
+        }
+      }
+      for (int64_t i = 0; i < num_layers; ++i) {
+        for (int64_t j = i; j < num_layers; ++j) {
+          g[i][j] = gu[i * num_layers + j];
+          g[j][i] = gu[i * num_layers + j];
         }
       }
     } else {

@@ -13,7 +13,8 @@
 //               triangle); per tile each layer's centred Gram tile
 //               K_l = X_l[a] X_l[b]^T is one GEMM (t x d x t) into an
 //               [L, t*t] buffer, and G += w K K^T (w = 2 off the diagonal)
-//               is one more GEMM per tile. FLOPs ~ (sum d + L^2) N^2, for any
+//               is a hand-written blocked contraction (BLAS is slow on that
+//               inner-product shape). FLOPs ~ (sum d + L^2) N^2, for any
 //               number of layers at the memory of one [L, t, t] buffer.
 //   * feature : blocks of B layers are held centred as [N, sum d] and every
 //               pair's d_i x d_j cross-covariance is one GEMM. FLOPs ~
@@ -22,8 +23,11 @@
 // tiles are computed in full), the feature form 11.1 TFLOP.
 //
 // Precision: kFloat32 runs the GEMMs in float32 (float32 accumulation inside
-// a GEMM; every sum across GEMMs, the means and the variance check are
-// float64); CKA values then carry relative errors of about 1e-6.
+// a GEMM and over 512-column blocks of the contraction; every sum across
+// those, the means and the variance check are float64); CKA values then
+// carry relative errors of about 1e-6.
+// Threads: the GEMMs and the contraction use LibTorch's intra-op pool; the
+// memory-bound passes (means, centring) run on the calling thread.
 // kFloat64 does everything in float64. kAuto picks float64 when the run is
 // small (under kCkaFloat64MaxFlops), so small inputs keep their float64
 // results exactly, and float32 otherwise.
