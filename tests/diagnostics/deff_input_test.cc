@@ -58,13 +58,17 @@ TEST(DeffInputTest, RefusesShapesAboveTheWorkingMemoryLimit) {
   TempDir dir;
   const std::string path = WriteStates(dir, "small.npy", {3, 4, 5});
   const int64_t need = DeffWorkingBytes(3, 4, 5);
-  EXPECT_GT(need, 20 * 3 * 4 * 5);
+  EXPECT_GT(need, 0);
+  // The file is mapped, not held: the issue 18 shape (a 1.3 GB file) needs
+  // the kernel's buffers only.
+  EXPECT_LT(DeffWorkingBytes(32, 10000, 1024), int64_t{256} << 20);
   EXPECT_TRUE(DeffFromNpy(path, -1, need).ok());
   ExpectInvalid(DeffFromNpy(path, -1, need - 1), "needs about");
   // Sizes whose product overflows int64 saturate instead of wrapping.
   constexpr int64_t kBig = std::numeric_limits<int64_t>::max();
   EXPECT_EQ(DeffWorkingBytes(kBig, kBig, kBig), kBig);
-  EXPECT_EQ(DeffWorkingBytes(4096, int64_t{1} << 31, int64_t{1} << 31), kBig);
+  EXPECT_GT(DeffWorkingBytes(4096, int64_t{1} << 31, int64_t{1} << 31),
+            kDeffMaxWorkingBytes);
 }
 
 // A header claiming (1000, 100000, 100) (40 GB) over 8 bytes of data is refused

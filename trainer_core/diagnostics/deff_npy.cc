@@ -1,8 +1,17 @@
 #include "trainer_core/diagnostics/deff_npy.h"
 
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -10,8 +19,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
+#include "trainer_core/diagnostics/cka_kernel.h"
 #include "trainer_core/diagnostics/metrics.h"
-#include "trainer_core/diagnostics/npy.h"
 #include "trainer_core/npy.h"
 
 namespace depthbench {
@@ -32,25 +41,176 @@ nlohmann::json MatrixJson(const Matrix& m) {
   return rows;
 }
 
+
+using Clock = std::chrono::steady_clock;
+
+NpyExpectation StatesArray() {
+  NpyExpectation expect;
+  expect.dtypes = {{"<f4", 4}, {"<f8", 8}};
+  expect.dtypes_help = "'<f4' little-endian float32, '<f8' float64";
+  expect.file_noun = "states file";
+  return expect;
+}
+
+bool HostIsLittleEndian() {
+  const uint16_t probe = 1;
+  unsigned char first = 0;
+  std::memcpy(&first, &probe, 1);
+  return first == 1;
+}
+
+// The (L, N, d) array of a .npy file, mapped read-only. Rows() are views of
+// the mapping; Release() hands the pages used so far back (MADV_DONTNEED on
+// a read-only file mapping drops them from the RSS; they stay in the page
+// cache and fault back in if read again).
+class MappedStates : public LayerRows {
+ public:
+  static absl::StatusOr<std::unique_ptr<MappedStates>> Open(
+      const std::string& path, const NpyLayout& layout, int64_t file_size) {
+    if (!HostIsLittleEndian()) {
+      return absl::UnimplementedError(
+          "deff: memory-mapping little-endian .npy data needs a little-endian "
+          "host");
+    }
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      return absl::InternalError(absl::StrCat("deff: cannot open ", path, ": ",
+                                              std::strerror(errno)));
+    }
+    void* base = ::mmap(nullptr, static_cast<size_t>(file_size), PROT_READ,
+                        MAP_PRIVATE, fd, 0);
+    const int err = errno;
+    ::close(fd);
+    if (base == MAP_FAILED) {
+      return absl::InternalError(absl::StrCat("deff: cannot map ", path, ": ",
+                                              std::strerror(err)));
+    }
+    return std::unique_ptr<MappedStates>(
+        new MappedStates(base, file_size, layout));
+  }
+  ~MappedStates() override { ::munmap(base_, static_cast<size_t>(size_)); }
+  MappedStates(const MappedStates&) = delete;
+  MappedStates& operator=(const MappedStates&) = delete;
+
+  int64_t num_layers() const override { return layout_.shape[0]; }
+  int64_t num_rows() const override { return layout_.shape[1]; }
+  int64_t dim(int64_t) const override { return layout_.shape[2]; }
+  torch::Tensor Rows(int64_t layer, int64_t r0, int64_t r1) override {
+    const int64_t d = layout_.shape[2];
+    const int64_t es = layout_.dtype.item_size;
+    const int64_t offset =
+        layout_.data_offset + ((layer * num_rows() + r0) * d) * es;
+    char* p = static_cast<char*>(base_) + offset;
+    used_.emplace_back(offset, (r1 - r0) * d * es);
+    // Read-only: the kernel never writes to a block it is handed.
+    return torch::from_blob(p, {r1 - r0, d},
+                            torch::TensorOptions().dtype(
+                                es == 8 ? torch::kFloat64 : torch::kFloat32));
+  }
+  void Release() override {
+    static const int64_t page = ::sysconf(_SC_PAGESIZE);
+    for (const auto& [offset, bytes] : used_) {
+      // Only whole pages inside the range: a neighbour's page stays mapped.
+      const int64_t begin = (offset + page - 1) / page * page;
+      const int64_t end = (offset + bytes) / page * page;
+      if (end > begin) {
+        ::madvise(static_cast<char*>(base_) + begin,
+                  static_cast<size_t>(end - begin), MADV_DONTNEED);
+      }
+    }
+    used_.clear();
+  }
+
+ private:
+  MappedStates(void* base, int64_t size, NpyLayout layout)
+      : base_(base), size_(size), layout_(std::move(layout)) {}
+  void* base_;
+  int64_t size_;
+  NpyLayout layout_;
+  std::vector<std::pair<int64_t, int64_t>> used_;
+};
+
+// OpenBLAS's kernel set ("SkylakeX", "Haswell", "Prescott", ...), looked up
+// at run time so that nothing links against OpenBLAS directly; "unknown"
+// for another BLAS.
+std::string BlasCoreName() {
+  using CoreNameFn = char* (*)();
+  auto fn = reinterpret_cast<CoreNameFn>(
+      ::dlsym(RTLD_DEFAULT, "openblas_get_corename"));
+  const char* name = fn != nullptr ? fn() : nullptr;
+  return name != nullptr ? std::string(name) : std::string("unknown");
+}
+
+// OpenBLAS 0.3.21 does not recognise some newer Xeons (the CPU model reads
+// "Intel(R) Xeon(R) Processor") and falls back to its SSE3 "Prescott"
+// kernels: sgemm 4-5x below the machine. The kernel set can only be chosen
+// before the library loads, through OPENBLAS_CORETYPE.
+std::string BlasAdvice(const std::string& core) {
+  if (core != "Prescott" && core != "prescott") return "";
+  if (__builtin_cpu_supports("avx512f")) {
+    return "OpenBLAS runs its generic Prescott kernels on this AVX-512 CPU; "
+           "OPENBLAS_CORETYPE=SkylakeX makes sgemm several times faster";
+  }
+  if (__builtin_cpu_supports("avx2")) {
+    return "OpenBLAS runs its generic Prescott kernels on this AVX2 CPU; "
+           "OPENBLAS_CORETYPE=Haswell makes sgemm several times faster";
+  }
+  return "";
+}
+
+// "deff: 12/55 ... (21.8%), 3.1 s elapsed, ETA 11.2 s" on the log, the first
+// after `interval` seconds, then every `interval`.
+class ProgressLine {
+ public:
+  ProgressLine(std::ostream* out, double interval)
+      : out_(out), interval_(interval), start_(Clock::now()) {}
+  void operator()(const CkaProgress& p) {
+    if (out_ == nullptr) return;
+    const Clock::time_point now = Clock::now();
+    const double elapsed = std::chrono::duration<double>(now - start_).count();
+    if (elapsed < interval_) return;
+    if (printed_ &&
+        std::chrono::duration<double>(now - last_).count() < interval_) {
+      return;
+    }
+    const double frac =
+        p.total_flops > 0 ? std::min(1.0, p.done_flops / p.total_flops) : 1.0;
+    const double eta = frac > 0 ? elapsed * (1.0 - frac) / frac : 0.0;
+    *out_ << absl::StrFormat(
+                 "deff: %d/%d GEMM steps (%.1f%% of %.0f GFLOP), %.1f s "
+                 "elapsed, ETA %.1f s\n",
+                 p.done_steps, p.total_steps, 100.0 * frac,
+                 p.total_flops / 1e9, elapsed, eta)
+          << std::flush;
+    last_ = now;
+    printed_ = true;
+  }
+
+ private:
+  std::ostream* out_;
+  double interval_;
+  Clock::time_point start_, last_;
+  bool printed_ = false;
+};
+
 }  // namespace
 
 int64_t DeffWorkingBytes(int64_t num_layers, int64_t num_seq, int64_t dim) {
-  // In long double so that products of int64 sizes cannot overflow.
-  const long double l = num_layers, n = num_seq, d = dim;
-  const long double m = std::min(n, d);
-  const long double bytes = 4.0L * l * n * d     // the float32 array
-                            + 16.0L * l * n * d  // float64 pooled + centred
-                            + 8.0L * l * m * m   // Gram matrices (N <= d)
-                            + 8.0L * m * m       // one transient product
-                            + 8.0L * l * l;      // the CKA matrix
-  constexpr auto kMax = std::numeric_limits<int64_t>::max();
-  return bytes >= static_cast<long double>(kMax) ? kMax
-                                                 : static_cast<int64_t>(bytes);
+  return PlanCkaUniform(num_layers, num_seq, dim).working_bytes;
 }
 
 absl::StatusOr<nlohmann::json> DeffFromNpy(const std::string& path,
                                            int64_t max_lag,
                                            int64_t max_working_bytes) {
+  DeffNpyOptions options;
+  options.max_lag = max_lag;
+  options.max_working_bytes = max_working_bytes;
+  return DeffFromNpy(path, options);
+}
+
+absl::StatusOr<nlohmann::json> DeffFromNpy(const std::string& path,
+                                           const DeffNpyOptions& options) {
+  const int64_t max_lag = options.max_lag;
   auto check_shape = [&](const std::vector<int64_t>& shape) -> absl::Status {
     if (shape.size() != 3) {
       return absl::InvalidArgumentError(
@@ -69,24 +229,80 @@ absl::StatusOr<nlohmann::json> DeffFromNpy(const std::string& path,
           where, ": L = ", shape[0], " layers is more than the ",
           kDeffMaxLayers, " supported (expected (L, N, d), layers first)"));
     }
-    const int64_t need = DeffWorkingBytes(shape[0], shape[1], shape[2]);
-    if (need > max_working_bytes) {
+    const int64_t need =
+        PlanCkaUniform(shape[0], shape[1], shape[2], options.cka).working_bytes;
+    if (need > options.max_working_bytes) {
       return absl::InvalidArgumentError(
           absl::StrCat(where, ": D_eff on it needs about ", need >> 20,
-                       " MiB, more than the limit of ", max_working_bytes >> 20,
+                       " MiB, more than the limit of ",
+                       options.max_working_bytes >> 20,
                        " MiB (use fewer sequences N or a smaller d)"));
     }
     return absl::OkStatus();
   };
-  ASSIGN_OR_RETURN(NpyArray arr, ReadNpyFloat32(path, check_shape));
-  const int64_t num_layers = arr.shape[0];
-  const int64_t num_seq = arr.shape[1];
-  const int64_t dim = arr.shape[2];
-  torch::Tensor pooled =
-      torch::from_blob(arr.data.data(), {num_layers, num_seq, dim},
-                       torch::TensorOptions().dtype(torch::kFloat32));
+  ASSIGN_OR_RETURN(NpyFileReader reader,
+                   NpyFileReader::Open(path, StatesArray()));
+  const NpyLayout layout = reader.layout();
+  RETURN_IF_ERROR(check_shape(layout.shape));
+  ASSIGN_OR_RETURN(std::unique_ptr<MappedStates> states,
+                   MappedStates::Open(path, layout, reader.file_size()));
+  const int64_t num_layers = layout.shape[0];
+  const int64_t num_seq = layout.shape[1];
+  const int64_t dim = layout.shape[2];
+  if (max_lag < -1 || max_lag > num_layers - 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("deff: --max-lag ", max_lag, " outside [0, ",
+                     num_layers - 1, "] for L = ", num_layers));
+  }
+  CkaOptions cka_options = options.cka;
+  ProgressLine line(options.log, options.progress_interval_s);
+  auto user_progress = cka_options.progress;
+  cka_options.progress = [&](const CkaProgress& p) {
+    line(p);
+    if (user_progress) user_progress(p);
+  };
+  ASSIGN_OR_RETURN(CkaResult cka,
+                   LinearCkaMatrix(*states, cka_options,
+                                   absl::StrCat("deff: ", path)));
+  states.reset();
+  const double gflop = cka.plan.flops / 1e9;
+  nlohmann::json perf;
+  perf["form"] = CkaFormName(cka.plan.form);
+  perf["precision"] = CkaPrecisionName(cka.plan.precision);
+  perf["seconds"] = cka.seconds;
+  perf["gflop"] = gflop;
+  perf["gflops"] = cka.seconds > 0 ? gflop / cka.seconds : 0.0;
+  perf["threads"] = at::get_num_threads();
+  perf["tile_rows"] = cka.plan.tile_rows;
+  const std::string blas_core = BlasCoreName();
+  perf["blas_core"] = blas_core;
+  perf["block_layers"] = cka.plan.block_layers;
+  perf["peak_rss_mib"] = static_cast<double>(PeakRssBytes()) / (1 << 20);
+  const bool measured =
+      options.perf || cka.seconds >= options.progress_interval_s;
+  if (measured) {
+    const double peak = MeasureSgemmPeakGflops();
+    perf["sgemm_peak_gflops"] = peak;
+    perf["fraction_of_peak"] = perf["gflops"].get<double>() / peak;
+  }
+  if (options.log != nullptr && measured) {
+    *options.log << absl::StrFormat(
+                        "deff: done in %.2f s: %.0f GFLOP (%s form, %s), "
+                        "%.1f GFLOP/s = %.0f%% of the sgemm peak %.1f GFLOP/s "
+                        "(2048^3 at::mm, %d threads); peak RSS %.0f MiB\n",
+                        cka.seconds, gflop, CkaFormName(cka.plan.form),
+                        CkaPrecisionName(cka.plan.precision),
+                        perf["gflops"].get<double>(),
+                        100.0 * perf["fraction_of_peak"].get<double>(),
+                        perf["sgemm_peak_gflops"].get<double>(),
+                        at::get_num_threads(),
+                        perf["peak_rss_mib"].get<double>())
+                 << std::flush;
+    const std::string advice = BlasAdvice(blas_core);
+    if (!advice.empty()) *options.log << "deff: note: " << advice << "\n";
+  }
   ASSIGN_OR_RETURN(EffectiveDepthResult r,
-                   EffectiveDepthFromPooled(pooled, max_lag));
+                   EffectiveDepthFromCka(std::move(cka.cka), max_lag));
   nlohmann::json out;
   out["kind"] = "deff";
   out["states"] = path;
@@ -103,7 +319,32 @@ absl::StatusOr<nlohmann::json> DeffFromNpy(const std::string& path,
   for (double v : r.lag_profile) lag.push_back(Num(v));
   out["lag_profile"] = std::move(lag);
   out["cka"] = MatrixJson(r.cka);
+  out["perf"] = std::move(perf);
   return out;
+}
+
+absl::StatusOr<DeffNpyOptions> MakeDeffNpyOptions(const DeffCliFlags& flags,
+                                                  int64_t max_lag,
+                                                  std::ostream* log) {
+  DeffNpyOptions options;
+  options.max_lag = max_lag;
+  ASSIGN_OR_RETURN(options.cka.precision,
+                   ParseCkaPrecision(flags.precision, "--precision"));
+  ASSIGN_OR_RETURN(options.cka.form, ParseCkaForm(flags.form, "--form"));
+  if (flags.threads < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--threads: must be >= 0 (0 = all cores), got ",
+                     flags.threads));
+  }
+  if (flags.budget_mib < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--budget-mib: must be >= 1, got ", flags.budget_mib));
+  }
+  options.cka.budget_bytes = flags.budget_mib << 20;
+  options.perf = flags.perf;
+  options.log = flags.quiet ? nullptr : log;
+  SetKernelThreads(flags.threads);
+  return options;
 }
 
 std::string FormatDeffTable(const nlohmann::json& d) {

@@ -399,8 +399,50 @@ absl::StatusOr<double> LinearCka(const torch::Tensor& x,
   });
 }
 
+absl::StatusOr<EffectiveDepthResult> EffectiveDepthFromCka(Matrix cka,
+                                                          int64_t max_lag) {
+  const int64_t num_layers = static_cast<int64_t>(cka.size());
+  if (num_layers < 1) {
+    return absl::InvalidArgumentError("EffectiveDepth: no layer states");
+  }
+  for (const auto& row : cka) {
+    if (static_cast<int64_t>(row.size()) != num_layers) {
+      return absl::InvalidArgumentError(
+          "EffectiveDepth: the CKA matrix must be square");
+    }
+  }
+  if (max_lag == -1) max_lag = num_layers - 1;
+  if (max_lag < 0 || max_lag > num_layers - 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("EffectiveDepth: max lag ", max_lag, " outside [0, ",
+                     num_layers - 1, "]"));
+  }
+  EffectiveDepthResult r;
+  r.num_layers = num_layers;
+  r.max_lag = max_lag;
+  r.cka = std::move(cka);
+  r.lag_profile.assign(static_cast<size_t>(num_layers), 0.0);
+  for (int64_t k = 0; k < num_layers; ++k) {
+    double sum = 0.0;
+    for (int64_t i = 0; i + k < num_layers; ++i) sum += r.cka[i][i + k];
+    r.lag_profile[k] = sum / static_cast<double>(num_layers - k);
+  }
+  const double l_d = static_cast<double>(num_layers);
+  double acc = 0.0;
+  for (int64_t k = 1; k <= max_lag; ++k) {
+    acc += (1.0 - static_cast<double>(k) / l_d) * r.lag_profile[k];
+  }
+  r.deff = l_d / (1.0 + 2.0 * acc);
+  r.deff_over_l = r.deff / l_d;
+  r.rho_bar1 = num_layers > 1 ? r.lag_profile[1] : kNaN;
+  r.f_l = 2.0 * l_d / (l_d + 1.0);
+  r.gap_pct = 100.0 * (r.f_l - r.deff) / r.f_l;
+  return r;
+}
+
 absl::StatusOr<EffectiveDepthResult> EffectiveDepth(
-    const std::vector<torch::Tensor>& layer_states, int64_t max_lag) {
+    const std::vector<torch::Tensor>& layer_states, int64_t max_lag,
+    const CkaOptions& options) {
   return Guarded(
       "EffectiveDepth", [&]() -> absl::StatusOr<EffectiveDepthResult> {
         torch::NoGradGuard no_grad;
@@ -408,15 +450,15 @@ absl::StatusOr<EffectiveDepthResult> EffectiveDepth(
         if (num_layers < 1) {
           return absl::InvalidArgumentError("EffectiveDepth: no layer states");
         }
-        if (max_lag == -1) max_lag = num_layers - 1;
-        if (max_lag < 0 || max_lag > num_layers - 1) {
+        if (max_lag < -1 || max_lag > num_layers - 1) {
           return absl::InvalidArgumentError(
               absl::StrCat("EffectiveDepth: max lag ", max_lag, " outside [0, ",
                            num_layers - 1, "]"));
         }
+        // Pooled over tokens (in float64) where the states are [N, T, d];
+        // already pooled [N, d] states go to the kernel as they are.
         std::vector<torch::Tensor> pooled;
         pooled.reserve(layer_states.size());
-        int64_t max_d = 0;
         for (int64_t l = 0; l < num_layers; ++l) {
           const torch::Tensor& h = layer_states[l];
           if (!h.defined() || (h.dim() != 2 && h.dim() != 3)) {
@@ -424,53 +466,28 @@ absl::StatusOr<EffectiveDepthResult> EffectiveDepth(
                 absl::StrCat("EffectiveDepth: layer ", l + 1,
                              " must be [N, T, d] or [N, d]"));
           }
-          torch::Tensor p = h.dim() == 3 ? h.to(torch::kFloat64).mean(1)
-                                         : h.to(torch::kFloat64);
+          torch::Tensor p = h.dim() == 3 ? h.to(torch::kFloat64).mean(1) : h;
+          if (!p.is_floating_point()) p = p.to(torch::kFloat64);
           if (p.size(0) != layer_states[0].size(0)) {
             return absl::InvalidArgumentError(absl::StrCat(
                 "EffectiveDepth: layer ", l + 1, " has ", p.size(0),
                 " sequences, layer 1 has ", layer_states[0].size(0)));
           }
-          max_d = std::max(max_d, p.size(1));
-          pooled.push_back(std::move(p));
-        }
-        const bool gram = pooled[0].size(0) <= max_d;
-        std::vector<CkaOperand> ops;
-        ops.reserve(pooled.size());
-        for (int64_t l = 0; l < num_layers; ++l) {
-          ASSIGN_OR_RETURN(
-              CkaOperand op,
-              MakeCkaOperand(pooled[l], gram,
-                             absl::StrCat("EffectiveDepth: layer ", l + 1)));
-          ops.push_back(std::move(op));
-        }
-        EffectiveDepthResult r;
-        r.num_layers = num_layers;
-        r.max_lag = max_lag;
-        r.cka = NaNMatrix(num_layers, num_layers);
-        for (int64_t i = 0; i < num_layers; ++i) {
-          r.cka[i][i] = 1.0;
-          for (int64_t j = i + 1; j < num_layers; ++j) {
-            r.cka[i][j] = r.cka[j][i] = CkaOf(ops[i], ops[j]);
+          if (p.size(0) < 2 || p.size(1) < 1) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                "EffectiveDepth: layer ", l + 1,
+                ": need a [N >= 2, d >= 1] matrix, got ", ShapeString(p)));
           }
+          if (p.scalar_type() != torch::kFloat32 &&
+              p.scalar_type() != torch::kFloat64) {
+            p = p.to(torch::kFloat64);
+          }
+          pooled.push_back(p.contiguous());
         }
-        r.lag_profile.assign(static_cast<size_t>(num_layers), 0.0);
-        for (int64_t k = 0; k < num_layers; ++k) {
-          double sum = 0.0;
-          for (int64_t i = 0; i + k < num_layers; ++i) sum += r.cka[i][i + k];
-          r.lag_profile[k] = sum / static_cast<double>(num_layers - k);
-        }
-        const double l_d = static_cast<double>(num_layers);
-        double acc = 0.0;
-        for (int64_t k = 1; k <= max_lag; ++k) {
-          acc += (1.0 - static_cast<double>(k) / l_d) * r.lag_profile[k];
-        }
-        r.deff = l_d / (1.0 + 2.0 * acc);
-        r.deff_over_l = r.deff / l_d;
-        r.rho_bar1 = num_layers > 1 ? r.lag_profile[1] : kNaN;
-        r.f_l = 2.0 * l_d / (l_d + 1.0);
-        r.gap_pct = 100.0 * (r.f_l - r.deff) / r.f_l;
-        return r;
+        TensorLayerRows rows(std::move(pooled));
+        ASSIGN_OR_RETURN(CkaResult cka,
+                         LinearCkaMatrix(rows, options, "EffectiveDepth"));
+        return EffectiveDepthFromCka(std::move(cka.cka), max_lag);
       });
 }
 

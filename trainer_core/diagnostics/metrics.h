@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "trainer_core/diagnostics/cka_kernel.h"
 
 namespace depthbench {
 namespace diagnostics {
@@ -176,9 +177,15 @@ struct EffectiveDepthResult {
 // D_eff (Gahtan et al.) from the L block outputs h_1..h_L. Each tensor is
 // either [N_seq, T, d] (mean-pooled over T here) or already pooled [N_seq, d];
 // N_seq must agree (d may differ). `max_lag` K: -1 means L-1; otherwise
-// 0 <= K <= L-1.
+// 0 <= K <= L-1. The CKA matrix comes from the GEMM kernel of cka_kernel.h
+// (the one `depthbench-deff` uses on a mapped file); small inputs are
+// computed in float64, large ones in float32 GEMMs (see there).
 absl::StatusOr<EffectiveDepthResult> EffectiveDepth(
-    const std::vector<torch::Tensor>& layer_states, int64_t max_lag = -1);
+    const std::vector<torch::Tensor>& layer_states, int64_t max_lag = -1,
+    const CkaOptions& options = {});
+// The D_eff summary of a given L x L CKA matrix (rho, diagonal 1).
+absl::StatusOr<EffectiveDepthResult> EffectiveDepthFromCka(Matrix cka,
+                                                          int64_t max_lag = -1);
 // Same from one pooled tensor [L, N, d] (the `.npy` layout).
 absl::StatusOr<EffectiveDepthResult> EffectiveDepthFromPooled(
     const torch::Tensor& pooled, int64_t max_lag = -1);

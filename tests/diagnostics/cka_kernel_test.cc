@@ -1,0 +1,364 @@
+// The D_eff CKA kernel (trainer_core/diagnostics/cka_kernel.h, issue 18 goal
+// 1): both formulations and both precisions against the float64 pairwise
+// reference (LinearCka), the memory-mapped .npy path for float32 and float64
+// files, the paper's Table S1 figures for independent states, the progress /
+// perf lines, and that the mapped file does not stay in the resident set.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <cstdint>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/common/test_util.h"
+#include "trainer_core/diagnostics/cka_kernel.h"
+#include "trainer_core/diagnostics/deff_npy.h"
+#include "trainer_core/diagnostics/metrics.h"
+#include "trainer_core/diagnostics/npy.h"
+#include "trainer_core/npy.h"
+
+namespace depthbench {
+namespace diagnostics {
+namespace {
+
+using ::depthbench::testing::RunCommand;
+using ::depthbench::testing::TempDir;
+
+// L correlated layers [N, d_l]: a random walk in a shared feature space (so
+// CKA falls with the lag) plus a per-layer column offset `mean`.
+std::vector<torch::Tensor> Walk(const std::vector<int64_t>& dims, int64_t n,
+                                double mean, uint64_t seed) {
+  torch::manual_seed(seed);
+  std::vector<torch::Tensor> out;
+  torch::Tensor h = torch::randn({n, 64}, torch::kFloat64);
+  for (size_t l = 0; l < dims.size(); ++l) {
+    h = h + 0.6 * torch::randn({n, 64}, torch::kFloat64);
+    torch::Tensor proj = torch::randn({64, dims[l]}, torch::kFloat64);
+    out.push_back(h.matmul(proj) + mean * (static_cast<double>(l) + 1) +
+                  0.3 * torch::randn({n, dims[l]}, torch::kFloat64));
+  }
+  return out;
+}
+
+Matrix Reference(const std::vector<torch::Tensor>& layers) {
+  const size_t l = layers.size();
+  Matrix m(l, std::vector<double>(l, 1.0));
+  for (size_t i = 0; i < l; ++i) {
+    for (size_t j = i + 1; j < l; ++j) {
+      auto v = LinearCka(layers[i], layers[j]);
+      EXPECT_TRUE(v.ok()) << v.status();
+      m[i][j] = m[j][i] = v.ok() ? *v : NAN;
+    }
+  }
+  return m;
+}
+
+void ExpectClose(const Matrix& got, const Matrix& want, double tol,
+                 const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < want.size(); ++i) {
+    for (size_t j = 0; j < want.size(); ++j) {
+      EXPECT_NEAR(got[i][j], want[i][j], tol) << what << " (" << i << ", " << j
+                                              << ")";
+    }
+  }
+}
+
+struct Case {
+  CkaForm form;
+  CkaPrecision precision;
+  int64_t tile_rows;     // gram: ragged tiles when N % tile != 0
+  int64_t budget_bytes;  // feature: small budget = blocks of few layers
+  double tol;
+};
+
+TEST(CkaKernelTest, BothFormsAndPrecisionsMatchTheFloat64Reference) {
+  const std::vector<int64_t> dims = {40, 40, 24, 56, 40, 32};
+  const int64_t n = 300;
+  for (double mean : {0.0, 20.0}) {
+    const std::vector<torch::Tensor> layers = Walk(dims, n, mean, 7);
+    const Matrix want = Reference(layers);
+    // Layers 1 and 6 are far apart, neighbours close: not a trivial matrix.
+    EXPECT_LT(want[0][5], want[0][1]);
+    const int64_t layer_bytes = n * 56 * 4;
+    const std::vector<Case> cases = {
+        {CkaForm::kGram, CkaPrecision::kFloat64, 64, kCkaDefaultBudgetBytes, 1e-12},
+        {CkaForm::kGram, CkaPrecision::kFloat64, 0, kCkaDefaultBudgetBytes, 1e-12},
+        {CkaForm::kFeature, CkaPrecision::kFloat64, 0, 3 * layer_bytes * 2, 1e-12},
+        {CkaForm::kGram, CkaPrecision::kFloat32, 128, kCkaDefaultBudgetBytes, 2e-5},
+        {CkaForm::kFeature, CkaPrecision::kFloat32, 0, 3 * layer_bytes, 2e-5},
+        {CkaForm::kFeature, CkaPrecision::kFloat32, 0, kCkaDefaultBudgetBytes, 2e-5},
+    };
+    for (const Case& c : cases) {
+      // float32 copies of the states as the kernel's input where the
+      // precision is float32 (what a float32 file gives it).
+      std::vector<torch::Tensor> in;
+      for (const auto& t : layers) {
+        in.push_back(c.precision == CkaPrecision::kFloat32
+                         ? t.to(torch::kFloat32)
+                         : t);
+      }
+      const Matrix ref = c.precision == CkaPrecision::kFloat32
+                             ? Reference(in)  // same rounding of the input
+                             : want;
+      TensorLayerRows rows(in);
+      CkaOptions options;
+      options.form = c.form;
+      options.precision = c.precision;
+      options.tile_rows = c.tile_rows;
+      options.budget_bytes = c.budget_bytes;
+      int64_t calls = 0;
+      options.progress = [&](const CkaProgress& p) {
+        ++calls;
+        EXPECT_LE(p.done_steps, p.total_steps);
+      };
+      auto got = LinearCkaMatrix(rows, options, "test");
+      ASSERT_TRUE(got.ok()) << got.status();
+      const std::string what = std::string(CkaFormName(c.form)) + " " +
+                               CkaPrecisionName(c.precision) + " tile " +
+                               std::to_string(c.tile_rows) + " mean " +
+                               std::to_string(mean);
+      EXPECT_EQ(got->plan.form, c.form) << what;
+      EXPECT_EQ(got->plan.precision, c.precision) << what;
+      if (c.form == CkaForm::kFeature && c.budget_bytes < kCkaDefaultBudgetBytes) {
+        EXPECT_LT(got->plan.block_layers, 6) << what;  // several blocks
+      }
+      if (c.tile_rows > 0) EXPECT_EQ(got->plan.tile_rows, c.tile_rows);
+      EXPECT_GT(calls, 0) << what;
+      ExpectClose(got->cka, ref, c.tol, what);
+    }
+  }
+}
+
+TEST(CkaKernelTest, PlanPicksTheFormWithFewerFlops) {
+  // The issue's shape: gram 3.7 TFLOP (3.3 for the upper triangle of the
+  // N x N Gram products, 0.3 for the full diagonal tiles, 0.1 for the
+  // contraction), feature 11.1 TFLOP; float32; small buffers (a few layers
+  // of 41 MB each, not the 1.3 GB file).
+  const CkaPlan big = PlanCkaUniform(32, 10000, 1024);
+  EXPECT_EQ(big.form, CkaForm::kGram);
+  EXPECT_EQ(big.precision, CkaPrecision::kFloat32);
+  EXPECT_NEAR(big.gram_flops / 1e12, 3.74, 0.05);
+  EXPECT_NEAR(big.feature_flops / 1e12, 11.1, 0.1);
+  EXPECT_LT(big.working_bytes, int64_t{256} << 20);
+  // Many sequences, few narrow layers: the d x d form is cheaper.
+  const CkaPlan tall = PlanCkaUniform(4, 100000, 64);
+  EXPECT_EQ(tall.form, CkaForm::kFeature);
+  EXPECT_LT(tall.feature_flops, tall.gram_flops);
+  // Small runs stay in float64.
+  EXPECT_EQ(PlanCkaUniform(6, 12, 16).precision, CkaPrecision::kFloat64);
+  CkaOptions forced;
+  forced.precision = CkaPrecision::kFloat32;
+  EXPECT_EQ(PlanCkaUniform(6, 12, 16, forced).precision, CkaPrecision::kFloat32);
+}
+
+TEST(CkaKernelTest, RefusesZeroVarianceAndNonFiniteLayers) {
+  std::vector<torch::Tensor> layers = Walk({8, 8, 8}, 20, 0.0, 3);
+  layers[1] = torch::full({20, 8}, 3.0, torch::kFloat64);
+  TensorLayerRows rows(layers);
+  auto got = LinearCkaMatrix(rows, {}, "test");
+  ASSERT_FALSE(got.ok());
+  EXPECT_NE(got.status().message().find("layer 2: zero variance"),
+            std::string::npos)
+      << got.status();
+  layers[1] = Walk({8}, 20, 0.0, 4)[0];
+  layers[2][3][4] = NAN;
+  TensorLayerRows rows2(layers);
+  got = LinearCkaMatrix(rows2, {}, "test");
+  ASSERT_FALSE(got.ok());
+  EXPECT_NE(got.status().message().find("layer 3: non-finite"),
+            std::string::npos)
+      << got.status();
+}
+
+// (L, N, d) file from [N, d] float64 layers, as '<f4' or '<f8'.
+std::string WriteStates(const std::string& path,
+                        const std::vector<torch::Tensor>& layers,
+                        bool float64) {
+  torch::Tensor all = torch::stack(layers).contiguous();
+  const std::vector<int64_t> shape(all.sizes().begin(), all.sizes().end());
+  if (float64) {
+    EXPECT_TRUE(WriteNpy(path, {"<f8", 8}, shape,
+                         std::string_view(static_cast<const char*>(all.data_ptr()),
+                                          all.numel() * 8))
+                    .ok());
+  } else {
+    torch::Tensor f = all.to(torch::kFloat32).contiguous();
+    std::vector<float> data(f.data_ptr<float>(), f.data_ptr<float>() + f.numel());
+    EXPECT_TRUE(WriteNpyFloat32(path, shape, data).ok());
+  }
+  return path;
+}
+
+TEST(CkaKernelTest, MappedFloat32AndFloat64FilesGiveTheReference) {
+  TempDir dir;
+  const std::vector<torch::Tensor> layers = Walk({48, 48, 48, 48, 48}, 200, 1.0, 11);
+  auto in_memory = EffectiveDepth(layers);  // float64 reference
+  ASSERT_TRUE(in_memory.ok()) << in_memory.status();
+  // float64 file: the same numbers exactly.
+  const std::string f8 = WriteStates(dir.path() + "/s8.npy", layers, true);
+  auto got8 = DeffFromNpy(f8);
+  ASSERT_TRUE(got8.ok()) << got8.status();
+  EXPECT_NEAR((*got8)["deff"].get<double>(), in_memory->deff, 1e-12);
+  EXPECT_EQ((*got8)["perf"]["precision"], "fp64");
+  for (size_t i = 0; i < 5; ++i) {
+    for (size_t j = 0; j < 5; ++j) {
+      EXPECT_NEAR((*got8)["cka"][i][j].get<double>(), in_memory->cka[i][j],
+                  1e-12);
+    }
+  }
+  // float32 file, float64 and float32 GEMMs: the reference up to the
+  // float32 rounding of the states (and of the GEMMs).
+  const std::string f4 = WriteStates(dir.path() + "/s4.npy", layers, false);
+  for (CkaPrecision p : {CkaPrecision::kFloat64, CkaPrecision::kFloat32}) {
+    DeffNpyOptions options;
+    options.cka.precision = p;
+    auto got4 = DeffFromNpy(f4, options);
+    ASSERT_TRUE(got4.ok()) << got4.status();
+    EXPECT_EQ((*got4)["perf"]["precision"], CkaPrecisionName(p));
+    EXPECT_NEAR((*got4)["deff"].get<double>(), in_memory->deff, 1e-4);
+    EXPECT_NEAR((*got4)["rho_bar1"].get<double>(), in_memory->rho_bar1, 2e-5);
+  }
+  // A dtype the kernel does not read is refused naming what it accepts.
+  std::vector<int32_t> ints(2 * 3 * 4, 1);
+  const std::string i4 = dir.path() + "/i4.npy";
+  ASSERT_TRUE(WriteNpy(i4, {"<i4", 4}, {2, 3, 4},
+                       std::string_view(reinterpret_cast<const char*>(ints.data()),
+                                        ints.size() * 4))
+                  .ok());
+  auto bad = DeffFromNpy(i4);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("'<f4' little-endian float32, '<f8' float64"),
+            std::string::npos)
+      << bad.status();
+}
+
+// Table S1 of the D_eff paper: independent random states (N = 10,000
+// sequences, d = 1,024) give D_eff/L = 0.258 and rho(1) = 0.093 at L = 32.
+// CKA of independent states depends on d/N (about d/(N+d)), so the same
+// ratio at a quarter of the size (N = 2,500, d = 256) must give the same
+// figures; through the mapped float32 path and float32 GEMMs.
+TEST(CkaKernelTest, IndependentStatesGiveTableS1) {
+  TempDir dir;
+  torch::manual_seed(2026);
+  const std::string path = dir.path() + "/independent.npy";
+  {
+    torch::Tensor states = torch::randn({32, 2500, 256});
+    std::vector<float> data(states.data_ptr<float>(),
+                            states.data_ptr<float>() + states.numel());
+    ASSERT_TRUE(WriteNpyFloat32(path, {32, 2500, 256}, data).ok());
+  }
+  auto got = DeffFromNpy(path);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ((*got)["perf"]["precision"], "fp32");
+  EXPECT_EQ((*got)["perf"]["form"], "gram");
+  EXPECT_NEAR((*got)["rho_bar1"].get<double>(), 0.093, 0.002);
+  EXPECT_NEAR((*got)["deff_over_l"].get<double>(), 0.258, 0.004);
+  EXPECT_NEAR((*got)["rho_bar1"].get<double>(), 256.0 / (2500 + 256), 0.002);
+}
+
+TEST(CkaKernelTest, ProgressAndPerfLines) {
+  TempDir dir;
+  const std::string path = WriteStates(
+      dir.path() + "/s.npy", Walk({32, 32, 32, 32}, 400, 0.0, 5), false);
+  DeffNpyOptions options;
+  options.cka.tile_rows = 64;  // 28 tiles x 4 layers = 112 steps
+  options.cka.precision = CkaPrecision::kFloat32;
+  options.cka.form = CkaForm::kGram;
+  std::ostringstream log;
+  options.log = &log;
+  options.progress_interval_s = 0.0;  // a line per step
+  options.perf = true;
+  auto got = DeffFromNpy(path, options);
+  ASSERT_TRUE(got.ok()) << got.status();
+  const std::string text = log.str();
+  EXPECT_NE(text.find("deff: 112/112 GEMM steps (100.0%"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("ETA"), std::string::npos) << text;
+  EXPECT_NE(text.find("deff: done in"), std::string::npos) << text;
+  EXPECT_NE(text.find("of the sgemm peak"), std::string::npos) << text;
+  const auto& perf = (*got)["perf"];
+  EXPECT_GT(perf["sgemm_peak_gflops"].get<double>(), 0.0);
+  EXPECT_GT(perf["fraction_of_peak"].get<double>(), 0.0);
+  EXPECT_GT(perf["peak_rss_mib"].get<double>(), 0.0);
+  EXPECT_EQ(perf["tile_rows"], 64);
+  // A short run prints nothing and does not measure the peak.
+  std::ostringstream quiet;
+  options.log = &quiet;
+  options.progress_interval_s = 1e9;
+  options.perf = false;
+  auto short_run = DeffFromNpy(path, options);
+  ASSERT_TRUE(short_run.ok()) << short_run.status();
+  EXPECT_EQ(quiet.str(), "");
+  EXPECT_FALSE((*short_run)["perf"].contains("sgemm_peak_gflops"));
+  // The command line prints the perf line on stderr with --perf.
+  std::string out;
+  ASSERT_EQ(RunCommand(std::string("'") + DEPTHBENCH_DEFF_BIN + "' --states '" +
+                           path + "' --perf --threads 1",
+                       &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("deff: done in"), std::string::npos) << out;
+  EXPECT_NE(out.find("1 threads"), std::string::npos) << out;
+}
+
+int64_t ReadStatusKib(const std::string& key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(key + ":", 0) == 0) {
+      return std::stoll(line.substr(key.size() + 1));
+    }
+  }
+  return -1;
+}
+
+// A 256 MiB file read twice (means, then the tiles) must not stay in the
+// resident set: the peak RSS (VmHWM, reset through /proc/self/clear_refs)
+// grows by the kernel's buffers, well under the file size. N = 64 keeps the
+// arithmetic small (9 GFLOP).
+TEST(CkaKernelTest, MappedFileDoesNotStayResident) {
+  TempDir dir;
+  const std::string path = dir.path() + "/wide.npy";
+  const int64_t layers = 16, n = 64, d = int64_t{1} << 16;
+  {
+    torch::manual_seed(1);
+    torch::Tensor states = torch::randn({layers, n, d});
+    std::vector<float> data(states.data_ptr<float>(),
+                            states.data_ptr<float>() + states.numel());
+    states = torch::Tensor();
+    ASSERT_TRUE(WriteNpyFloat32(path, {layers, n, d}, data).ok());
+  }
+  {
+    std::ofstream reset("/proc/self/clear_refs");
+    reset << "5";
+    reset.close();
+    if (!reset) GTEST_SKIP() << "cannot reset the peak RSS through /proc/self/clear_refs";
+  }
+  const int64_t before = ReadStatusKib("VmHWM");
+  const int64_t rss = ReadStatusKib("VmRSS");
+  if (before < 0 || before > rss + 1024) {
+    GTEST_SKIP() << "VmHWM was not reset (VmHWM " << before << " kB, VmRSS "
+                 << rss << " kB)";
+  }
+  DeffNpyOptions options;
+  options.cka.precision = CkaPrecision::kFloat32;
+  auto got = DeffFromNpy(path, options);
+  ASSERT_TRUE(got.ok()) << got.status();
+  const int64_t growth_mib = (ReadStatusKib("VmHWM") - before) / 1024;
+  const int64_t file_mib = layers * n * d * 4 >> 20;
+  std::cout << "peak RSS grew by " << growth_mib << " MiB on a " << file_mib
+            << " MiB file\n";
+  EXPECT_LT(growth_mib, file_mib / 2)
+      << "peak RSS grew by " << growth_mib << " MiB on a " << file_mib
+      << " MiB file";
+}
+
+}  // namespace
+}  // namespace diagnostics
+}  // namespace depthbench
