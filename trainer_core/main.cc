@@ -24,6 +24,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/blas_tuning.h"
 #include "common/malloc_tuning.h"
 #include "common/run_protocol.h"
 #include "trainer_core/arch.h"
@@ -240,6 +241,7 @@ int RunDiagnoseDeff(const std::string& states, bool json, int64_t max_lag,
 
 int main(int argc, char** argv) {
   using namespace depthbench;
+  ReexecForOpenBlasKernels(argv);  // before the first tensor (common/blas_tuning.h)
   CLI::App app{"depthbench-train: train and inspect DepthBench models"};
   app.require_subcommand(1);
 

@@ -14,10 +14,12 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "common/blas_tuning.h"
 #include "trainer_core/diagnostics/deff_cli.h"
 #include "trainer_core/diagnostics/deff_npy.h"
 
 int main(int argc, char** argv) {
+  depthbench::ReexecForOpenBlasKernels(argv);  // common/blas_tuning.h
   CLI::App app{
       "Effective depth D_eff (linear CKA across layers) of pooled states"};
   std::string states;

@@ -1,6 +1,5 @@
 #include "trainer_core/diagnostics/deff_npy.h"
 
-#include <dlfcn.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -18,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/blas_tuning.h"
 #include "common/status_macros.h"
 #include "trainer_core/diagnostics/cka_kernel.h"
 #include "trainer_core/diagnostics/metrics.h"
@@ -130,32 +130,13 @@ class MappedStates : public LayerRows {
   std::vector<std::pair<int64_t, int64_t>> used_;
 };
 
-// OpenBLAS's kernel set ("SkylakeX", "Haswell", "Prescott", ...), looked up
-// at run time so that nothing links against OpenBLAS directly; "unknown"
-// for another BLAS.
-std::string BlasCoreName() {
-  using CoreNameFn = char* (*)();
-  auto fn = reinterpret_cast<CoreNameFn>(
-      ::dlsym(RTLD_DEFAULT, "openblas_get_corename"));
-  const char* name = fn != nullptr ? fn() : nullptr;
-  return name != nullptr ? std::string(name) : std::string("unknown");
-}
-
-// OpenBLAS 0.3.21 does not recognise some newer Xeons (the CPU model reads
-// "Intel(R) Xeon(R) Processor") and falls back to its SSE3 "Prescott"
-// kernels: sgemm 4-5x below the machine. The kernel set can only be chosen
-// before the library loads, through OPENBLAS_CORETYPE.
+// The advice printed when OpenBLAS runs its fallback kernels anyway
+// (DEPTHBENCH_BLAS=default, or another program than depthbench-train).
 std::string BlasAdvice(const std::string& core) {
-  if (core != "Prescott" && core != "prescott") return "";
-  if (__builtin_cpu_supports("avx512f")) {
-    return "OpenBLAS runs its generic Prescott kernels on this AVX-512 CPU; "
-           "OPENBLAS_CORETYPE=SkylakeX makes sgemm several times faster";
-  }
-  if (__builtin_cpu_supports("avx2")) {
-    return "OpenBLAS runs its generic Prescott kernels on this AVX2 CPU; "
-           "OPENBLAS_CORETYPE=Haswell makes sgemm several times faster";
-  }
-  return "";
+  const std::string better = BetterOpenBlasCoreType(core);
+  if (better.empty()) return "";
+  return "OpenBLAS runs its generic Prescott kernels on a CPU that has better ones; "
+         "OPENBLAS_CORETYPE=" + better + " makes sgemm several times faster";
 }
 
 // "deff: 12/55 ... (21.8%), 3.1 s elapsed, ETA 11.2 s" on the log, the first
@@ -274,7 +255,7 @@ absl::StatusOr<nlohmann::json> DeffFromNpy(const std::string& path,
   perf["gflops"] = cka.seconds > 0 ? gflop / cka.seconds : 0.0;
   perf["threads"] = at::get_num_threads();
   perf["tile_rows"] = cka.plan.tile_rows;
-  const std::string blas_core = BlasCoreName();
+  const std::string blas_core = OpenBlasCoreName();
   perf["blas_core"] = blas_core;
   perf["block_layers"] = cka.plan.block_layers;
   perf["peak_rss_mib"] = static_cast<double>(PeakRssBytes()) / (1 << 20);
