@@ -221,25 +221,55 @@ class HcWriteFunction : public torch::autograd::Function<HcWriteFunction> {
 
 // ---------------------------------------------------------------- Sinkhorn
 
-// Runs the iterations on one n x n matrix in double; writes the state after
-// every half step to `states` (2 * iterations matrices) when non-null and
-// returns the final matrix in p.
-void SinkhornMatrix(double* p, int64_t n, int iterations, double eps, double* states) {
+// Matrices per block: the kernels run kLanes matrices side by side, element
+// e of matrix k at p[e * kLanes + k], so every inner loop runs over k with no
+// dependency between iterations and vectorises (and the divisions of
+// different matrices overlap).
+constexpr int64_t kLanes = 8;
+
+// Runs the iterations on a block of kLanes n x n matrices in double; writes
+// the state after every half step to `states` (2 * iterations blocks) when
+// non-null and leaves the final matrices in p.
+void SinkhornBlock(double* p, int64_t n, int iterations, double eps, double* states) {
+  const int64_t nn = n * n;
+  double inv[kLanes];
   for (int it = 0; it < iterations; ++it) {
-    for (int64_t i = 0; i < n; ++i) {
-      double sum = 0;
-      for (int64_t j = 0; j < n; ++j) sum += p[i * n + j];
-      const double inv = 1.0 / (sum + eps);
-      for (int64_t j = 0; j < n; ++j) p[i * n + j] *= inv;
+    for (int64_t i = 0; i < n; ++i) {  // row step
+      double sum[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int64_t j = 0; j < n; ++j) {
+        const double* e = p + (i * n + j) * kLanes;
+        for (int64_t k = 0; k < kLanes; ++k) sum[k] += e[k];
+      }
+      for (int64_t k = 0; k < kLanes; ++k) inv[k] = 1.0 / (sum[k] + eps);
+      for (int64_t j = 0; j < n; ++j) {
+        double* e = p + (i * n + j) * kLanes;
+        for (int64_t k = 0; k < kLanes; ++k) e[k] *= inv[k];
+      }
     }
-    if (states != nullptr) std::copy(p, p + n * n, states + (2 * it) * n * n);
-    for (int64_t j = 0; j < n; ++j) {
-      double sum = 0;
-      for (int64_t i = 0; i < n; ++i) sum += p[i * n + j];
-      const double inv = 1.0 / (sum + eps);
-      for (int64_t i = 0; i < n; ++i) p[i * n + j] *= inv;
+    if (states != nullptr) std::copy(p, p + nn * kLanes, states + (2 * it) * nn * kLanes);
+    for (int64_t j = 0; j < n; ++j) {  // column step
+      double sum[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int64_t i = 0; i < n; ++i) {
+        const double* e = p + (i * n + j) * kLanes;
+        for (int64_t k = 0; k < kLanes; ++k) sum[k] += e[k];
+      }
+      for (int64_t k = 0; k < kLanes; ++k) inv[k] = 1.0 / (sum[k] + eps);
+      for (int64_t i = 0; i < n; ++i) {
+        double* e = p + (i * n + j) * kLanes;
+        for (int64_t k = 0; k < kLanes; ++k) e[k] *= inv[k];
+      }
     }
-    if (states != nullptr) std::copy(p, p + n * n, states + (2 * it + 1) * n * n);
+    if (states != nullptr) std::copy(p, p + nn * kLanes, states + (2 * it + 1) * nn * kLanes);
+  }
+}
+
+// Loads matrices [m0, m0 + count) of z (count <= kLanes) as exp(z) into the
+// block layout; missing lanes get a copy of the first matrix (discarded).
+template <typename T>
+void LoadExp(const T* z, int64_t m0, int64_t count, int64_t nn, double* p) {
+  for (int64_t k = 0; k < kLanes; ++k) {
+    const T* src = z + (m0 + (k < count ? k : 0)) * nn;
+    for (int64_t e = 0; e < nn; ++e) p[e * kLanes + k] = std::exp(static_cast<double>(src[e]));
   }
 }
 
@@ -248,17 +278,21 @@ class SinkhornFunction : public torch::autograd::Function<SinkhornFunction> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& logits_in,
                                int64_t iterations, double eps) {
     torch::Tensor z = logits_in.contiguous();
-    const int64_t n = z.size(-1), mats = z.numel() / std::max<int64_t>(n * n, 1);
+    const int64_t n = z.size(-1), nn = n * n, mats = z.numel() / std::max<int64_t>(nn, 1);
+    const int64_t blocks = (mats + kLanes - 1) / kLanes;
     torch::Tensor out = torch::empty_like(z);
     AT_DISPATCH_FLOATING_TYPES(z.scalar_type(), "cpu_fused::Sinkhorn", [&] {
       const scalar_t* zp = z.data_ptr<scalar_t>();
       scalar_t* op = out.data_ptr<scalar_t>();
-      at::parallel_for(0, mats, Grain(n * n * 4 * iterations), [&](int64_t begin, int64_t end) {
-        double p[kMaxSinkhornStreams * kMaxSinkhornStreams];
-        for (int64_t m = begin; m < end; ++m) {
-          for (int64_t e = 0; e < n * n; ++e) p[e] = std::exp(static_cast<double>(zp[m * n * n + e]));
-          SinkhornMatrix(p, n, static_cast<int>(iterations), eps, nullptr);
-          for (int64_t e = 0; e < n * n; ++e) op[m * n * n + e] = static_cast<scalar_t>(p[e]);
+      at::parallel_for(0, blocks, Grain(kLanes * nn * 4 * iterations), [&](int64_t begin, int64_t end) {
+        double p[kMaxSinkhornStreams * kMaxSinkhornStreams * kLanes];
+        for (int64_t blk = begin; blk < end; ++blk) {
+          const int64_t m0 = blk * kLanes, count = std::min(kLanes, mats - m0);
+          LoadExp(zp, m0, count, nn, p);
+          SinkhornBlock(p, n, static_cast<int>(iterations), eps, nullptr);
+          for (int64_t k = 0; k < count; ++k) {
+            for (int64_t e = 0; e < nn; ++e) op[(m0 + k) * nn + e] = static_cast<scalar_t>(p[e * kLanes + k]);
+          }
         }
       });
     });
@@ -272,42 +306,50 @@ class SinkhornFunction : public torch::autograd::Function<SinkhornFunction> {
   // and g the gradient w.r.t. the log-domain state z_k = log P_k: a row step
   // z' = z - log(sum_j exp z_j + eps) maps g' to g = g' - P' * rowsum(g'), a
   // column step likewise with column sums; the start is g = dout * P_final.
+  // The forward states are recomputed per block.
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const torch::Tensor z = ctx->get_saved_variables()[0];
     const int iterations = static_cast<int>(ctx->saved_data["iterations"].toInt());
     const double eps = ctx->saved_data["eps"].toDouble();
     torch::Tensor dout = grads[0].contiguous();
     const int64_t n = z.size(-1), nn = n * n, mats = z.numel() / std::max<int64_t>(nn, 1);
+    const int64_t blocks = (mats + kLanes - 1) / kLanes;
     torch::Tensor dz = torch::empty_like(z);
     AT_DISPATCH_FLOATING_TYPES(z.scalar_type(), "cpu_fused::SinkhornBackward", [&] {
       const scalar_t* zp = z.data_ptr<scalar_t>();
       const scalar_t* gp = dout.data_ptr<scalar_t>();
       scalar_t* dzp = dz.data_ptr<scalar_t>();
-      at::parallel_for(0, mats, Grain(nn * 8 * iterations), [&](int64_t begin, int64_t end) {
-        std::vector<double> states(static_cast<size_t>(std::max(1, 2 * iterations) * nn));
-        double p[kMaxSinkhornStreams * kMaxSinkhornStreams];
-        double g[kMaxSinkhornStreams * kMaxSinkhornStreams];
-        for (int64_t m = begin; m < end; ++m) {
-          for (int64_t e = 0; e < nn; ++e) p[e] = std::exp(static_cast<double>(zp[m * nn + e]));
-          SinkhornMatrix(p, n, iterations, eps, states.data());
-          for (int64_t e = 0; e < nn; ++e) g[e] = static_cast<double>(gp[m * nn + e]) * p[e];
-          for (int k = 2 * iterations - 1; k >= 0; --k) {
-            const double* pk = states.data() + k * nn;
-            if (k % 2 == 1) {  // column step
-              for (int64_t j = 0; j < n; ++j) {
-                double sum = 0;
-                for (int64_t i = 0; i < n; ++i) sum += g[i * n + j];
-                for (int64_t i = 0; i < n; ++i) g[i * n + j] -= pk[i * n + j] * sum;
+      at::parallel_for(0, blocks, Grain(kLanes * nn * 8 * iterations), [&](int64_t begin, int64_t end) {
+        std::vector<double> states(static_cast<size_t>(std::max(1, 2 * iterations) * nn * kLanes));
+        double p[kMaxSinkhornStreams * kMaxSinkhornStreams * kLanes];
+        double g[kMaxSinkhornStreams * kMaxSinkhornStreams * kLanes];
+        for (int64_t blk = begin; blk < end; ++blk) {
+          const int64_t m0 = blk * kLanes, count = std::min(kLanes, mats - m0);
+          LoadExp(zp, m0, count, nn, p);
+          SinkhornBlock(p, n, iterations, eps, states.data());
+          for (int64_t k = 0; k < kLanes; ++k) {
+            const scalar_t* src = gp + (m0 + (k < count ? k : 0)) * nn;
+            for (int64_t e = 0; e < nn; ++e) g[e * kLanes + k] = static_cast<double>(src[e]) * p[e * kLanes + k];
+          }
+          for (int step = 2 * iterations - 1; step >= 0; --step) {
+            const double* pk = states.data() + step * nn * kLanes;
+            for (int64_t a = 0; a < n; ++a) {
+              // Column step (odd): column a; row step (even): row a.
+              const bool col = step % 2 == 1;
+              double sum[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
+              for (int64_t b = 0; b < n; ++b) {
+                const int64_t e = col ? b * n + a : a * n + b;
+                for (int64_t k = 0; k < kLanes; ++k) sum[k] += g[e * kLanes + k];
               }
-            } else {  // row step
-              for (int64_t i = 0; i < n; ++i) {
-                double sum = 0;
-                for (int64_t j = 0; j < n; ++j) sum += g[i * n + j];
-                for (int64_t j = 0; j < n; ++j) g[i * n + j] -= pk[i * n + j] * sum;
+              for (int64_t b = 0; b < n; ++b) {
+                const int64_t e = col ? b * n + a : a * n + b;
+                for (int64_t k = 0; k < kLanes; ++k) g[e * kLanes + k] -= pk[e * kLanes + k] * sum[k];
               }
             }
           }
-          for (int64_t e = 0; e < nn; ++e) dzp[m * nn + e] = static_cast<scalar_t>(g[e]);
+          for (int64_t k = 0; k < count; ++k) {
+            for (int64_t e = 0; e < nn; ++e) dzp[(m0 + k) * nn + e] = static_cast<scalar_t>(g[e * kLanes + k]);
+          }
         }
       });
     });
