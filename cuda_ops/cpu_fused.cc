@@ -73,7 +73,9 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
     // dw = sum over rows of dy * x * rstd: one partial row per thread,
     // summed at the end (deterministic for a fixed thread count).
     const int64_t threads = at::get_num_threads();
-    std::vector<double> partial(static_cast<size_t>(threads * d), 0.0);
+    // A unit weight without a gradient (RmsNormalizeOp) skips the dw sums.
+    const bool need_dw = ctx->needs_input_grad(1);
+    std::vector<double> partial(need_dw ? static_cast<size_t>(threads * d) : 0, 0.0);
     AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "cpu_fused::RmsNormBackward", [&] {
       const scalar_t* xp = x.data_ptr<scalar_t>();
       const scalar_t* wp = w.data_ptr<scalar_t>();
@@ -81,7 +83,7 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
       const scalar_t* gp = dy.data_ptr<scalar_t>();
       scalar_t* dxp = dx.data_ptr<scalar_t>();
       at::parallel_for(0, rows, RowGrain(d), [&](int64_t begin, int64_t end) {
-        double* acc = partial.data() + at::get_thread_num() * d;
+        double* acc = need_dw ? partial.data() + at::get_thread_num() * d : nullptr;
         for (int64_t r = begin; r < end; ++r) {
           const scalar_t* xr = xp + r * d;
           const scalar_t* gr = gp + r * d;
@@ -92,13 +94,14 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
           const scalar_t coef = static_cast<scalar_t>(inv * inv * dot / d);
           const scalar_t sinv = static_cast<scalar_t>(inv);
           scalar_t* dxr = dxp + r * d;
-          for (int64_t j = 0; j < d; ++j) {
-            dxr[j] = sinv * (gr[j] * wp[j] - xr[j] * coef);
-            acc[j] += static_cast<double>(gr[j]) * xr[j] * inv;
+          for (int64_t j = 0; j < d; ++j) dxr[j] = sinv * (gr[j] * wp[j] - xr[j] * coef);
+          if (acc != nullptr) {
+            for (int64_t j = 0; j < d; ++j) acc[j] += static_cast<double>(gr[j]) * xr[j] * inv;
           }
         }
       });
     });
+    if (!need_dw) return {dx, torch::Tensor(), torch::Tensor()};
     torch::Tensor dw_sum = torch::zeros({d}, torch::kFloat64);
     double* dws = dw_sum.data_ptr<double>();
     for (int64_t t = 0; t < threads; ++t) {

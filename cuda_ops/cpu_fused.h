@@ -23,6 +23,8 @@
 
 #include <torch/torch.h>
 
+#include <vector>
+
 namespace depthbench {
 namespace cpu_fused {
 
@@ -32,6 +34,36 @@ bool Supports(std::initializer_list<const torch::Tensor*> tensors);
 
 // y = x * rsqrt(mean(x^2, -1) + eps) * weight; weight [d], x [..., d].
 torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+
+// The multi-stream mixing ops of HC/mHC and AttnRes (issue 18), same math as
+// their references in cuda_ops/reference.h and their CUDA kernels, each one
+// pass over the streams forward and one or two backward, rows (tokens) split
+// over the intra-op threads. Parameter gradients that sum over rows are
+// accumulated per thread in double and added at the end (deterministic for a
+// fixed thread count). Callers check Supports() and the shapes (ops.cc).
+
+// h [..., n, d], read [..., n] -> [..., d] = sum_s read_s h_s.
+torch::Tensor HcRead(const torch::Tensor& h, const torch::Tensor& read);
+// h [..., n, d], a [..., n, n] (undefined: identity), b [..., n], y [..., d]
+// -> out_t = sum_s a[s, t] h_s + b_t y.
+torch::Tensor HcWrite(const torch::Tensor& h, const torch::Tensor& a, const torch::Tensor& b,
+                      const torch::Tensor& y);
+// Sinkhorn-Knopp of logits [..., n, n] (n <= kMaxSinkhornStreams, iterations
+// <= kMaxSinkhornIterations), computed per matrix in double in the exp
+// domain: P = exp(z), then P /= (row sums + eps), P /= (column sums + eps),
+// which equals the reference's log-domain z - log(sum exp z + eps) exactly
+// in real arithmetic. The caller keeps logits small enough for exp in double
+// (SinkhornInRange).
+inline constexpr int64_t kMaxSinkhornStreams = 16;
+inline constexpr int kMaxSinkhornIterations = 64;
+bool SinkhornInRange(const torch::Tensor& logits);
+torch::Tensor Sinkhorn(const torch::Tensor& logits, int iterations, double eps);
+// rmsnorm(sum_i softmax_i(query . (key_gain * rmsnorm(v_i))) v_i) * out_gain;
+// sources S tensors [..., d] of one shape; query and key_gain [d] or both
+// undefined (uniform mixing); out_gain [d].
+torch::Tensor AttnResMix(const std::vector<torch::Tensor>& sources, const torch::Tensor& query,
+                         const torch::Tensor& key_gain, const torch::Tensor& out_gain,
+                         double eps);
 
 }  // namespace cpu_fused
 }  // namespace depthbench

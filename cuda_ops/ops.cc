@@ -1,5 +1,6 @@
 #include "cuda_ops/ops.h"
 
+#include <algorithm>
 #include <atomic>
 
 #include "cuda_ops/cpu_fused.h"
@@ -12,6 +13,14 @@ namespace depthbench {
 namespace {
 
 std::atomic<bool> g_enabled{true};
+
+// What runs fused on CPU tensors (cpu_fused.h), for FusedOpsDescription.
+constexpr const char* kCpuFused =
+    "CPU: fused RMSNorm, HC/mHC read-write, Sinkhorn, AttnRes mix; SwiGLU composite";
+
+bool CpuFused(std::initializer_list<const torch::Tensor*> tensors) {
+  return g_enabled.load(std::memory_order_relaxed) && cpu_fused::Supports(tensors);
+}
 
 #ifdef DEPTHBENCH_HAVE_FUSED_OPS
 // Sizes the kernels are instantiated for (kernels.h).
@@ -54,10 +63,10 @@ std::string FusedOpsDescription() {
   if (!g_enabled.load()) return "composite ops (fused ops disabled)";
 #ifdef DEPTHBENCH_HAVE_FUSED_OPS
   if (!fused::CudaDeviceAvailable())
-    return "fused CUDA ops compiled, no CUDA device; CPU: fused RMSNorm, other ops composite";
-  return "fused CUDA ops; CPU: fused RMSNorm, other ops composite";
+    return "fused CUDA ops compiled, no CUDA device; " + std::string(kCpuFused);
+  return "fused CUDA ops; " + std::string(kCpuFused);
 #else
-  return "CPU: fused RMSNorm, other ops composite (fused CUDA ops not built: no nvcc or "
+  return std::string(kCpuFused) + " (fused CUDA ops not built: no nvcc or "
          "LibTorch built without CUDA)";
 #endif
 }
@@ -74,6 +83,10 @@ torch::Tensor RmsNormOp(const torch::Tensor& x, const torch::Tensor& weight, dou
     return cpu_fused::RmsNorm(x, weight, eps);
   }
   return reference::RmsNorm(x, weight, eps);
+}
+
+torch::Tensor RmsNormalizeOp(const torch::Tensor& x, double eps) {
+  return RmsNormOp(x, torch::ones({x.size(-1)}, x.options()), eps);
 }
 
 torch::Tensor SwiGluGateOp(const torch::Tensor& g, const torch::Tensor& u) {
@@ -106,6 +119,15 @@ torch::Tensor AttnResMixOp(const std::vector<torch::Tensor>& sources,
     return fused::AttnResMix(sources, q, kg, out_gain, eps);
   }
 #endif
+  {
+    const torch::Tensor& s0 = sources[0];
+    bool cpu = CpuFused({&s0, &out_gain}) && s0.dim() >= 1 && out_gain.numel() == s0.size(-1) &&
+               (!query.defined() || (CpuFused({&s0, &query, &key_gain}) &&
+                                     query.numel() == s0.size(-1) &&
+                                     key_gain.numel() == s0.size(-1)));
+    for (const auto& s : sources) cpu = cpu && CpuFused({&s0, &s}) && s.sizes() == s0.sizes();
+    if (cpu) return cpu_fused::AttnResMix(sources, query, key_gain, out_gain, eps);
+  }
   return reference::AttnResMix(sources, query, key_gain, out_gain, eps);
 }
 
@@ -117,6 +139,12 @@ torch::Tensor SinkhornOp(const torch::Tensor& logits, int iterations, double eps
     return fused::Sinkhorn(logits, iterations, eps);
   }
 #endif
+  if (CpuFused({&logits}) && logits.dim() >= 2 && logits.size(-1) == logits.size(-2) &&
+      logits.size(-1) <= cpu_fused::kMaxSinkhornStreams && iterations >= 0 &&
+      iterations <= cpu_fused::kMaxSinkhornIterations && eps > 0 &&
+      cpu_fused::SinkhornInRange(logits)) {
+    return cpu_fused::Sinkhorn(logits, iterations, eps);
+  }
   return reference::Sinkhorn(logits, iterations, eps);
 }
 
@@ -127,6 +155,9 @@ torch::Tensor HcReadOp(const torch::Tensor& h, const torch::Tensor& read) {
     return fused::HcRead(h, read);
   }
 #endif
+  if (CpuFused({&h, &read}) && h.dim() >= 2 && read.numel() * h.size(-1) == h.numel()) {
+    return cpu_fused::HcRead(h, read);
+  }
   return reference::HcRead(h, read);
 }
 
@@ -138,6 +169,13 @@ torch::Tensor HcWriteOp(const torch::Tensor& h, const torch::Tensor& a, const to
     return fused::HcWrite(h, a, b, y);
   }
 #endif
+  if (CpuFused({&h, &b, &y}) && (!a.defined() || CpuFused({&h, &a})) && h.dim() >= 2) {
+    const int64_t n = h.size(-2), rows = h.numel() / std::max<int64_t>(n * h.size(-1), 1);
+    if (b.numel() == rows * n && y.numel() * n == h.numel() &&
+        (!a.defined() || a.numel() == rows * n * n)) {
+      return cpu_fused::HcWrite(h, a, b, y);
+    }
+  }
   return reference::HcWrite(h, a, b, y);
 }
 

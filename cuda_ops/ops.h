@@ -36,6 +36,10 @@ void SetFusedOpsEnabled(bool enabled);
 // y = x * rsqrt(mean(x^2) + eps) * weight; x [..., d], weight [d].
 torch::Tensor RmsNormOp(const torch::Tensor& x, const torch::Tensor& weight, double eps);
 
+// Affine-free x * rsqrt(mean(x^2) + eps) (the HC/mHC routing inputs): the
+// RMSNorm op with a unit weight, so the fused kernels serve it too.
+torch::Tensor RmsNormalizeOp(const torch::Tensor& x, double eps);
+
 // silu(g) * u (the SwiGLU gate; the projections stay matmuls).
 torch::Tensor SwiGluGateOp(const torch::Tensor& g, const torch::Tensor& u);
 

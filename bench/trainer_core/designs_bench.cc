@@ -1,6 +1,9 @@
 // Benchmark of the ten residual designs (issue 3): forward+backward tokens/s
 // and peak memory at one small shape, each relative to Pre-LN in the same
-// run.
+// run, next to the ratio of training FLOPs (trainer_core/flops.h, the
+// `depthbench-train flops` tool: Pre-LN's over the design's). Issue 18's goal
+// for the multi-stream designs: tokens/s relative to Pre-LN within 15% of
+// that FLOP ratio (the last column, speed ratio / FLOP ratio, >= 0.85).
 //
 // Throughput: the designs are alternated round-robin (rounds x steps each) so
 // drift on a shared machine hits all of them alike; the figure is the median
@@ -11,7 +14,14 @@
 //
 //   designs_bench [--layers 8] [--d 128] [--heads 4] [--seq 128] [--batch 8]
 //                 [--threads 2] [--rounds 5] [--steps 3]
+//                 [--archs pre_ln,hc,mhc,attnres_full] [--no-memory]
+//                 [--clock wall|cpu]
+// (--archs: a subset, Pre-LN always included; --no-memory: skip the
+// peak-memory children; --clock cpu: tokens per second of process CPU time
+// instead of wall time, steadier on a machine shared with other jobs; use it
+// with --threads 1, as idle OpenMP threads spin and count as CPU time.)
 #include <sys/resource.h>
+#include <time.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -25,6 +35,7 @@
 
 #include "common/malloc_tuning.h"
 #include "trainer_core/arch.h"
+#include "trainer_core/flops.h"
 #include "trainer_core/model/model.h"
 #include "trainer_core/shapes.h"
 
@@ -34,7 +45,20 @@ namespace {
 struct Config {
   int64_t layers = 8, d = 128, heads = 4, seq = 128, batch = 8, threads = 2;
   int rounds = 5, steps = 3;
+  std::string archs;  // comma-separated subset; empty: all
+  bool memory = true;
+  bool cpu_clock = false;
 };
+
+// Seconds of wall time, or of this process's CPU time with --clock cpu.
+double Now(bool cpu) {
+  if (cpu) {
+    timespec ts{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 double RssKb() {
   std::ifstream f("/proc/self/statm");
@@ -95,12 +119,32 @@ int Main(int argc, char** argv) {
     else if (a == "--threads") c.threads = next();
     else if (a == "--rounds") c.rounds = static_cast<int>(next());
     else if (a == "--steps") c.steps = static_cast<int>(next());
+    else if (a == "--archs") c.archs = argv[++i];
+    else if (a == "--no-memory") c.memory = false;
+    else if (a == "--clock") c.cpu_clock = std::string(argv[++i]) == "cpu";
     else if (a.rfind("--memory_of=", 0) == 0) memory_of = a.substr(12);
   }
   if (!memory_of.empty()) return MemoryChild(*ParseArch(memory_of), c);
 
   torch::set_num_threads(c.threads);
-  const std::vector<Arch>& archs = AllArchs();
+  std::vector<Arch> archs;
+  if (c.archs.empty()) {
+    archs = AllArchs();
+  } else {
+    archs.push_back(Arch::kPreLn);
+    std::string rest = c.archs + ",";
+    for (size_t pos = rest.find(','); pos != std::string::npos; pos = rest.find(',')) {
+      const std::string name = rest.substr(0, pos);
+      rest = rest.substr(pos + 1);
+      if (name.empty() || name == "pre_ln") continue;
+      auto a = ParseArch(name);
+      if (!a.ok()) {
+        std::fprintf(stderr, "--archs: %s\n", a.status().ToString().c_str());
+        return 2;
+      }
+      archs.push_back(*a);
+    }
+  }
   std::vector<LanguageModel> models;
   for (Arch a : archs) models.push_back(Build(a, c));
   torch::Tensor tok = torch::randint(0, 256, {c.batch, c.seq + 1}, torch::kLong);
@@ -109,15 +153,18 @@ int Main(int argc, char** argv) {
   std::map<Arch, std::vector<double>> tps;
   for (int r = 0; r < c.rounds; ++r) {
     for (size_t i = 0; i < archs.size(); ++i) {
-      auto t0 = std::chrono::steady_clock::now();
+      const double t0 = Now(c.cpu_clock);
       for (int s = 0; s < c.steps; ++s) Step(models[i], in, tgt);
-      const double sec =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double sec = Now(c.cpu_clock) - t0;
       tps[archs[i]].push_back(c.batch * c.seq * c.steps / sec);
     }
   }
   std::map<Arch, double> mem;
   for (Arch a : archs) {
+    if (!c.memory) {
+      mem[a] = 0;
+      continue;
+    }
     const std::string cmd = std::string(argv[0]) + " --memory_of=" + std::string(ArchName(a)) +
                             " --layers " + std::to_string(c.layers) + " --d " + std::to_string(c.d) +
                             " --heads " + std::to_string(c.heads) + " --seq " + std::to_string(c.seq) +
@@ -133,19 +180,34 @@ int Main(int argc, char** argv) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
   };
+  // Per-round ratio to Pre-LN (same round): its median and spread.
+  std::map<Arch, std::vector<double>> round_ratio;
+  for (Arch a : archs) {
+    for (int r = 0; r < c.rounds; ++r) round_ratio[a].push_back(tps[a][r] / tps[Arch::kPreLn][r]);
+  }
+  const ModelShape shape = MakeShape(c.layers, c.d, 256, FfnRule::kSwiGlu83, c.heads, c.heads);
+  const double base_flops = ForwardFlops(Arch::kPreLn, shape, c.seq).total_all_positions;
   const double base_tps = median(tps[Arch::kPreLn]);
   const double base_mem = mem[Arch::kPreLn];
-  std::printf("shape L=%ld d=%ld heads=%ld T=%ld B=%ld threads=%ld; median of %d rounds x %d steps\n",
+  std::printf("shape L=%ld d=%ld heads=%ld T=%ld B=%ld threads=%ld; median of %d rounds x %d steps; %s\n",
               static_cast<long>(c.layers), static_cast<long>(c.d), static_cast<long>(c.heads),
               static_cast<long>(c.seq), static_cast<long>(c.batch), static_cast<long>(c.threads),
-              c.rounds, c.steps);
-  std::printf("| design | params | tokens/s (fwd+bwd) | vs Pre-LN | peak memory (MiB) | vs Pre-LN |\n");
-  std::printf("|---|---|---|---|---|---|\n");
+              c.rounds, c.steps, c.cpu_clock ? "tokens per CPU-second" : "tokens per wall second");
+  std::printf(
+      "| design | params | tokens/s (fwd+bwd) | vs Pre-LN (median, range over rounds) | "
+      "FLOP ratio (Pre-LN / design) | speed / FLOP ratio | peak memory (MiB) | vs Pre-LN |\n");
+  std::printf("|---|---|---|---|---|---|---|---|\n");
   for (size_t i = 0; i < archs.size(); ++i) {
     const double t = median(tps[archs[i]]);
-    std::printf("| %s | %ld | %.0f | %.2f | %.1f | %.2f |\n", std::string(ArchName(archs[i])).c_str(),
-                static_cast<long>(models[i]->ParameterCount()), t, t / base_tps,
-                mem[archs[i]] / 1024.0, mem[archs[i]] / base_mem);
+    const std::vector<double>& rr = round_ratio[archs[i]];
+    const double ratio = median(rr);
+    const double flop_ratio = base_flops / ForwardFlops(archs[i], shape, c.seq).total_all_positions;
+    std::printf("| %s | %ld | %.0f | %.2f (%.2f-%.2f) | %.3f | %.2f%s | %.1f | %.2f |\n",
+                std::string(ArchName(archs[i])).c_str(),
+                static_cast<long>(models[i]->ParameterCount()), t, ratio,
+                *std::min_element(rr.begin(), rr.end()), *std::max_element(rr.begin(), rr.end()),
+                flop_ratio, ratio / flop_ratio, ratio / flop_ratio >= 0.85 ? "" : " (< 0.85)",
+                mem[archs[i]] / 1024.0, base_mem > 0 ? mem[archs[i]] / base_mem : 0.0);
   }
   return 0;
 }

@@ -56,16 +56,26 @@ class Block(nn.Module):
         self.up = nn.Linear(d, d_ff, bias=False)
         self.down = nn.Linear(d_ff, d, bias=False)
 
+    fused = False  # --fused-qkv: one GEMM for Q/K/V and one for gate/up
+
     def forward(self, h, cos, sin, mask):
         B, T, d = h.shape
         hd = d // self.heads
         x = self.attn_norm(h)
         split = lambda t: t.view(B, T, self.heads, hd).transpose(1, 2)
-        q, k, v = rope(split(self.q(x)), cos, sin), rope(split(self.k(x)), cos, sin), split(self.v(x))
+        if self.fused:
+            qkv = F.linear(x, torch.cat([self.q.weight, self.k.weight, self.v.weight], 0))
+            q, k, v = (split(t) for t in qkv.split(d, -1))
+            q, k = rope(q, cos, sin), rope(k, cos, sin)
+        else:
+            q, k, v = rope(split(self.q(x)), cos, sin), rope(split(self.k(x)), cos, sin), split(self.v(x))
         s = q @ k.transpose(-2, -1) / math.sqrt(hd) + mask
         a = (torch.softmax(s, -1) @ v).transpose(1, 2).reshape(B, T, d)
         h = h + self.o(a)
         x = self.ffn_norm(h)
+        if self.fused:
+            g, u = F.linear(x, torch.cat([self.gate.weight, self.up.weight], 0)).chunk(2, -1)
+            return h + self.down(F.silu(g) * u)
         return h + self.down(F.silu(self.gate(x)) * self.up(x))
 
 
@@ -102,7 +112,10 @@ def main():
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--skip", type=int, default=3, help="untimed warm-up steps")
+    ap.add_argument("--fused-qkv", action="store_true",
+                    help="one GEMM for Q/K/V and one for gate/up, as depthbench-train")
     a = ap.parse_args()
+    Block.fused = a.fused_qkv
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     model = Model(a.layers, a.d_model, a.heads, 256, a.seq_len)

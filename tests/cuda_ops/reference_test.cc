@@ -132,8 +132,14 @@ TEST(AttnResReference, EqualsAPlainLoopForFullAndBlockSourceLists) {
     // Undefined query = zero query = uniform mixing.
     EXPECT_TRUE(AllClose(ref::AttnResMix(src, torch::Tensor(), torch::Tensor(), og, 1e-6),
                          AttnResLoop(src, torch::zeros({d}, kF64), kg, og, 1e-6), 1e-10, 1e-12));
+    // The dispatcher: the fused CPU kernel (cpu_fused.h) on CPU, within
+    // rounding; the composite itself when fused ops are off.
+    EXPECT_TRUE(AllClose(AttnResMixOp(src, q, kg, og, 1e-6), ref::AttnResMix(src, q, kg, og, 1e-6),
+                         1e-10, 1e-12));
+    SetFusedOpsEnabled(false);
     EXPECT_TRUE(torch::equal(AttnResMixOp(src, q, kg, og, 1e-6),
                              ref::AttnResMix(src, q, kg, og, 1e-6)));
+    SetFusedOpsEnabled(true);
   }
 }
 
@@ -192,7 +198,12 @@ TEST(SinkhornReference, IsDoublyStochasticAfterTwentyIterations) {
     torch::Tensor m = ref::Sinkhorn(logits);
     EXPECT_LT((m.sum(-1) - 1).abs().max().item<double>(), tol) << "rows, " << what;
     EXPECT_LT((m.sum(-2) - 1).abs().max().item<double>(), tol) << "columns, " << what;
+    // The dispatcher: the fused CPU kernel (exp domain, double) within
+    // rounding; the composite itself when fused ops are off.
+    EXPECT_TRUE(AllClose(SinkhornOp(logits), m, 1e-5, 1e-6)) << what;
+    SetFusedOpsEnabled(false);
     EXPECT_TRUE(torch::equal(SinkhornOp(logits), m));
+    SetFusedOpsEnabled(true);
   };
   for (int64_t n : {2, 4, 8}) {
     const std::string tag = "n=" + std::to_string(n);
@@ -244,8 +255,14 @@ TEST(HcConnectorReference, EqualsTheComposites) {
       EXPECT_NEAR(out[1][2][t][c].item<double>(), v, 1e-5);
     }
   }
+  // The dispatcher: the fused CPU kernels within rounding; the composites
+  // themselves when fused ops are off.
+  EXPECT_TRUE(AllClose(HcReadOp(h, read), ref::HcRead(h, read), 1e-6, 1e-6));
+  EXPECT_TRUE(AllClose(HcWriteOp(h, a, b, y), ref::HcWrite(h, a, b, y), 1e-6, 1e-6));
+  SetFusedOpsEnabled(false);
   EXPECT_TRUE(torch::equal(HcReadOp(h, read), ref::HcRead(h, read)));
   EXPECT_TRUE(torch::equal(HcWriteOp(h, a, b, y), ref::HcWrite(h, a, b, y)));
+  SetFusedOpsEnabled(true);
 }
 
 TEST(HcConnectorReference, HandWrittenBackwardsEqualAutogradAndGradcheck) {

@@ -583,5 +583,47 @@ TEST(DesignGoldenTest, LogitsAndFirstAdamWStepsMatchPyTorch) {
   std::filesystem::remove_all(dir);
 }
 
+// Causal attention by query chunks (layers.cc, default from T = 64) equals
+// the single T x T score matrix (DEPTHBENCH_ATTN_CHUNKS=1) in values and
+// gradients, for T divisible by the chunk count and not, with GQA.
+TEST(AttentionChunksTest, ChunkedEqualsOneScoreMatrix) {
+  for (int64_t T : {128, 67, 200}) {
+    for (int64_t kv_heads : {4, 2}) {
+      SCOPED_TRACE(::testing::Message() << "T=" << T << " kv_heads=" << kv_heads);
+      torch::manual_seed(T + kv_heads);
+      AttentionOptions o;
+      o.d_model = 32;
+      o.heads = 4;
+      o.kv_heads = kv_heads;
+      Attention attn(o);
+      Rope rope(8, 256);
+      torch::Tensor x = torch::randn({2, T, 32});
+      auto run = [&](const char* chunks) {
+        if (chunks != nullptr) {
+          ::setenv("DEPTHBENCH_ATTN_CHUNKS", chunks, 1);
+        } else {
+          ::unsetenv("DEPTHBENCH_ATTN_CHUNKS");
+        }
+        attn->zero_grad();
+        torch::Tensor xl = x.clone().requires_grad_(true);
+        torch::Tensor y = attn->forward(xl, rope);
+        y.pow(2).sum().backward();
+        std::vector<torch::Tensor> out = {y.detach(), xl.grad()};
+        for (auto& p : attn->parameters()) out.push_back(p.grad().clone());
+        ::unsetenv("DEPTHBENCH_ATTN_CHUNKS");
+        return out;
+      };
+      std::vector<torch::Tensor> one = run("1"), dflt = run(nullptr), three = run("3");
+      // fp32 sums in another order (the key/value gradients add per-chunk
+      // parts): within 1e-5 of each tensor's largest magnitude.
+      for (size_t i = 0; i < one.size(); ++i) {
+        const double tol = 1e-5 * one[i].abs().max().item<double>() + 1e-7;
+        EXPECT_LE((dflt[i] - one[i]).abs().max().item<double>(), tol) << "tensor " << i;
+        EXPECT_LE((three[i] - one[i]).abs().max().item<double>(), tol) << "tensor " << i;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace depthbench

@@ -24,6 +24,7 @@
 // decay like every other weight.
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "cuda_ops/ops.h"
 #include "trainer_core/model/design.h"
@@ -66,9 +67,15 @@ class HcConnectorImpl : public torch::nn::Module {
     torch::Tensor a, b;
     {
       AutocastOffGuard fp32_routing;  // coefficients stay fp32 under bf16 autocast
-      torch::Tensor hn = RmsNormalize(h.to(torch::kFloat32));  // per stream
-      a = static_a + gain_a * torch::tanh(torch::matmul(hn, dynamic_a));
-      b = static_b + gain_b * torch::tanh(torch::matmul(hn, dynamic_b)).squeeze(-1);
+      // Per stream; fused on CPU and CUDA (cuda_ops RmsNormalizeOp).
+      torch::Tensor hn = RmsNormalizeOp(h.to(torch::kFloat32), kNormEps);
+      // One GEMM and one tanh for both projections (the parameters stay
+      // separate; split's backward is one concatenation).
+      std::vector<torch::Tensor> t =
+          torch::tanh(torch::matmul(hn, torch::cat({dynamic_a, dynamic_b}, /*dim=*/1)))
+              .split_with_sizes({n + 1, 1}, -1);
+      a = static_a + gain_a * t[0];
+      b = static_b + gain_b * t[1].squeeze(-1);
     }
     // Read, residual mix and write go through the cuda_ops dispatcher: the
     // fused kernels on CUDA, the same composites (cuda_ops/hc_connector_ref.cc)

@@ -65,7 +65,7 @@ class MhcConnectorImpl : public torch::nn::Module {
     torch::Tensor read, write, map;
     {
       AutocastOffGuard fp32_routing;  // coefficients and Sinkhorn stay fp32
-      torch::Tensor x = RmsNormalize(h.to(torch::kFloat32).flatten(-2), kNormEps);  // [B,T,nd]
+      torch::Tensor x = RmsNormalizeOp(h.to(torch::kFloat32).flatten(-2), kNormEps);  // [B,T,nd]
       torch::Tensor g = torch::cat({gains.narrow(0, 0, 1).expand({n}),
                                     gains.narrow(0, 1, 1).expand({n}),
                                     gains.narrow(0, 2, 1).expand({n * n})});

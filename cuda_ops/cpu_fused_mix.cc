@@ -1,0 +1,599 @@
+// Fused CPU kernels of the multi-stream mixing ops (HC/mHC read and write,
+// Sinkhorn, AttnRes depth mix) with hand-written backward passes; math as in
+// the references (cuda_ops/*_ref.cc) and the CUDA kernels (*.cu). See
+// cpu_fused.h.
+//
+// Why: as composites each connector runs ~10 ATen ops forward and ~20
+// backward over [tokens, n, d] tensors (Sinkhorn: ~160 tiny ops forward and
+// as many backward), which put HC, mHC and Full AttnRes at 0.57x, 0.32x and
+// 0.65x of Pre-LN's tokens/s on CPU, far below their FLOP ratios (issue 18).
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "cuda_ops/cpu_fused.h"
+
+namespace depthbench {
+namespace cpu_fused {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Rows per parallel task for `per_row` elements of work per row: about 32k
+// elements per task, as ATen's element-wise kernels.
+int64_t Grain(int64_t per_row) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(per_row, 1)); }
+
+// Dot product with eight independent partial sums, so the compiler can
+// vectorise it without reassociating a single accumulator.
+template <typename T>
+inline T Dot(const T* a, const T* b, int64_t d) {
+  T p[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t j = 0;
+  for (; j + 8 <= d; j += 8) {
+    for (int k = 0; k < 8; ++k) p[k] += a[j + k] * b[j + k];
+  }
+  T tail = 0;
+  for (; j < d; ++j) tail += a[j] * b[j];
+  return ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7])) + tail;
+}
+
+// y[j] += c * x[j]
+template <typename T>
+inline void Axpy(T c, const T* x, T* y, int64_t d) {
+  for (int64_t j = 0; j < d; ++j) y[j] += c * x[j];
+}
+
+// Sizes of h [..., n, d] as (rows, n, d).
+struct StreamShape {
+  int64_t rows, n, d;
+};
+StreamShape StreamsOf(const torch::Tensor& h) {
+  TORCH_CHECK(h.dim() >= 2, "HC streams: h needs [..., n, d], has ", h.sizes());
+  const int64_t n = h.size(-2), d = h.size(-1);
+  return {h.numel() / std::max<int64_t>(n * d, 1), n, d};
+}
+
+void CheckCoefficients(const char* op, const char* name, const torch::Tensor& t, int64_t rows,
+                       int64_t per_row) {
+  TORCH_CHECK(t.numel() == rows * per_row, op, ": ", name, " has ", t.sizes(), ", expected ",
+              rows, " x ", per_row, " values (one set per token)");
+}
+
+// ---------------------------------------------------------------- HC read
+
+class HcReadFunction : public torch::autograd::Function<HcReadFunction> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& h_in,
+                               const torch::Tensor& read_in) {
+    torch::Tensor h = h_in.contiguous(), read = read_in.contiguous();
+    const StreamShape s = StreamsOf(h);
+    CheckCoefficients("HcRead", "read", read, s.rows, s.n);
+    std::vector<int64_t> out_sizes(h.sizes().begin(), h.sizes().end() - 2);
+    out_sizes.push_back(s.d);
+    torch::Tensor x = torch::empty(out_sizes, h.options());
+    AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "cpu_fused::HcRead", [&] {
+      const scalar_t* hp = h.data_ptr<scalar_t>();
+      const scalar_t* rp = read.data_ptr<scalar_t>();
+      scalar_t* xp = x.data_ptr<scalar_t>();
+      at::parallel_for(0, s.rows, Grain(s.n * s.d), [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+          scalar_t* xr = xp + r * s.d;
+          const scalar_t* hr = hp + r * s.n * s.d;
+          const scalar_t* c = rp + r * s.n;
+          for (int64_t j = 0; j < s.d; ++j) xr[j] = c[0] * hr[j];
+          for (int64_t k = 1; k < s.n; ++k) Axpy(c[k], hr + k * s.d, xr, s.d);
+        }
+      });
+    });
+    ctx->save_for_backward({h, read});
+    return x;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list saved = ctx->get_saved_variables();
+    const torch::Tensor& h = saved[0];
+    const torch::Tensor& read = saved[1];
+    torch::Tensor dx = grads[0].contiguous();
+    const StreamShape s = StreamsOf(h);
+    torch::Tensor dh = torch::empty_like(h);
+    torch::Tensor dread = torch::empty_like(read);
+    AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "cpu_fused::HcReadBackward", [&] {
+      const scalar_t* hp = h.data_ptr<scalar_t>();
+      const scalar_t* rp = read.data_ptr<scalar_t>();
+      const scalar_t* gp = dx.data_ptr<scalar_t>();
+      scalar_t* dhp = dh.data_ptr<scalar_t>();
+      scalar_t* drp = dread.data_ptr<scalar_t>();
+      at::parallel_for(0, s.rows, Grain(2 * s.n * s.d), [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+          const scalar_t* g = gp + r * s.d;
+          for (int64_t k = 0; k < s.n; ++k) {
+            const int64_t off = (r * s.n + k) * s.d;
+            const scalar_t c = rp[r * s.n + k];
+            scalar_t* o = dhp + off;
+            for (int64_t j = 0; j < s.d; ++j) o[j] = c * g[j];
+            drp[r * s.n + k] = Dot(hp + off, g, s.d);
+          }
+        }
+      });
+    });
+    return {dh, dread};
+  }
+};
+
+// --------------------------------------------------------------- HC write
+
+class HcWriteFunction : public torch::autograd::Function<HcWriteFunction> {
+ public:
+  // mix false: identity residual map (the HC code form); `a_in` is then an
+  // empty placeholder (autograd functions take no undefined inputs).
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& h_in,
+                               const torch::Tensor& a_in, const torch::Tensor& b_in,
+                               const torch::Tensor& y_in, bool mix) {
+    torch::Tensor h = h_in.contiguous(), b = b_in.contiguous(), y = y_in.contiguous();
+    torch::Tensor a = mix ? a_in.contiguous() : torch::Tensor();
+    const StreamShape s = StreamsOf(h);
+    if (mix) CheckCoefficients("HcWrite", "a", a, s.rows, s.n * s.n);
+    CheckCoefficients("HcWrite", "b", b, s.rows, s.n);
+    CheckCoefficients("HcWrite", "y", y, s.rows, s.d);
+    torch::Tensor out = torch::empty_like(h);
+    AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "cpu_fused::HcWrite", [&] {
+      const scalar_t* hp = h.data_ptr<scalar_t>();
+      const scalar_t* ap = mix ? a.data_ptr<scalar_t>() : nullptr;
+      const scalar_t* bp = b.data_ptr<scalar_t>();
+      const scalar_t* yp = y.data_ptr<scalar_t>();
+      scalar_t* op = out.data_ptr<scalar_t>();
+      at::parallel_for(0, s.rows, Grain(s.n * s.n * s.d), [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+          const scalar_t* hr = hp + r * s.n * s.d;
+          const scalar_t* yr = yp + r * s.d;
+          for (int64_t t = 0; t < s.n; ++t) {
+            scalar_t* o = op + (r * s.n + t) * s.d;
+            const scalar_t bt = bp[r * s.n + t];
+            if (mix) {
+              const scalar_t* ar = ap + r * s.n * s.n;  // a[s, t] at ar[s * n + t]
+              for (int64_t j = 0; j < s.d; ++j) o[j] = bt * yr[j];
+              for (int64_t k = 0; k < s.n; ++k) Axpy(ar[k * s.n + t], hr + k * s.d, o, s.d);
+            } else {
+              const scalar_t* ht = hr + t * s.d;
+              for (int64_t j = 0; j < s.d; ++j) o[j] = ht[j] + bt * yr[j];
+            }
+          }
+        }
+      });
+    });
+    ctx->save_for_backward({h, mix ? a : torch::Tensor(), b, y});
+    ctx->saved_data["mix"] = mix;
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list saved = ctx->get_saved_variables();
+    const bool mix = ctx->saved_data["mix"].toBool();
+    const torch::Tensor& h = saved[0];
+    const torch::Tensor& a = saved[1];
+    const torch::Tensor& b = saved[2];
+    const torch::Tensor& y = saved[3];
+    torch::Tensor g = grads[0].contiguous();
+    const StreamShape s = StreamsOf(h);
+    torch::Tensor dh = mix ? torch::empty_like(h) : g;
+    torch::Tensor da = mix ? torch::empty_like(a) : torch::Tensor();
+    torch::Tensor db = torch::empty_like(b);
+    torch::Tensor dy = torch::empty_like(y);
+    AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "cpu_fused::HcWriteBackward", [&] {
+      const scalar_t* hp = h.data_ptr<scalar_t>();
+      const scalar_t* ap = mix ? a.data_ptr<scalar_t>() : nullptr;
+      const scalar_t* bp = b.data_ptr<scalar_t>();
+      const scalar_t* yp = y.data_ptr<scalar_t>();
+      const scalar_t* gp = g.data_ptr<scalar_t>();
+      scalar_t* dhp = mix ? dh.data_ptr<scalar_t>() : nullptr;
+      scalar_t* dap = mix ? da.data_ptr<scalar_t>() : nullptr;
+      scalar_t* dbp = db.data_ptr<scalar_t>();
+      scalar_t* dyp = dy.data_ptr<scalar_t>();
+      at::parallel_for(0, s.rows, Grain(3 * s.n * s.n * s.d), [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+          const scalar_t* hr = hp + r * s.n * s.d;
+          const scalar_t* gr = gp + r * s.n * s.d;
+          const scalar_t* yr = yp + r * s.d;
+          scalar_t* dyr = dyp + r * s.d;
+          // dy = sum_t b_t g_t; db_t = g_t . y
+          for (int64_t j = 0; j < s.d; ++j) dyr[j] = bp[r * s.n] * gr[j];
+          for (int64_t t = 1; t < s.n; ++t) Axpy(bp[r * s.n + t], gr + t * s.d, dyr, s.d);
+          for (int64_t t = 0; t < s.n; ++t) dbp[r * s.n + t] = Dot(gr + t * s.d, yr, s.d);
+          if (!mix) continue;
+          const scalar_t* ar = ap + r * s.n * s.n;
+          scalar_t* dar = dap + r * s.n * s.n;
+          for (int64_t k = 0; k < s.n; ++k) {
+            // dh_s = sum_t a[s, t] g_t; da[s, t] = h_s . g_t
+            scalar_t* o = dhp + (r * s.n + k) * s.d;
+            for (int64_t j = 0; j < s.d; ++j) o[j] = ar[k * s.n] * gr[j];
+            for (int64_t t = 1; t < s.n; ++t) Axpy(ar[k * s.n + t], gr + t * s.d, o, s.d);
+            for (int64_t t = 0; t < s.n; ++t) dar[k * s.n + t] = Dot(hr + k * s.d, gr + t * s.d, s.d);
+          }
+        }
+      });
+    });
+    return {dh, da, db, dy, torch::Tensor()};
+  }
+};
+
+// ---------------------------------------------------------------- Sinkhorn
+
+// Matrices per block: the kernels run kLanes matrices side by side, element
+// e of matrix k at p[e * kLanes + k], so every inner loop runs over k with no
+// dependency between iterations and vectorises (and the divisions of
+// different matrices overlap).
+constexpr int64_t kLanes = 8;
+
+// Runs the iterations on a block of kLanes n x n matrices in double; writes
+// the state after every half step to `states` (2 * iterations blocks) when
+// non-null and leaves the final matrices in p.
+void SinkhornBlock(double* p, int64_t n, int iterations, double eps, double* states) {
+  const int64_t nn = n * n;
+  double inv[kLanes];
+  for (int it = 0; it < iterations; ++it) {
+    for (int64_t i = 0; i < n; ++i) {  // row step
+      double sum[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int64_t j = 0; j < n; ++j) {
+        const double* e = p + (i * n + j) * kLanes;
+        for (int64_t k = 0; k < kLanes; ++k) sum[k] += e[k];
+      }
+      for (int64_t k = 0; k < kLanes; ++k) inv[k] = 1.0 / (sum[k] + eps);
+      for (int64_t j = 0; j < n; ++j) {
+        double* e = p + (i * n + j) * kLanes;
+        for (int64_t k = 0; k < kLanes; ++k) e[k] *= inv[k];
+      }
+    }
+    if (states != nullptr) std::copy(p, p + nn * kLanes, states + (2 * it) * nn * kLanes);
+    for (int64_t j = 0; j < n; ++j) {  // column step
+      double sum[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int64_t i = 0; i < n; ++i) {
+        const double* e = p + (i * n + j) * kLanes;
+        for (int64_t k = 0; k < kLanes; ++k) sum[k] += e[k];
+      }
+      for (int64_t k = 0; k < kLanes; ++k) inv[k] = 1.0 / (sum[k] + eps);
+      for (int64_t i = 0; i < n; ++i) {
+        double* e = p + (i * n + j) * kLanes;
+        for (int64_t k = 0; k < kLanes; ++k) e[k] *= inv[k];
+      }
+    }
+    if (states != nullptr) std::copy(p, p + nn * kLanes, states + (2 * it + 1) * nn * kLanes);
+  }
+}
+
+// Loads matrices [m0, m0 + count) of z (count <= kLanes) as exp(z) into the
+// block layout; missing lanes get a copy of the first matrix (discarded).
+template <typename T>
+void LoadExp(const T* z, int64_t m0, int64_t count, int64_t nn, double* p) {
+  for (int64_t k = 0; k < kLanes; ++k) {
+    const T* src = z + (m0 + (k < count ? k : 0)) * nn;
+    for (int64_t e = 0; e < nn; ++e) p[e * kLanes + k] = std::exp(static_cast<double>(src[e]));
+  }
+}
+
+class SinkhornFunction : public torch::autograd::Function<SinkhornFunction> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& logits_in,
+                               int64_t iterations, double eps) {
+    torch::Tensor z = logits_in.contiguous();
+    const int64_t n = z.size(-1), nn = n * n, mats = z.numel() / std::max<int64_t>(nn, 1);
+    const int64_t blocks = (mats + kLanes - 1) / kLanes;
+    torch::Tensor out = torch::empty_like(z);
+    AT_DISPATCH_FLOATING_TYPES(z.scalar_type(), "cpu_fused::Sinkhorn", [&] {
+      const scalar_t* zp = z.data_ptr<scalar_t>();
+      scalar_t* op = out.data_ptr<scalar_t>();
+      at::parallel_for(0, blocks, Grain(kLanes * nn * 4 * iterations), [&](int64_t begin, int64_t end) {
+        double p[kMaxSinkhornStreams * kMaxSinkhornStreams * kLanes];
+        for (int64_t blk = begin; blk < end; ++blk) {
+          const int64_t m0 = blk * kLanes, count = std::min(kLanes, mats - m0);
+          LoadExp(zp, m0, count, nn, p);
+          SinkhornBlock(p, n, static_cast<int>(iterations), eps, nullptr);
+          for (int64_t k = 0; k < count; ++k) {
+            for (int64_t e = 0; e < nn; ++e) op[(m0 + k) * nn + e] = static_cast<scalar_t>(p[e * kLanes + k]);
+          }
+        }
+      });
+    });
+    ctx->save_for_backward({z});
+    ctx->saved_data["iterations"] = iterations;
+    ctx->saved_data["eps"] = eps;
+    return out;
+  }
+
+  // With P_k the state after half step k (row steps even, column steps odd)
+  // and g the gradient w.r.t. the log-domain state z_k = log P_k: a row step
+  // z' = z - log(sum_j exp z_j + eps) maps g' to g = g' - P' * rowsum(g'), a
+  // column step likewise with column sums; the start is g = dout * P_final.
+  // The forward states are recomputed per block.
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const torch::Tensor z = ctx->get_saved_variables()[0];
+    const int iterations = static_cast<int>(ctx->saved_data["iterations"].toInt());
+    const double eps = ctx->saved_data["eps"].toDouble();
+    torch::Tensor dout = grads[0].contiguous();
+    const int64_t n = z.size(-1), nn = n * n, mats = z.numel() / std::max<int64_t>(nn, 1);
+    const int64_t blocks = (mats + kLanes - 1) / kLanes;
+    torch::Tensor dz = torch::empty_like(z);
+    AT_DISPATCH_FLOATING_TYPES(z.scalar_type(), "cpu_fused::SinkhornBackward", [&] {
+      const scalar_t* zp = z.data_ptr<scalar_t>();
+      const scalar_t* gp = dout.data_ptr<scalar_t>();
+      scalar_t* dzp = dz.data_ptr<scalar_t>();
+      at::parallel_for(0, blocks, Grain(kLanes * nn * 8 * iterations), [&](int64_t begin, int64_t end) {
+        std::vector<double> states(static_cast<size_t>(std::max(1, 2 * iterations) * nn * kLanes));
+        double p[kMaxSinkhornStreams * kMaxSinkhornStreams * kLanes];
+        double g[kMaxSinkhornStreams * kMaxSinkhornStreams * kLanes];
+        for (int64_t blk = begin; blk < end; ++blk) {
+          const int64_t m0 = blk * kLanes, count = std::min(kLanes, mats - m0);
+          LoadExp(zp, m0, count, nn, p);
+          SinkhornBlock(p, n, iterations, eps, states.data());
+          for (int64_t k = 0; k < kLanes; ++k) {
+            const scalar_t* src = gp + (m0 + (k < count ? k : 0)) * nn;
+            for (int64_t e = 0; e < nn; ++e) g[e * kLanes + k] = static_cast<double>(src[e]) * p[e * kLanes + k];
+          }
+          for (int step = 2 * iterations - 1; step >= 0; --step) {
+            const double* pk = states.data() + step * nn * kLanes;
+            for (int64_t a = 0; a < n; ++a) {
+              // Column step (odd): column a; row step (even): row a.
+              const bool col = step % 2 == 1;
+              double sum[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
+              for (int64_t b = 0; b < n; ++b) {
+                const int64_t e = col ? b * n + a : a * n + b;
+                for (int64_t k = 0; k < kLanes; ++k) sum[k] += g[e * kLanes + k];
+              }
+              for (int64_t b = 0; b < n; ++b) {
+                const int64_t e = col ? b * n + a : a * n + b;
+                for (int64_t k = 0; k < kLanes; ++k) g[e * kLanes + k] -= pk[e * kLanes + k] * sum[k];
+              }
+            }
+          }
+          for (int64_t k = 0; k < count; ++k) {
+            for (int64_t e = 0; e < nn; ++e) dzp[(m0 + k) * nn + e] = static_cast<scalar_t>(g[e * kLanes + k]);
+          }
+        }
+      });
+    });
+    return {dz, torch::Tensor(), torch::Tensor()};
+  }
+};
+
+// ---------------------------------------------------------- AttnRes mixing
+
+class AttnResMixFunction : public torch::autograd::Function<AttnResMixFunction> {
+ public:
+  // has_query false: uniform weights; query and key_gain are then empty
+  // placeholders (autograd functions take no undefined inputs).
+  static torch::Tensor forward(AutogradContext* ctx, at::TensorList sources_in,
+                               const torch::Tensor& query_in, const torch::Tensor& key_gain_in,
+                               const torch::Tensor& out_gain_in, double eps, bool has_query) {
+    const int64_t S = static_cast<int64_t>(sources_in.size());
+    std::vector<torch::Tensor> v;
+    for (const auto& t : sources_in) v.push_back(t.contiguous());
+    const int64_t d = v[0].size(-1), rows = v[0].numel() / std::max<int64_t>(d, 1);
+    torch::Tensor og = out_gain_in.contiguous();
+    torch::Tensor q = has_query ? query_in.contiguous() : torch::Tensor();
+    torch::Tensor kg = has_query ? key_gain_in.contiguous() : torch::Tensor();
+    TORCH_CHECK(og.numel() == d, "AttnResMix: out_gain has ", og.sizes(), ", expected [", d, "]");
+    if (has_query) {
+      TORCH_CHECK(q.numel() == d, "AttnResMix: query has ", q.sizes(), ", expected [", d, "]");
+      TORCH_CHECK(kg.numel() == d, "AttnResMix: key_gain has ", kg.sizes(), ", expected [", d, "]");
+    }
+    torch::Tensor y = torch::empty_like(v[0]);
+    // Per row: softmax weights p, source rsqrt r, logits, output rsqrt s.
+    torch::Tensor p = torch::empty({rows, S}, v[0].options());
+    torch::Tensor rr = torch::empty({rows, S}, v[0].options());
+    torch::Tensor lg = torch::empty({rows, S}, v[0].options());
+    torch::Tensor so = torch::empty({rows}, v[0].options());
+    AT_DISPATCH_FLOATING_TYPES(v[0].scalar_type(), "cpu_fused::AttnResMix", [&] {
+      std::vector<const scalar_t*> vp;
+      for (const auto& t : v) vp.push_back(t.data_ptr<scalar_t>());
+      std::vector<scalar_t> a(static_cast<size_t>(d), 0);  // query * key_gain
+      if (has_query) {
+        const scalar_t* qp = q.data_ptr<scalar_t>();
+        const scalar_t* kp = kg.data_ptr<scalar_t>();
+        for (int64_t j = 0; j < d; ++j) a[j] = qp[j] * kp[j];
+      }
+      const scalar_t* gop = og.data_ptr<scalar_t>();
+      scalar_t* yp = y.data_ptr<scalar_t>();
+      scalar_t* pp = p.data_ptr<scalar_t>();
+      scalar_t* rp = rr.data_ptr<scalar_t>();
+      scalar_t* lp = lg.data_ptr<scalar_t>();
+      scalar_t* sp = so.data_ptr<scalar_t>();
+      at::parallel_for(0, rows, Grain(3 * S * d), [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+          scalar_t* pr = pp + r * S;
+          scalar_t* rrow = rp + r * S;
+          scalar_t* lrow = lp + r * S;
+          double mx = -INFINITY;
+          for (int64_t i = 0; i < S; ++i) {
+            const scalar_t* vi = vp[i] + r * d;
+            if (has_query) {
+              const scalar_t inv = static_cast<scalar_t>(1.0 / std::sqrt(Dot(vi, vi, d) / d + eps));
+              rrow[i] = inv;
+              lrow[i] = inv * Dot(vi, a.data(), d);
+            } else {
+              rrow[i] = 0;
+              lrow[i] = 0;
+            }
+            mx = std::max<double>(mx, lrow[i]);
+          }
+          double total = 0;
+          for (int64_t i = 0; i < S; ++i) total += std::exp(lrow[i] - mx);
+          for (int64_t i = 0; i < S; ++i) pr[i] = static_cast<scalar_t>(std::exp(lrow[i] - mx) / total);
+          scalar_t* yr = yp + r * d;
+          for (int64_t j = 0; j < d; ++j) yr[j] = pr[0] * vp[0][r * d + j];
+          for (int64_t i = 1; i < S; ++i) Axpy(pr[i], vp[i] + r * d, yr, d);
+          const scalar_t inv = static_cast<scalar_t>(1.0 / std::sqrt(Dot(yr, yr, d) / d + eps));
+          sp[r] = inv;
+          for (int64_t j = 0; j < d; ++j) yr[j] = yr[j] * inv * gop[j];
+        }
+      });
+    });
+    std::vector<torch::Tensor> save = v;
+    save.push_back(has_query ? q : torch::Tensor());
+    save.push_back(has_query ? kg : torch::Tensor());
+    save.push_back(og);
+    save.push_back(p);
+    save.push_back(rr);
+    save.push_back(lg);
+    save.push_back(so);
+    ctx->save_for_backward(save);
+    ctx->saved_data["S"] = S;
+    ctx->saved_data["has_query"] = has_query;
+    return y;
+  }
+
+  // Per row, with m = sum_i p_i v_i recomputed, g = dy:
+  //   dm = s (og g - m s^2 mean(og g m));        dout_gain += g m s
+  //   dp_i = v_i . dm; dlogit = p (dp - sum p dp)
+  //   dv_i = p_i dm + dlogit_i r_i (a - v_i r_i logit_i / d)
+  //   da += dlogit_i r_i v_i; dquery = da key_gain; dkey_gain = da query.
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list saved = ctx->get_saved_variables();
+    const int64_t S = ctx->saved_data["S"].toInt();
+    const bool has_query = ctx->saved_data["has_query"].toBool();
+    std::vector<torch::Tensor> v(saved.begin(), saved.begin() + S);
+    const torch::Tensor& q = saved[S];
+    const torch::Tensor& kg = saved[S + 1];
+    const torch::Tensor& og = saved[S + 2];
+    const torch::Tensor& p = saved[S + 3];
+    const torch::Tensor& rr = saved[S + 4];
+    const torch::Tensor& lg = saved[S + 5];
+    const torch::Tensor& so = saved[S + 6];
+    torch::Tensor dy = grads[0].contiguous();
+    const int64_t d = v[0].size(-1), rows = v[0].numel() / std::max<int64_t>(d, 1);
+    std::vector<torch::Tensor> dv;
+    for (int64_t i = 0; i < S; ++i) dv.push_back(torch::empty_like(v[i]));
+    const int64_t threads = at::get_num_threads();
+    // Per-thread partial sums: [threads][2][d] (dout_gain, da).
+    std::vector<double> partial(static_cast<size_t>(threads * 2 * d), 0.0);
+    AT_DISPATCH_FLOATING_TYPES(v[0].scalar_type(), "cpu_fused::AttnResMixBackward", [&] {
+      std::vector<const scalar_t*> vp;
+      std::vector<scalar_t*> dvp;
+      for (int64_t i = 0; i < S; ++i) {
+        vp.push_back(v[i].data_ptr<scalar_t>());
+        dvp.push_back(dv[i].data_ptr<scalar_t>());
+      }
+      std::vector<scalar_t> a(static_cast<size_t>(d), 0);
+      if (has_query) {
+        const scalar_t* qp = q.data_ptr<scalar_t>();
+        const scalar_t* kp = kg.data_ptr<scalar_t>();
+        for (int64_t j = 0; j < d; ++j) a[j] = qp[j] * kp[j];
+      }
+      const scalar_t* gop = og.data_ptr<scalar_t>();
+      const scalar_t* gp = dy.data_ptr<scalar_t>();
+      const scalar_t* pp = p.data_ptr<scalar_t>();
+      const scalar_t* rp = rr.data_ptr<scalar_t>();
+      const scalar_t* lp = lg.data_ptr<scalar_t>();
+      const scalar_t* sp = so.data_ptr<scalar_t>();
+      at::parallel_for(0, rows, Grain(5 * S * d), [&](int64_t begin, int64_t end) {
+        double* acc_go = partial.data() + at::get_thread_num() * 2 * d;
+        double* acc_a = acc_go + d;
+        std::vector<scalar_t> m(static_cast<size_t>(d)), dm(static_cast<size_t>(d));
+        std::vector<scalar_t> dp(static_cast<size_t>(S));
+        for (int64_t r = begin; r < end; ++r) {
+          const scalar_t* pr = pp + r * S;
+          const scalar_t* g = gp + r * d;
+          const scalar_t s = sp[r];
+          for (int64_t j = 0; j < d; ++j) m[j] = pr[0] * vp[0][r * d + j];
+          for (int64_t i = 1; i < S; ++i) Axpy(pr[i], vp[i] + r * d, m.data(), d);
+          scalar_t gm = 0;  // mean(og g m) via a dot of (og g) and m
+          for (int64_t j = 0; j < d; ++j) dm[j] = gop[j] * g[j];
+          gm = Dot(dm.data(), m.data(), d) / static_cast<scalar_t>(d);
+          const scalar_t c = s * s * gm;
+          for (int64_t j = 0; j < d; ++j) {
+            acc_go[j] += static_cast<double>(g[j]) * m[j] * s;
+            dm[j] = s * (dm[j] - m[j] * c);
+          }
+          scalar_t pdp = 0;
+          for (int64_t i = 0; i < S; ++i) {
+            dp[i] = Dot(vp[i] + r * d, dm.data(), d);
+            pdp += pr[i] * dp[i];
+          }
+          for (int64_t i = 0; i < S; ++i) {
+            const scalar_t* vi = vp[i] + r * d;
+            scalar_t* o = dvp[i] + r * d;
+            const scalar_t pi = pr[i];
+            if (!has_query) {
+              for (int64_t j = 0; j < d; ++j) o[j] = pi * dm[j];
+              continue;
+            }
+            const scalar_t dl = pi * (dp[i] - pdp) * rp[r * S + i];  // dlogit_i r_i
+            const scalar_t coef = rp[r * S + i] * lp[r * S + i] / static_cast<scalar_t>(d);
+            for (int64_t j = 0; j < d; ++j) {
+              o[j] = pi * dm[j] + dl * (a[j] - vi[j] * coef);
+              acc_a[j] += static_cast<double>(dl) * vi[j];
+            }
+          }
+        }
+      });
+    });
+    torch::Tensor sums = torch::zeros({2, d}, torch::kFloat64);
+    double* sum_p = sums.data_ptr<double>();
+    for (int64_t t = 0; t < threads; ++t) {
+      for (int64_t e = 0; e < 2 * d; ++e) sum_p[e] += partial[static_cast<size_t>(t * 2 * d + e)];
+    }
+    const auto dtype = og.scalar_type();
+    torch::Tensor dgo = sums[0].to(dtype).reshape(og.sizes());
+    variable_list out(dv.begin(), dv.end());
+    if (has_query) {
+      torch::Tensor da = sums[1].to(dtype);
+      out.push_back((da * kg.reshape({-1})).reshape(q.sizes()));
+      out.push_back((da * q.reshape({-1})).reshape(kg.sizes()));
+    } else {
+      out.push_back(torch::Tensor());
+      out.push_back(torch::Tensor());
+    }
+    out.push_back(dgo);
+    out.push_back(torch::Tensor());  // eps
+    out.push_back(torch::Tensor());  // has_query
+    return out;
+  }
+};
+
+}  // namespace
+
+torch::Tensor HcRead(const torch::Tensor& h, const torch::Tensor& read) {
+  return HcReadFunction::apply(h, read);
+}
+
+torch::Tensor HcWrite(const torch::Tensor& h, const torch::Tensor& a, const torch::Tensor& b,
+                      const torch::Tensor& y) {
+  if (a.defined()) return HcWriteFunction::apply(h, a, b, y, true);
+  return HcWriteFunction::apply(h, torch::empty({0}, h.options()), b, y, false);
+}
+
+bool SinkhornInRange(const torch::Tensor& logits) {
+  // exp in double overflows past ~709; n^2 terms are summed. NaN fails too.
+  if (logits.numel() == 0) return true;
+  return logits.max().item<double>() <= 600.0;
+}
+
+torch::Tensor Sinkhorn(const torch::Tensor& logits, int iterations, double eps) {
+  TORCH_CHECK(logits.dim() >= 2 && logits.size(-1) == logits.size(-2) &&
+                  logits.size(-1) <= kMaxSinkhornStreams,
+              "Sinkhorn: logits need [..., n, n] with n <= ", kMaxSinkhornStreams, ", have ",
+              logits.sizes());
+  TORCH_CHECK(iterations >= 0 && iterations <= kMaxSinkhornIterations,
+              "Sinkhorn: iterations ", iterations, " outside [0, ", kMaxSinkhornIterations, "]");
+  return SinkhornFunction::apply(logits, static_cast<int64_t>(iterations), eps);
+}
+
+torch::Tensor AttnResMix(const std::vector<torch::Tensor>& sources, const torch::Tensor& query,
+                         const torch::Tensor& key_gain, const torch::Tensor& out_gain,
+                         double eps) {
+  TORCH_CHECK(!sources.empty(), "AttnResMix: no sources");
+  for (const auto& s : sources) {
+    TORCH_CHECK(s.sizes() == sources[0].sizes(), "AttnResMix: source of shape ", s.sizes(),
+                " differs from the first's ", sources[0].sizes());
+  }
+  TORCH_CHECK(!query.defined() || key_gain.defined(), "AttnResMix: a query needs a key_gain");
+  if (query.defined()) {
+    return AttnResMixFunction::apply(at::TensorList(sources), query, key_gain, out_gain, eps, true);
+  }
+  torch::Tensor none = torch::empty({0}, out_gain.options());
+  return AttnResMixFunction::apply(at::TensorList(sources), none, none, out_gain, eps, false);
+}
+
+}  // namespace cpu_fused
+}  // namespace depthbench

@@ -1,0 +1,321 @@
+// CPU tests of the fused multi-stream kernels (cuda_ops/cpu_fused.h: HC/mHC
+// read and write, Sinkhorn, AttnRes mix): values and gradients equal the
+// composite references (autograd through them) and the hand-written backward
+// formulas the CUDA kernels implement (reference::*Backward), on one and two
+// threads, odd sizes and the model's broadcast (expanded) streams; a
+// finite-difference gradcheck of each in double; the dispatcher takes them
+// for CPU float tensors and falls back to the references when disabled, for
+// bf16 and for Sinkhorn logits too large for the exp domain.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "cuda_ops/cpu_fused.h"
+#include "cuda_ops/ops.h"
+#include "cuda_ops/reference.h"
+#include "tests/cuda_ops/gradcheck.h"
+
+namespace depthbench {
+namespace {
+
+using testing::AllClose;
+using testing::GradCheck;
+using testing::MaxAbsDiff;
+
+using Fn = std::function<torch::Tensor(const std::vector<torch::Tensor>&)>;
+
+// Output and gradients of sum(f(inputs) * probe) w.r.t. every defined input.
+struct Outcome {
+  torch::Tensor y;
+  std::vector<torch::Tensor> grads;
+};
+Outcome Evaluate(const Fn& f, const std::vector<torch::Tensor>& inputs, const torch::Tensor& probe) {
+  std::vector<torch::Tensor> leaves;
+  for (const auto& t : inputs) {
+    leaves.push_back(t.defined() ? t.detach().clone().requires_grad_(true) : torch::Tensor());
+  }
+  torch::Tensor y = f(leaves);
+  (y * probe).sum().backward();
+  Outcome r{y.detach(), {}};
+  for (const auto& l : leaves) r.grads.push_back(l.defined() ? l.grad() : torch::Tensor());
+  return r;
+}
+
+void ExpectSame(const Outcome& fused, const Outcome& ref, double rtol, double atol, const std::string& what) {
+  EXPECT_TRUE(AllClose(fused.y, ref.y, rtol, atol))
+      << what << " forward, max abs diff " << MaxAbsDiff(fused.y, ref.y);
+  ASSERT_EQ(fused.grads.size(), ref.grads.size());
+  for (size_t i = 0; i < ref.grads.size(); ++i) {
+    if (!ref.grads[i].defined()) continue;
+    ASSERT_TRUE(fused.grads[i].defined()) << what << " input " << i << " has no gradient";
+    EXPECT_TRUE(AllClose(fused.grads[i], ref.grads[i], rtol, atol))
+        << what << " gradient of input " << i << ", max abs diff "
+        << MaxAbsDiff(fused.grads[i], ref.grads[i]);
+  }
+}
+
+class ThreadsTest : public ::testing::TestWithParam<int> {
+ protected:
+  void SetUp() override {
+    saved_ = torch::get_num_threads();
+    torch::set_num_threads(GetParam());
+  }
+  void TearDown() override { torch::set_num_threads(saved_); }
+  int saved_ = 1;
+};
+
+// ---- HC read / write ----
+
+class CpuFusedHc : public ThreadsTest {};
+
+TEST_P(CpuFusedHc, ReadAndWriteEqualTheReference) {
+  torch::manual_seed(10 + GetParam());
+  // (B, T, n, d): the model's n = 4 at d = 128 with 1k tokens (several
+  // parallel chunks), n = 2 and an odd n = 3 / d = 33.
+  const std::vector<std::vector<int64_t>> shapes = {{2, 512, 4, 128}, {3, 5, 2, 16}, {2, 7, 3, 33}};
+  for (const auto& sh : shapes) {
+    const int64_t B = sh[0], T = sh[1], n = sh[2], d = sh[3];
+    SCOPED_TRACE(::testing::Message() << "B=" << B << " T=" << T << " n=" << n << " d=" << d);
+    for (bool broadcast : {false, true}) {
+      // broadcast: the first block's streams, the embedding expanded n times
+      // inside the differentiated function (as HcDesign::Begin does).
+      torch::Tensor h = broadcast ? torch::randn({B, T, 1, d}) : torch::randn({B, T, n, d});
+      auto H = [=](const torch::Tensor& t) { return broadcast ? t.expand({B, T, n, d}) : t; };
+      torch::Tensor read = torch::rand({B, T, n});
+      torch::Tensor a = torch::randn({B, T, n, n}) * 0.5, b = torch::rand({B, T, n}) + 0.5;
+      torch::Tensor y = torch::randn({B, T, d});
+      torch::Tensor probe_x = torch::randn({B, T, d}), probe_h = torch::randn({B, T, n, d});
+      ExpectSame(Evaluate([=](auto& in) { return cpu_fused::HcRead(H(in[0]), in[1]); }, {h, read}, probe_x),
+                 Evaluate([=](auto& in) { return reference::HcRead(H(in[0]), in[1]); }, {h, read}, probe_x),
+                 1e-5, 1e-5, "HcRead");
+      ExpectSame(Evaluate([=](auto& in) { return cpu_fused::HcWrite(H(in[0]), in[1], in[2], in[3]); },
+                          {h, a, b, y}, probe_h),
+                 Evaluate([=](auto& in) { return reference::HcWrite(H(in[0]), in[1], in[2], in[3]); },
+                          {h, a, b, y}, probe_h),
+                 1e-5, 1e-5, "HcWrite");
+      // The HC code form: identity residual map.
+      ExpectSame(
+          Evaluate([=](auto& in) { return cpu_fused::HcWrite(H(in[0]), torch::Tensor(), in[1], in[2]); },
+                   {h, b, y}, probe_h),
+          Evaluate([=](auto& in) { return reference::HcWrite(H(in[0]), torch::Tensor(), in[1], in[2]); },
+                   {h, b, y}, probe_h),
+          1e-5, 1e-5, "HcWrite identity");
+    }
+  }
+}
+
+TEST_P(CpuFusedHc, GradientsEqualTheHandWrittenReferenceBackward) {
+  // reference::Hc*Backward is the math hc_connector.cu implements.
+  torch::manual_seed(20 + GetParam());
+  const int64_t B = 2, T = 9, n = 4, d = 40;
+  torch::Tensor h = torch::randn({B, T, n, d}), read = torch::rand({B, T, n});
+  torch::Tensor a = torch::randn({B, T, n, n}), b = torch::rand({B, T, n});
+  torch::Tensor y = torch::randn({B, T, d});
+  torch::Tensor gx = torch::randn({B, T, d}), gh = torch::randn({B, T, n, d});
+  Outcome r = Evaluate([](auto& in) { return cpu_fused::HcRead(in[0], in[1]); }, {h, read}, gx);
+  reference::HcReadGrads rg = reference::HcReadBackward(gx, h, read);
+  EXPECT_TRUE(AllClose(r.grads[0], rg.dh, 1e-5, 1e-5));
+  EXPECT_TRUE(AllClose(r.grads[1], rg.dread, 1e-5, 1e-5));
+  Outcome w = Evaluate([](auto& in) { return cpu_fused::HcWrite(in[0], in[1], in[2], in[3]); },
+                   {h, a, b, y}, gh);
+  reference::HcWriteGrads wg = reference::HcWriteBackward(gh, h, a, b, y);
+  EXPECT_TRUE(AllClose(w.grads[0], wg.dh, 1e-5, 1e-5));
+  EXPECT_TRUE(AllClose(w.grads[1], wg.da, 1e-5, 1e-5));
+  EXPECT_TRUE(AllClose(w.grads[2], wg.db, 1e-5, 1e-5));
+  EXPECT_TRUE(AllClose(w.grads[3], wg.dy, 1e-5, 1e-5));
+}
+
+INSTANTIATE_TEST_SUITE_P(Threads, CpuFusedHc, ::testing::Values(1, 2),
+                         [](const auto& info) { return "threads" + std::to_string(info.param); });
+
+// ---- Sinkhorn ----
+
+class CpuFusedSinkhorn : public ThreadsTest {};
+
+TEST_P(CpuFusedSinkhorn, EqualsTheLogDomainReference) {
+  torch::manual_seed(30 + GetParam());
+  for (int64_t n : {2, 4, 5}) {
+    SCOPED_TRACE(::testing::Message() << "n=" << n);
+    // Random logits, and the mHC init (0 on the diagonal, -8 off it) plus noise.
+    torch::Tensor random = torch::randn({2, 150, n, n}) * 2;
+    torch::Tensor init = ((torch::eye(n) - 1.0) * 8.0).expand({2, 150, n, n}) +
+                         torch::randn({2, 150, n, n}) * 0.1;
+    for (const torch::Tensor& z : {random, init}) {
+      torch::Tensor probe = torch::randn_like(z);
+      ExpectSame(Evaluate([](auto& in) { return cpu_fused::Sinkhorn(in[0], 20, 1e-6); }, {z}, probe),
+                 Evaluate([](auto& in) { return reference::Sinkhorn(in[0], 20, 1e-6); }, {z}, probe),
+                 1e-4, 1e-5, "Sinkhorn");
+      // The hand-written backward sinkhorn.cu implements.
+      Outcome f = Evaluate([](auto& in) { return cpu_fused::Sinkhorn(in[0], 20, 1e-6); }, {z}, probe);
+      EXPECT_TRUE(AllClose(f.grads[0], reference::SinkhornBackward(probe, z, 20, 1e-6), 1e-4, 1e-5));
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Threads, CpuFusedSinkhorn, ::testing::Values(1, 2),
+                         [](const auto& info) { return "threads" + std::to_string(info.param); });
+
+// ---- AttnRes mix ----
+
+class CpuFusedAttnRes : public ThreadsTest {};
+
+TEST_P(CpuFusedAttnRes, EqualsTheReferenceForFullAndBlockSourceLists) {
+  torch::manual_seed(40 + GetParam());
+  for (int S : {1, 2, 5, 17}) {  // 17: a Full AttnRes head at L = 8
+    // 300 rows: more than one parallel chunk at d = 128 and S >= 5.
+    for (int64_t d : {128, 33}) {
+      for (bool with_query : {true, false}) {
+        SCOPED_TRACE(::testing::Message() << "S=" << S << " d=" << d << " query=" << with_query);
+        std::vector<torch::Tensor> in;
+        for (int i = 0; i < S; ++i) in.push_back(torch::randn({2, 150, d}) * (1 + 0.3 * i));
+        torch::Tensor q = with_query ? torch::randn({d}) : torch::Tensor();
+        torch::Tensor kg = with_query ? torch::rand({d}) + 0.5 : torch::Tensor();
+        in.push_back(q);
+        in.push_back(kg);
+        in.push_back(torch::rand({d}) + 0.5);
+        auto call = [S](bool fused) {
+          return [S, fused](const std::vector<torch::Tensor>& x) {
+            std::vector<torch::Tensor> src(x.begin(), x.begin() + S);
+            return fused ? cpu_fused::AttnResMix(src, x[S], x[S + 1], x[S + 2], 1e-6)
+                         : reference::AttnResMix(src, x[S], x[S + 1], x[S + 2], 1e-6);
+          };
+        };
+        torch::Tensor probe = torch::randn({2, 150, d});
+        Outcome f = Evaluate(call(true), in, probe);
+        // fp32 rounding over up to 17 sources and 300 rows: 1e-3 relative.
+        ExpectSame(f, Evaluate(call(false), in, probe), 1e-3, 1e-4, "AttnResMix");
+        // Against the hand-written backward attnres_mix.cu implements.
+        std::vector<torch::Tensor> src(in.begin(), in.begin() + S);
+        reference::AttnResGrads g =
+            reference::AttnResMixBackward(probe, src, in[S], in[S + 1], in[S + 2], 1e-6);
+        for (int i = 0; i < S; ++i) EXPECT_TRUE(AllClose(f.grads[i], g.dsources[i], 1e-3, 1e-4));
+        EXPECT_TRUE(AllClose(f.grads[S + 2], g.dout_gain, 1e-3, 1e-3));
+        if (with_query) {
+          EXPECT_TRUE(AllClose(f.grads[S], g.dquery, 1e-3, 1e-3));
+          EXPECT_TRUE(AllClose(f.grads[S + 1], g.dkey_gain, 1e-3, 1e-3));
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Threads, CpuFusedAttnRes, ::testing::Values(1, 2),
+                         [](const auto& info) { return "threads" + std::to_string(info.param); });
+
+// ---- gradcheck in double ----
+
+const auto kF64 = torch::TensorOptions().dtype(torch::kFloat64);
+torch::Tensor Var(const torch::Tensor& t) { return t.clone().requires_grad_(true); }
+
+TEST(CpuFusedMixGradcheck, HcReadAndWrite) {
+  torch::manual_seed(50);
+  torch::Tensor h = Var(torch::randn({2, 3, 3, 5}, kF64)), read = Var(torch::rand({2, 3, 3}, kF64));
+  torch::Tensor a = Var(torch::randn({2, 3, 3, 3}, kF64)), b = Var(torch::rand({2, 3, 3}, kF64));
+  torch::Tensor y = Var(torch::randn({2, 3, 5}, kF64));
+  EXPECT_EQ(GradCheck([](const auto& in) { return cpu_fused::HcRead(in[0], in[1]); }, {h, read}), "");
+  EXPECT_EQ(GradCheck([](const auto& in) { return cpu_fused::HcWrite(in[0], in[1], in[2], in[3]); },
+                      {h, a, b, y}),
+            "");
+  EXPECT_EQ(GradCheck([](const auto& in) {
+              return cpu_fused::HcWrite(in[0], torch::Tensor(), in[1], in[2]);
+            }, {h, b, y}),
+            "");
+}
+
+TEST(CpuFusedMixGradcheck, Sinkhorn) {
+  torch::manual_seed(51);
+  torch::Tensor z = Var(torch::randn({3, 4, 4}, kF64));
+  EXPECT_EQ(GradCheck([](const auto& in) { return cpu_fused::Sinkhorn(in[0], 20, 1e-6); }, {z}), "");
+  torch::Tensor z3 = Var(torch::randn({2, 3, 3}, kF64) * 3);
+  EXPECT_EQ(GradCheck([](const auto& in) { return cpu_fused::Sinkhorn(in[0], 5, 1e-3); }, {z3}), "");
+}
+
+TEST(CpuFusedMixGradcheck, AttnResMix) {
+  torch::manual_seed(52);
+  const int64_t d = 6;
+  std::vector<torch::Tensor> in = {Var(torch::randn({2, 3, d}, kF64)),
+                                   Var(torch::randn({2, 3, d}, kF64) * 2),
+                                   Var(torch::randn({2, 3, d}, kF64)),
+                                   Var(torch::randn({d}, kF64)),
+                                   Var(torch::rand({d}, kF64) + 0.5),
+                                   Var(torch::rand({d}, kF64) + 0.5)};
+  EXPECT_EQ(GradCheck([](const auto& x) {
+              return cpu_fused::AttnResMix({x[0], x[1], x[2]}, x[3], x[4], x[5], 1e-6);
+            }, in),
+            "");
+  std::vector<torch::Tensor> uniform = {in[0], in[1], in[5]};
+  EXPECT_EQ(GradCheck([](const auto& x) {
+              return cpu_fused::AttnResMix({x[0], x[1]}, torch::Tensor(), torch::Tensor(), x[2], 1e-6);
+            }, uniform),
+            "");
+}
+
+// ---- dispatcher ----
+
+TEST(CpuFusedMixDispatch, OpsUseTheKernelsOnCpuAndTheReferencesOtherwise) {
+  torch::manual_seed(60);
+  torch::Tensor h = torch::randn({2, 5, 4, 8}), read = torch::rand({2, 5, 4});
+  torch::Tensor a = torch::rand({2, 5, 4, 4}), b = torch::rand({2, 5, 4}), y = torch::randn({2, 5, 8});
+  torch::Tensor z = torch::randn({2, 5, 4, 4});
+  std::vector<torch::Tensor> src = {torch::randn({2, 5, 8}), torch::randn({2, 5, 8})};
+  torch::Tensor q = torch::randn({8}), kg = torch::rand({8}) + 0.5, og = torch::rand({8}) + 0.5;
+
+  EXPECT_TRUE(torch::equal(HcReadOp(h, read), cpu_fused::HcRead(h, read)));
+  EXPECT_TRUE(torch::equal(HcWriteOp(h, a, b, y), cpu_fused::HcWrite(h, a, b, y)));
+  EXPECT_TRUE(torch::equal(HcWriteOp(h, torch::Tensor(), b, y),
+                           cpu_fused::HcWrite(h, torch::Tensor(), b, y)));
+  EXPECT_TRUE(torch::equal(SinkhornOp(z, 20, 1e-6), cpu_fused::Sinkhorn(z, 20, 1e-6)));
+  EXPECT_TRUE(torch::equal(AttnResMixOp(src, q, kg, og, 1e-6),
+                           cpu_fused::AttnResMix(src, q, kg, og, 1e-6)));
+  EXPECT_NE(FusedOpsDescription().find("Sinkhorn"), std::string::npos) << FusedOpsDescription();
+
+  // Logits beyond the exp domain's range take the log-domain reference.
+  torch::Tensor big = z + 1000.0;
+  EXPECT_FALSE(cpu_fused::SinkhornInRange(big));
+  EXPECT_TRUE(torch::equal(SinkhornOp(big, 20, 1e-6), reference::Sinkhorn(big, 20, 1e-6)));
+  // bf16 takes the references.
+  torch::Tensor hb = h.to(torch::kBFloat16);
+  EXPECT_TRUE(torch::equal(HcReadOp(hb, read), reference::HcRead(hb, read)));
+
+  SetFusedOpsEnabled(false);
+  EXPECT_TRUE(torch::equal(HcReadOp(h, read), reference::HcRead(h, read)));
+  EXPECT_TRUE(torch::equal(HcWriteOp(h, a, b, y), reference::HcWrite(h, a, b, y)));
+  EXPECT_TRUE(torch::equal(SinkhornOp(z, 20, 1e-6), reference::Sinkhorn(z, 20, 1e-6)));
+  EXPECT_TRUE(torch::equal(AttnResMixOp(src, q, kg, og, 1e-6),
+                           reference::AttnResMix(src, q, kg, og, 1e-6)));
+  SetFusedOpsEnabled(true);
+}
+
+TEST(CpuFusedMixDispatch, BadShapesAreRejectedWithTheFieldNamed) {
+  torch::Tensor h = torch::randn({2, 4, 8});
+  try {
+    cpu_fused::HcWrite(h, torch::Tensor(), torch::rand({3}), torch::randn({2, 8}));
+    FAIL() << "no error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("HcWrite: b"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(cpu_fused::Sinkhorn(torch::randn({2, 3, 4}), 20, 1e-6), c10::Error);
+  EXPECT_THROW(cpu_fused::AttnResMix({torch::randn({2, 8}), torch::randn({3, 8})}, torch::Tensor(),
+                                     torch::Tensor(), torch::ones({8}), 1e-6),
+               c10::Error);
+}
+
+TEST(CpuFusedMixDispatch, RepeatedCallsAreBitIdentical) {
+  torch::manual_seed(61);
+  std::vector<torch::Tensor> in = {torch::randn({8, 64, 32}), torch::randn({8, 64, 32}),
+                                   torch::randn({8, 64, 32}), torch::randn({32}),
+                                   torch::rand({32}) + 0.5, torch::rand({32}) + 0.5};
+  Fn f = [](const std::vector<torch::Tensor>& x) {
+    return cpu_fused::AttnResMix({x[0], x[1], x[2]}, x[3], x[4], x[5], 1e-6);
+  };
+  torch::Tensor probe = torch::randn({8, 64, 32});
+  Outcome r1 = Evaluate(f, in, probe), r2 = Evaluate(f, in, probe);
+  EXPECT_TRUE(torch::equal(r1.y, r2.y));
+  for (size_t i = 0; i < r1.grads.size(); ++i) EXPECT_TRUE(torch::equal(r1.grads[i], r2.grads[i]));
+}
+
+}  // namespace
+}  // namespace depthbench
