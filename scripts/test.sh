@@ -6,10 +6,6 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build_dir="${BUILD_DIR:-$root/build}"
 cmake --build "$build_dir" -j "$(nproc)"
 cd "$build_dir"
-# The test binaries that run LibTorch get OpenBLAS's kernels for this CPU
-# rather than its generic fallback (common/blas_tuning.h says why).
-if [[ -z "${OPENBLAS_CORETYPE:-}" && "${DEPTHBENCH_BLAS:-}" != default ]]; then
-  if grep -qw avx512bw /proc/cpuinfo; then export OPENBLAS_CORETYPE=SkylakeX
-  elif grep -qw avx2 /proc/cpuinfo; then export OPENBLAS_CORETYPE=Haswell; fi
-fi
+# The test binaries that run LibTorch get OpenBLAS's kernels for this CPU.
+source "$root/scripts/blas_env.sh"
 ctest --output-on-failure --timeout 900 -j 2 "$@"

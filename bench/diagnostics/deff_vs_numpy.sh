@@ -16,6 +16,8 @@
 # (1.3 GB for the big size) and are removed at exit.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# Both sides on the same OpenBLAS kernels (scripts/blas_env.sh).
+source scripts/blas_env.sh
 build=${1:-build}
 bin=$build/trainer_core/depthbench-train
 peer=bench/diagnostics/deff_numpy_peer.py

@@ -26,6 +26,8 @@
 # T x T score matrix, no causal query chunks) to show what chunking is worth.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+# Both sides on the same OpenBLAS kernels (scripts/blas_env.sh).
+source "$root/scripts/blas_env.sh"
 build="${1:-$root/build}"
 rounds="${2:-3}"
 shift $(( $# >= 2 ? 2 : $# ))

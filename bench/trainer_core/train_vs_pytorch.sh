@@ -10,6 +10,8 @@
 #   bench/trainer_core/train_vs_pytorch.sh [BUILD_DIR] [ROUNDS]
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+# Both sides on the same OpenBLAS kernels (scripts/blas_env.sh).
+source "$root/scripts/blas_env.sh"
 build="${1:-$root/build}"
 rounds="${2:-3}"
 L=4 D=128 H=4 T=128 B=16 STEPS=30 THREADS=2 SKIP=3
