@@ -198,6 +198,13 @@ class ResultStore {
   absl::StatusOr<std::vector<LrTally>> ListLrs(int64_t sweep_id, const std::string& arch,
                                                int64_t layers, int64_t d_model);
   absl::StatusOr<std::vector<DiagnosticRecord>> ListDiagnostics(int64_t job_id);
+  // Successive-halving decisions (table rung_results, schema v7).
+  // AlreadyExists-like failure (constraint) when the run has one at the rung.
+  absl::Status InsertRung(const RungRecord& rung);
+  // Every decision of the group's train runs, by (job id, rung).
+  absl::StatusOr<std::vector<RungRecord>> ListGroupRungs(int64_t sweep_id,
+                                                         const std::string& arch,
+                                                         int64_t layers, int64_t d_model);
 
  private:
   Database* db_;

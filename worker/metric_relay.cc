@@ -134,6 +134,20 @@ void MetricRelay::SenderLoop() {
       }
       if (hooks_.on_backlog) hooks_.on_backlog(-n);
       if (n > 0 && hooks_.on_acked) hooks_.on_acked(acked_through);
+      if (!sent->stop_reason().empty()) {
+        // The scheduler ended the job with these points (successive
+        // halving pruned it): the attempt is over, as for a lost lease.
+        int64_t dropped = 0;
+        {
+          absl::MutexLock lock(&mu_);
+          stale_ = true;
+          dropped = static_cast<int64_t>(buffer_.size());
+          buffer_.clear();
+        }
+        if (hooks_.on_backlog && dropped > 0) hooks_.on_backlog(-dropped);
+        if (hooks_.on_stale) hooks_.on_stale(sent->stop_reason());
+        return;
+      }
       continue;
     }
     const absl::Status& s = sent.status();
