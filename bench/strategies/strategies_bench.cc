@@ -38,6 +38,7 @@
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -259,6 +260,7 @@ int main(int argc, char** argv) {
   app.add_option("--jobs", jobs, "trainer processes at a time");
   app.add_option("--workers", workers_text, "simulated worker counts, comma-separated");
   CLI11_PARSE(app, argc, argv);
+  spdlog::set_level(spdlog::level::warn);  // one info line per pruned run otherwise
 
   const v1::SweepSpec grid = GridSpec("grid");
   auto expanded = depthbench::scheduler::ExpandSweep(grid);
@@ -337,10 +339,11 @@ int main(int argc, char** argv) {
     for (const char* kind :
          {"grid", "successive_halving", "lr_transfer", "successive_halving+lr_transfer"}) {
       v1::SweepSpec spec = grid;
-      spec.set_name(kind == std::string("grid") ? "grid2" : kind);
+      std::string name = kind == std::string("grid") ? "grid2" : kind;
+      std::replace(name.begin(), name.end(), '+', '-');  // sweep names: [A-Za-z0-9._-]
+      spec.set_name(name);
       if (kind != std::string("grid")) spec.mutable_strategy()->set_kind(kind);
-      std::string db = absl::StrCat(db_dir, "/", spec.name(), ".db");
-      std::replace(db.begin(), db.end(), '+', '_');
+      const std::string db = absl::StrCat(db_dir, "/", spec.name(), ".db");
       Outcome o = Simulate(spec, curves, workers, db);
       int agree = 0;
       for (const auto& [key, row] : o.rows) {

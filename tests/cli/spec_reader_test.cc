@@ -268,7 +268,7 @@ INSTANTIATE_TEST_SUITE_P(
         // Unknown keys, at the top and nested, list the valid ones.
         ErrorCase{"UnknownTopLevelKey", kYaml, "name: a\nnmae: b",
                   "spec.nmae: unknown field (valid: architectures, diagnostics, lr_grids, "
-                  "name, resources, retry, seeds, shapes, training)"},
+                  "name, resources, retry, seeds, shapes, strategy, training)"},
         ErrorCase{"UnknownTrainingKeyJson", kJson, R"({"training": {"stpes": 10}})",
                   "spec.training.stpes: unknown field (valid: ", true},
         ErrorCase{"UnknownShapeKey", kYaml, "shapes: {explicit: [{layers: 4, dmodel: 96}]}",
