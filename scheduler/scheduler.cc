@@ -1257,8 +1257,13 @@ void Scheduler::CommitReports(const std::vector<PendingReport*>& group) {
   absl::Status committed = txn->Commit();
   if (!committed.ok()) return fail_all(committed);
   int64_t accepted = 0, duplicates = 0;
+  const bool any_stopped =
+      std::any_of(stopped.begin(), stopped.end(), [](const auto& s) { return s.has_value(); });
   for (size_t i = 0; i < live.size(); ++i) {
     auto& [r, lease] = live[i];
+    // A prune released its job's lease: a later report of the same attempt
+    // in this group must not touch the released entry.
+    if (any_stopped) lease = leases_.Find(r->job_id, r->attempt_id);
     if (r->resumed) resumed_from_[r->attempt_id] = replay_through[i];
     accepted += counts[i].accepted;
     duplicates += counts[i].duplicates;
@@ -1276,7 +1281,7 @@ void Scheduler::CommitReports(const std::vector<PendingReport*>& group) {
       rung_steps_.erase(r->job_id);
       counters_.jobs_pruned++;
       observer_->OnJobFinished("pruned");
-    } else {
+    } else if (lease != nullptr) {
       lease->running = true;
     }
     r->result = std::move(out);
@@ -1636,7 +1641,7 @@ absl::StatusOr<std::vector<int64_t>> Scheduler::RungStepsFor(const JobRecord& jo
 
 absl::StatusOr<std::optional<std::string>> Scheduler::DecideRungs(
     JobRecord& job, const std::vector<storage::MetricRecord>& points, bool finished) {
-  if (job.kind != "train") return std::nullopt;
+  if (job.kind != "train" || IsTerminalState(job.state)) return std::nullopt;
   ASSIGN_OR_RETURN(const strategies::StrategySettings* st, StrategyFor(job.sweep_id));
   if (!st->successive_halving) return std::nullopt;
   ASSIGN_OR_RETURN(std::vector<int64_t> steps, RungStepsFor(job));

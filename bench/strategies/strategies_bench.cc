@@ -259,6 +259,10 @@ int main(int argc, char** argv) {
   app.add_option("--cache", cache, "curves cache (JSON; reused when the configs match)");
   app.add_option("--jobs", jobs, "trainer processes at a time");
   app.add_option("--workers", workers_text, "simulated worker counts, comma-separated");
+  std::vector<double> rungs;
+  double eta = 0;
+  app.add_option("--rungs", rungs, "successive halving: rung fractions (default 1/9, 1/3, 1)");
+  app.add_option("--eta", eta, "successive halving: reduction factor (default 3)");
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::warn);  // one info line per pruned run otherwise
 
@@ -327,9 +331,11 @@ int main(int argc, char** argv) {
   const std::string db_dir =
       (std::filesystem::temp_directory_path() / "strategies_bench_db").string();
   std::filesystem::create_directories(db_dir);
-  std::printf("\n%zu groups (4 designs x 3 shapes), 4 LRs each, 270 steps; rungs 1/9, 1/3 "
-              "(eta 3); LR transfer from the first shape (2x64)\n",
-              expanded->groups.size());
+  std::string rung_text = rungs.empty() ? "1/9, 1/3, 1" : "";
+  for (double r : rungs) absl::StrAppend(&rung_text, rung_text.empty() ? "" : ", ", r);
+  std::printf("\n%zu groups (4 designs x 3 shapes), 4 LRs each, 270 steps; rungs %s "
+              "(eta %g); LR transfer from the first shape (2x64)\n",
+              expanded->groups.size(), rung_text.c_str(), eta > 0 ? eta : 3.0);
   bool goal_met = true;
   for (const std::string& w_text : std::vector<std::string>(absl::StrSplit(workers_text, ','))) {
     const int workers = std::stoi(std::string(w_text));
@@ -343,6 +349,10 @@ int main(int argc, char** argv) {
       std::replace(name.begin(), name.end(), '+', '-');  // sweep names: [A-Za-z0-9._-]
       spec.set_name(name);
       if (kind != std::string("grid")) spec.mutable_strategy()->set_kind(kind);
+      if (std::string(kind).find("successive_halving") != std::string::npos) {
+        for (double r : rungs) spec.mutable_strategy()->add_rungs(r);
+        spec.mutable_strategy()->set_reduction_factor(eta);
+      }
       const std::string db = absl::StrCat(db_dir, "/", spec.name(), ".db");
       Outcome o = Simulate(spec, curves, workers, db);
       int agree = 0;
