@@ -93,8 +93,9 @@ Table ResultsTable(const depthbench::v1::QueryResultsResponse& resp) {
   std::vector<std::string> header = {"ARCH",    "L",        "D",      "ASPECT", "PARAMS",
                                      "BEST_LR", "VAL_LOSS", "TOKENS", "STEPS"};
   for (double lr : lrs) header.push_back("LR=" + FormatDouble(lr, 4));
-  for (const char* h : {"DIAG_LR", "R_CAUSAL", "CAUSAL_FORM", "R_PERM", "DEFF/L", "DEFF_N", "DONE",
-                        "COMPUTE"}) {
+  // DONE stays last (scripts read it there).
+  for (const char* h : {"DIAG_LR", "R_CAUSAL", "CAUSAL_FORM", "R_PERM", "DEFF/L", "DEFF_N",
+                        "COMPUTE", "DONE"}) {
     header.push_back(h);
   }
   Table table(header);
@@ -120,8 +121,8 @@ Table ResultsTable(const depthbench::v1::QueryResultsResponse& resp) {
     r.push_back(num(diag.r_perm));
     r.push_back(num(diag.deff_over_l));
     r.push_back(DeffNCell(diag));
-    r.push_back(row.complete() ? "yes" : "no");
     r.push_back(ComputeCell(row));
+    r.push_back(row.complete() ? "yes" : "no");
     table.AddRow(r);
   }
   return table;

@@ -63,7 +63,7 @@ extern const char kLegacyFootnote[];
 // every LR ("div" diverged, "-" no finished run), the LR whose run the
 // diagnostics examine (DIAG_LR: the best LR, or spec.diagnostics.fixed_lr),
 // R_causal with its form, R_perm, D_eff/L with its N ("-" until they exist),
-// DONE, and COMPUTE (tokens trained as a share of the full grid's; LR cells
+// COMPUTE (tokens trained as a share of the full grid's) and DONE (last; LR cells
 // of pruned / never-run LRs read "pruned@rN" / "never", see LrCell).
 Table ResultsTable(const depthbench::v1::QueryResultsResponse& results);
 
