@@ -829,8 +829,10 @@ absl::StatusOr<v1::QueryResultsResponse> Scheduler::QueryResults(
         // tokens trained against the full grid's (every run to the end).
         ASSIGN_OR_RETURN(std::vector<storage::GroupMember> members,
                          jobs.ListGroup(sweep.id, r.arch, r.layers, r.d_model));
-        ASSIGN_OR_RETURN(std::vector<storage::RungRecord> rungs,
-                         results.ListGroupRungs(sweep.id, r.arch, r.layers, r.d_model));
+        std::vector<storage::RungRecord> rungs;
+        if (spec.strategy().kind().find("successive_halving") != std::string::npos) {
+          ASSIGN_OR_RETURN(rungs, results.ListGroupRungs(sweep.id, r.arch, r.layers, r.d_model));
+        }
         std::map<int64_t, int> pruned_at;
         for (const storage::RungRecord& rung : rungs) {
           if (rung.decision == "prune") pruned_at[rung.job_id] = rung.rung;
@@ -1644,7 +1646,14 @@ absl::StatusOr<std::optional<std::string>> Scheduler::DecideRungs(
   if (job.kind != "train" || IsTerminalState(job.state)) return std::nullopt;
   ASSIGN_OR_RETURN(const strategies::StrategySettings* st, StrategyFor(job.sweep_id));
   if (!st->successive_halving) return std::nullopt;
-  ASSIGN_OR_RETURN(std::vector<int64_t> steps, RungStepsFor(job));
+  absl::StatusOr<std::vector<int64_t>> rung_steps = RungStepsFor(job);
+  if (!rung_steps.ok()) {
+    // Validated at submit, so not expected; never let one job's config
+    // refuse the other reports committed with it.
+    spdlog::warn("job {}: no rung decisions: {}", job.id, rung_steps.status().ToString());
+    return std::nullopt;
+  }
+  const std::vector<int64_t>& steps = *rung_steps;
   const int64_t now = clock_->NowWallMs();
   for (const storage::MetricRecord& p : points) {
     if (p.name != "val_loss" || std::find(steps.begin(), steps.end(), p.step) == steps.end()) {
