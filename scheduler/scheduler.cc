@@ -42,6 +42,7 @@ std::string JobStateName(v1::JobState state) {
     case v1::PRUNED: return "pruned";
     case v1::HELD: return "held";
     case v1::SKIPPED: return "skipped";
+    case v1::PAUSED: return "paused";
     default: return "";
   }
 }
@@ -49,7 +50,7 @@ std::string JobStateName(v1::JobState state) {
 v1::JobState JobStateFromName(const std::string& name) {
   for (v1::JobState s : {v1::PENDING, v1::LEASED, v1::RUNNING, v1::SUCCEEDED,
                          v1::DIVERGED, v1::FAILED, v1::CANCELLED, v1::PRUNED, v1::HELD,
-                         v1::SKIPPED}) {
+                         v1::SKIPPED, v1::PAUSED}) {
     if (JobStateName(s) == name) return s;
   }
   return v1::JOB_STATE_UNSPECIFIED;
@@ -1221,7 +1222,8 @@ void Scheduler::CommitReports(const std::vector<PendingReport*>& group) {
   std::vector<storage::InsertCounts> counts(live.size());
   std::vector<std::vector<storage::MetricRecord>> stored(live.size());
   std::vector<int64_t> replay_through(live.size(), -1);
-  std::vector<std::optional<std::string>> stopped(live.size());  // pruned: why
+  std::vector<std::optional<std::string>> stopped(live.size());  // paused/pruned: why
+  std::vector<bool> stop_is_prune(live.size(), false);
   bool became_running = false;
   for (size_t i = 0; i < live.size(); ++i) {
     PendingReport* r = live[i].first;
@@ -1249,11 +1251,14 @@ void Scheduler::CommitReports(const std::vector<PendingReport*>& group) {
     if (has_val) {
       absl::StatusOr<JobRecord> job = jobs_.Get(r->job_id);
       if (!job.ok()) return fail_all(job.status());
-      absl::StatusOr<std::optional<std::string>> pruned =
-          DecideRungs(*job, stored[i], /*finished=*/false);
-      if (!pruned.ok()) return fail_all(pruned.status());
-      stopped[i] = *pruned;
-      if (stopped[i]) became_running = true;  // a state change
+      rungs_changed_ = false;
+      bool is_prune = false;
+      absl::StatusOr<std::optional<std::string>> stop =
+          DecideRungs(*job, stored[i], /*finished=*/false, &is_prune);
+      if (!stop.ok()) return fail_all(stop.status());
+      stopped[i] = *stop;
+      stop_is_prune[i] = is_prune;
+      if (stopped[i] || rungs_changed_) became_running = true;  // a state change
     }
   }
   absl::Status committed = txn->Commit();
@@ -1274,15 +1279,18 @@ void Scheduler::CommitReports(const std::vector<PendingReport*>& group) {
     out.set_accepted(counts[i].accepted);
     out.set_duplicates(counts[i].duplicates);
     if (stopped[i]) {
-      // Pruned: the lease goes now (its slot is free); the worker stops
-      // the trainer on this answer, or on its next heartbeat's
-      // cancellation, or when its next report is refused.
+      // Paused or pruned: the lease goes now (its slot is free); the
+      // worker stops the trainer (which writes its checkpoint) on this
+      // answer, or on its next heartbeat's cancellation, or when its next
+      // report is refused. A paused job is re-queued when promoted.
       out.set_stop_reason(*stopped[i]);
       leases_.ReleaseAttempt(r->job_id, r->attempt_id);
       resumed_from_.erase(r->attempt_id);
-      rung_steps_.erase(r->job_id);
-      counters_.jobs_pruned++;
-      observer_->OnJobFinished("pruned");
+      if (stop_is_prune[i]) {
+        rung_steps_.erase(r->job_id);
+        counters_.jobs_pruned++;
+        observer_->OnJobFinished("pruned");
+      }
     } else if (lease != nullptr) {
       lease->running = true;
     }
@@ -1511,6 +1519,9 @@ absl::Status Scheduler::UpdateGroup(const JobRecord& changed, const std::string&
     RETURN_IF_ERROR(applied);
   }
   RETURN_IF_ERROR(AdvanceTransfer(changed));
+  // Successive halving: a run that ended (or was skipped) may complete a
+  // rung that paused runs wait on.
+  RETURN_IF_ERROR(ResolveGroupRungs(changed, 0));
   ASSIGN_OR_RETURN(std::vector<storage::LrTally> tallies,
                    results_.ListLrs(changed.sweep_id, changed.arch, changed.layers,
                                     changed.d_model));
@@ -1641,8 +1652,34 @@ absl::StatusOr<std::vector<int64_t>> Scheduler::RungStepsFor(const JobRecord& jo
   return steps;
 }
 
+namespace {
+
+strategies::Verdict VerdictOf(const std::string& decision) {
+  if (decision == "pause") return strategies::Verdict::kPause;
+  if (decision == "promote") return strategies::Verdict::kPromote;
+  return strategies::Verdict::kPrune;  // "prune", "diverged"
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<strategies::RungEntry>> Scheduler::GroupRungEntries(
+    const JobRecord& job) {
+  ASSIGN_OR_RETURN(std::vector<storage::RungRecord> recorded,
+                   results_.ListGroupRungs(job.sweep_id, job.arch, job.layers, job.d_model));
+  std::vector<strategies::RungEntry> entries;
+  entries.reserve(recorded.size());
+  for (const storage::RungRecord& r : recorded) {
+    entries.push_back({r.job_id, r.rung,
+                       r.val_loss.value_or(std::numeric_limits<double>::infinity()),
+                       VerdictOf(r.decision)});
+  }
+  return entries;
+}
+
 absl::StatusOr<std::optional<std::string>> Scheduler::DecideRungs(
-    JobRecord& job, const std::vector<storage::MetricRecord>& points, bool finished) {
+    JobRecord& job, const std::vector<storage::MetricRecord>& points, bool finished,
+    bool* pruned) {
+  if (pruned != nullptr) *pruned = false;
   if (job.kind != "train" || IsTerminalState(job.state)) return std::nullopt;
   ASSIGN_OR_RETURN(const strategies::StrategySettings* st, StrategyFor(job.sweep_id));
   if (!st->successive_halving) return std::nullopt;
@@ -1653,48 +1690,136 @@ absl::StatusOr<std::optional<std::string>> Scheduler::DecideRungs(
     spdlog::warn("job {}: no rung decisions: {}", job.id, rung_steps.status().ToString());
     return std::nullopt;
   }
-  const std::vector<int64_t>& steps = *rung_steps;
+  const std::vector<int64_t> steps = *rung_steps;
   const int64_t now = clock_->NowWallMs();
   for (const storage::MetricRecord& p : points) {
     if (p.name != "val_loss" || std::find(steps.begin(), steps.end(), p.step) == steps.end()) {
       continue;
     }
-    ASSIGN_OR_RETURN(std::vector<storage::RungRecord> recorded,
-                     results_.ListGroupRungs(job.sweep_id, job.arch, job.layers, job.d_model));
-    std::vector<strategies::RungEntry> entries;
-    entries.reserve(recorded.size());
-    for (const storage::RungRecord& r : recorded) {
-      entries.push_back({r.job_id, r.rung,
-                         r.val_loss.value_or(std::numeric_limits<double>::infinity())});
-    }
+    ASSIGN_OR_RETURN(std::vector<strategies::RungEntry> entries, GroupRungEntries(job));
     strategies::RungDecision d =
         strategies::DecideAtStep(steps, st->eta, entries, job.id, p.step, p.value);
     if (d.verdict == strategies::Verdict::kWait) continue;  // decided before
-    const bool prune = d.verdict == strategies::Verdict::kPrune && !finished;
     storage::RungRecord rec;
     rec.job_id = job.id;
     rec.rung = d.rung;
     rec.step = d.step;
     if (std::isfinite(p.value)) rec.val_loss = p.value;
-    rec.decision = prune ? "prune" : "promote";
+    // A run that ended with this point counts at the rung but is not
+    // stopped (nothing is left to save by it).
+    rec.decision = finished || d.verdict == strategies::Verdict::kPromote ? "promote"
+                   : d.verdict == strategies::Verdict::kPause           ? "pause"
+                                                                        : "prune";
     rec.decided_ms = now;
     RETURN_IF_ERROR(results_.InsertRung(rec));
-    if (!prune) continue;
+    if (finished) continue;  // FinishJob's UpdateGroup resolves the group
+    // The arrival may complete the rung or lift paused runs into the quota,
+    // this one included: resolve the group now, in this transaction.
+    RETURN_IF_ERROR(ResolveGroupRungs(job, job.id));
+    ASSIGN_OR_RETURN(entries, GroupRungEntries(job));
+    strategies::Verdict now_verdict = strategies::Verdict::kPromote;
+    for (const strategies::RungEntry& e : entries) {
+      if (e.job_id == job.id && e.rung == d.rung) now_verdict = e.decision;
+    }
+    if (now_verdict == strategies::Verdict::kPromote) continue;
+    if (now_verdict == strategies::Verdict::kPrune && d.verdict == strategies::Verdict::kPause) {
+      // Pruned by the resolution at once (the rung was complete): its
+      // final rank is the resolution's.
+      d.verdict = strategies::Verdict::kPrune;
+      d.quota = strategies::PromotionQuota(d.n, st->eta, /*complete=*/true);
+    }
+    const bool prune = now_verdict == strategies::Verdict::kPrune;
     const std::string reason = d.Reason();
     const std::string from_state = job.state;
-    RETURN_IF_ERROR(jobs_.EndAttempt(job.current_attempt_id, now, "pruned", reason));
-    job.state = "pruned";
+    RETURN_IF_ERROR(
+        jobs_.EndAttempt(job.current_attempt_id, now, prune ? "pruned" : "paused", reason));
+    job.state = prune ? "pruned" : "paused";
     job.reason = reason;
     job.val_loss = rec.val_loss;
     job.final_step = d.step;
     job.worker_id.clear();
     job.updated_ms = now;
+    if (!prune) {
+      // A pause is no failed attempt: it does not count against
+      // max_attempts (as an interruption does not).
+      job.attempts_used = std::max<int64_t>(0, job.attempts_used - 1);
+      job.val_loss.reset();
+    }
     RETURN_IF_ERROR(jobs_.Update(job));
-    RETURN_IF_ERROR(UpdateGroup(job, from_state));
+    if (prune) RETURN_IF_ERROR(UpdateGroup(job, from_state));
     spdlog::info("job {}: {}", job.id, reason);
+    if (pruned != nullptr) *pruned = prune;
     return reason;
   }
   return std::nullopt;
+}
+
+absl::Status Scheduler::ResolveGroupRungs(const JobRecord& group_of, int64_t reporting_job) {
+  if (resolving_rungs_) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const strategies::StrategySettings* st, StrategyFor(group_of.sweep_id));
+  if (!st->successive_halving || group_of.kind != "train") return absl::OkStatus();
+  absl::StatusOr<std::vector<int64_t>> steps = RungStepsFor(group_of);
+  if (!steps.ok()) return absl::OkStatus();  // logged by DecideRungs
+  resolving_rungs_ = true;
+  absl::Status status = [&]() -> absl::Status {
+    const int64_t now = clock_->NowWallMs();
+    // A prune can complete a later rung (the run held it open): repeat
+    // until nothing changes (each pass changes a paused run for good).
+    for (;;) {
+      ASSIGN_OR_RETURN(std::vector<strategies::RungEntry> entries, GroupRungEntries(group_of));
+      ASSIGN_OR_RETURN(std::vector<storage::GroupMember> members,
+                       jobs_.ListGroup(group_of.sweep_id, group_of.arch, group_of.layers,
+                                       group_of.d_model));
+      std::vector<int64_t> open;
+      for (const storage::GroupMember& m : members) {
+        // A run LR transfer holds has not started and may never: it does not
+        // hold a rung open (the transfer in turn waits for the paused runs
+        // to end). Released later, it is ranked on arrival against the
+        // recorded runs, at a rung that is complete without it.
+        if (IsTerminalState(m.state) || m.state == "held") continue;
+        // The reporting run is still "running" in the table while its own
+        // prune is decided: a prune row ends it here.
+        const bool pruned_row =
+            m.id == reporting_job &&
+            std::any_of(entries.begin(), entries.end(), [&](const strategies::RungEntry& e) {
+              return e.job_id == m.id && e.decision == strategies::Verdict::kPrune;
+            });
+        if (!pruned_row) open.push_back(m.id);
+      }
+      std::vector<strategies::RungDecision> changes =
+          strategies::ResolveRungs(*steps, st->eta, entries, open);
+      if (changes.empty()) return absl::OkStatus();
+      for (const strategies::RungDecision& c : changes) {
+        const bool prune = c.verdict == strategies::Verdict::kPrune;
+        RETURN_IF_ERROR(
+            results_.UpdateRungDecision(c.job_id, c.rung, prune ? "prune" : "promote", now));
+        if (c.job_id == reporting_job) continue;  // DecideRungs acts on it
+        ASSIGN_OR_RETURN(JobRecord job, jobs_.Get(c.job_id));
+        if (job.state != "paused") continue;  // e.g. cancelled meanwhile
+        const std::string reason = c.Reason();
+        job.reason = reason;
+        job.updated_ms = now;
+        if (prune) {
+          job.state = "pruned";
+          if (std::isfinite(c.loss)) job.val_loss = c.loss;
+          RETURN_IF_ERROR(jobs_.Update(job));
+          RETURN_IF_ERROR(UpdateGroup(job, "paused"));
+          counters_.jobs_pruned++;
+          observer_->OnJobFinished("pruned");
+        } else {
+          // Re-queued: the next attempt resumes from the checkpoint the
+          // trainer wrote when it was stopped.
+          job.state = "pending";
+          job.not_before_ms = 0;
+          RETURN_IF_ERROR(jobs_.Update(job));
+        }
+        rungs_changed_ = true;
+        spdlog::info("job {}: {}", job.id, reason);
+      }
+    }
+  }();
+  resolving_rungs_ = false;
+  return status;
 }
 
 absl::Status Scheduler::RecordDivergedRungs(const JobRecord& job) {

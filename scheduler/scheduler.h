@@ -6,7 +6,9 @@
 //
 // Job states: pending -> leased -> running -> succeeded | diverged | failed |
 // cancelled | pruned (successive halving stopped it at a rung: terminal,
-// never retried). LR transfer creates jobs `held` (not leased) that become
+// never retried). Successive halving also pauses a run at a rung (paused:
+// stopped, not leased, not an attempt used) until it is promoted (back to
+// pending, resuming from its checkpoint) or pruned. LR transfer creates jobs `held` (not leased) that become
 // pending when their group's sub-grid reaches their LR, or `skipped`
 // (terminal, never run) once the group is decided without them. An acquired attempt counts against max_attempts; a failed
 // attempt or an expired lease re-queues the job with exponential backoff
@@ -364,13 +366,28 @@ class Scheduler {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Successive halving: decides every rung that `points` (just stored for
   // `job`'s current attempt) reach, recording each decision in rung_results
-  // in the caller's transaction. When the job is pruned, ends it (state
-  // pruned, attempt outcome pruned, its group updated) and returns the
-  // reason; the caller releases the lease once committed. `finished`: the
-  // run ended with these points (FinishJob): its decisions are recorded but
-  // never prune it.
+  // in the caller's transaction, and resolves the group's paused runs
+  // (ResolveGroupRungs). When the job is paused (state paused, attempt
+  // outcome paused, not counted against max_attempts) or pruned (state
+  // pruned, its group updated), returns the reason and sets *pruned for a
+  // prune; the caller releases the lease once committed. `finished`: the
+  // run ended with these points (FinishJob): its decisions are recorded as
+  // promotions and never stop it.
   absl::StatusOr<std::optional<std::string>> DecideRungs(
-      storage::JobRecord& job, const std::vector<storage::MetricRecord>& points, bool finished)
+      storage::JobRecord& job, const std::vector<storage::MetricRecord>& points, bool finished,
+      bool* pruned = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The group's recorded rung decisions (rung_results) as the rung rule
+  // reads them.
+  absl::StatusOr<std::vector<strategies::RungEntry>> GroupRungEntries(
+      const storage::JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Successive halving: applies strategies::ResolveRungs to `group_of`'s
+  // group until nothing changes: a paused run promoted becomes pending
+  // (resumes from its checkpoint), one pruned becomes pruned; both update
+  // its rung_results row in the caller's transaction and set
+  // rungs_changed_. `reporting_job` (0: none) is the run whose report is
+  // being decided: only its rows change here, DecideRungs acts on it.
+  // Reentry (through UpdateGroup) is a no-op.
+  absl::Status ResolveGroupRungs(const storage::JobRecord& group_of, int64_t reporting_job)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A diverged successive-halving run is a loser at every rung it has no
   // decision at (recorded as "diverged", loss NULL).
@@ -428,6 +445,8 @@ class Scheduler {
   std::map<int64_t, depthbench::v1::SweepSpec> spec_cache_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, strategies::StrategySettings> strategy_cache_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, std::vector<int64_t>> rung_steps_ ABSL_GUARDED_BY(mu_);  // by job id
+  bool resolving_rungs_ ABSL_GUARDED_BY(mu_) = false;
+  bool rungs_changed_ ABSL_GUARDED_BY(mu_) = false;  // a paused run promoted/pruned
   std::map<std::string, storage::WorkerRecord> worker_cache_ ABSL_GUARDED_BY(mu_);
   SchedulerCounters counters_ ABSL_GUARDED_BY(mu_);
   // Attempt id -> the step it resumed from (-1: not reported); a cache of

@@ -179,7 +179,8 @@ CREATE VIEW canonical_metric_points AS
       // got at a rung, written in the transaction that acts on it (prunes the
       // job, or lets it go on), so a restart neither loses nor repeats one.
       // val_loss NULL: the run diverged (a loser at every rung it missed).
-      // decision: 'promote' or 'prune'.
+      // decision: 'promote', 'prune', 'diverged', or (issue 15 follow-up)
+      // 'pause' until the run is promoted or pruned (the row is updated).
       R"sql(
 CREATE TABLE rung_results(
   job_id INTEGER NOT NULL,

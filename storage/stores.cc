@@ -750,6 +750,20 @@ absl::Status ResultStore::InsertRung(const RungRecord& r) {
   return q.Bind(5, r.decision).Bind(6, r.decided_ms).Run();
 }
 
+absl::Status ResultStore::UpdateRungDecision(int64_t job_id, int rung,
+                                             const std::string& decision, int64_t decided_ms) {
+  ASSIGN_OR_RETURN(Query q, db_->Prepare(
+      "UPDATE rung_results SET decision = ?, decided_ms = ? WHERE job_id = ? AND rung = ?"));
+  RETURN_IF_ERROR(
+      q.Bind(1, decision).Bind(2, decided_ms).Bind(3, job_id).Bind(4, static_cast<int64_t>(rung))
+          .Run());
+  if (db_->Changes() == 0) {
+    return absl::NotFoundError(absl::StrCat("rung_results: no row for job ", job_id, " rung ",
+                                            rung));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<RungRecord>> ResultStore::ListGroupRungs(int64_t sweep_id,
                                                                     const std::string& arch,
                                                                     int64_t layers,

@@ -201,6 +201,10 @@ class ResultStore {
   // Successive-halving decisions (table rung_results, schema v7).
   // AlreadyExists-like failure (constraint) when the run has one at the rung.
   absl::Status InsertRung(const RungRecord& rung);
+  // A paused run's row at `rung` gets its final decision ("promote" or
+  // "prune"); NotFound when the run has no row there.
+  absl::Status UpdateRungDecision(int64_t job_id, int rung, const std::string& decision,
+                                  int64_t decided_ms);
   // Every decision of the group's train runs, by (job id, rung).
   absl::StatusOr<std::vector<RungRecord>> ListGroupRungs(int64_t sweep_id,
                                                          const std::string& arch,

@@ -13,7 +13,9 @@
 //    server wraps) with W simulated one-slot workers: a leased run reports
 //    its validation loss at each eval step after as many time units as
 //    steps, exactly as the worker's relay would, and stops when the
-//    scheduler's answer says it was pruned; a run that ends reports through
+//    scheduler's answer says it was paused or pruned; a paused run, once
+//    promoted and leased again, resumes from the step it was stopped at (its
+//    checkpoint) at no extra cost; a run that ends reports through
 //    FinishJob. A run's curve does not depend on whether it is later
 //    stopped (every run keeps the full-length LR schedule; same config and
 //    seed, same losses), so replaying the real curves gives what live
@@ -155,6 +157,9 @@ Outcome Simulate(const v1::SweepSpec& spec, const std::map<std::string, Curve>& 
     int64_t start = 0;
   };
   std::vector<std::optional<Running>> slot(workers);
+  // Paused runs: job id -> the step their checkpoint holds (the trainer is
+  // stopped right after the rung's report; a promoted run resumes there).
+  std::map<int64_t, int64_t> resume_at;
   using Event = std::tuple<int64_t, int, size_t>;  // time, worker, next eval index
   std::priority_queue<Event, std::vector<Event>, std::greater<Event>> events;
   int64_t now = 0;
@@ -170,12 +175,14 @@ Outcome Simulate(const v1::SweepSpec& spec, const std::map<std::string, Curve>& 
         std::fprintf(stderr, "no curve for a config: %s\n", lease->config_json().c_str());
         std::exit(1);
       }
-      Running r{*lease, &it->second, {}, now};
+      const auto paused = resume_at.find(lease->job_id());
+      const int64_t from = paused == resume_at.end() ? 0 : paused->second;
+      Running r{*lease, &it->second, {}, now - from};
       for (const auto& [step, loss] : it->second.val) {
-        if (step < it->second.end_step) r.evals.emplace_back(step, loss);
+        if (step > from && step < it->second.end_step) r.evals.emplace_back(step, loss);
       }
       slot[w] = r;
-      events.emplace(now + (r.evals.empty() ? r.curve->end_step : r.evals[0].first), w, 0);
+      events.emplace(r.start + (r.evals.empty() ? r.curve->end_step : r.evals[0].first), w, 0);
     }
   };
   fill();
@@ -194,13 +201,19 @@ Outcome Simulate(const v1::SweepSpec& spec, const std::map<std::string, Curve>& 
       p->set_value(r.evals[index].second);
       auto answer = s.ReportMetrics(req);
       if (!answer.ok() || !answer->stop_reason().empty()) {
-        slot[w].reset();  // pruned: the slot is free now
+        // Paused or pruned: the slot is free now. A paused run's
+        // checkpoint holds this step.
+        if (answer.ok() && answer->stop_reason().rfind("paused", 0) == 0) {
+          resume_at[r.lease.job_id()] = r.evals[index].first;
+        }
+        slot[w].reset();
         fill();
         continue;
       }
       const int64_t next =
           index + 1 < r.evals.size() ? r.evals[index + 1].first : r.curve->end_step;
       events.emplace(r.start + next, w, index + 1);
+      fill();  // the report may have promoted a paused run
       continue;
     }
     v1::FinishJobRequest fin;

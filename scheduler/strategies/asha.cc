@@ -117,18 +117,33 @@ absl::StatusOr<std::vector<int64_t>> RungSteps(const std::vector<double>& rungs,
   return out;
 }
 
-int64_t PromotionQuota(int64_t n, double eta) {
-  return std::max<int64_t>(1, static_cast<int64_t>(std::floor(static_cast<double>(n) / eta)));
+int64_t PromotionQuota(int64_t n, double eta, bool complete) {
+  const int64_t q = static_cast<int64_t>(std::floor(static_cast<double>(n) / eta));
+  return complete ? std::max<int64_t>(1, q) : q;
 }
 
 std::string RungDecision::Reason() const {
   if (verdict == Verdict::kWait) return "waiting for a rung";
   const std::string loss_text =
       std::isfinite(loss) ? absl::StrFormat("%.6g", loss) : std::string("not finite (diverged)");
-  return absl::StrCat(verdict == Verdict::kPrune ? "pruned" : "promoted", " at rung ", rung,
-                      " (step ", step, "): val_loss ", loss_text, " ranks ", rank + 1, " of ", n,
-                      ", top ", quota, " continue");
+  const char* what = verdict == Verdict::kPrune   ? "pruned"
+                     : verdict == Verdict::kPause ? "paused"
+                                                  : "promoted";
+  return absl::StrCat(what, " at rung ", rung, " (step ", step, "): val_loss ", loss_text,
+                      " ranks ", rank + 1, " of ", n, ", top ", quota, " continue");
 }
+
+namespace {
+
+double Loss(double loss) {
+  return std::isnan(loss) ? std::numeric_limits<double>::infinity() : loss;
+}
+
+bool Ahead(double loss_a, int64_t id_a, double loss_b, int64_t id_b) {
+  return loss_a < loss_b || (loss_a == loss_b && id_a < id_b);
+}
+
+}  // namespace
 
 RungDecision DecideAtStep(const std::vector<int64_t>& rung_steps, double eta,
                           const std::vector<RungEntry>& recorded, int64_t job_id, int64_t step,
@@ -137,22 +152,72 @@ RungDecision DecideAtStep(const std::vector<int64_t>& rung_steps, double eta,
   const auto it = std::find(rung_steps.begin(), rung_steps.end(), step);
   if (it == rung_steps.end()) return out;
   const int rung = static_cast<int>(it - rung_steps.begin());
-  if (std::isnan(loss)) loss = std::numeric_limits<double>::infinity();
+  loss = Loss(loss);
   int64_t better = 0, n = 1;
   for (const RungEntry& e : recorded) {
     if (e.rung != rung) continue;
     if (e.job_id == job_id) return out;  // decided before: never twice
     ++n;
-    const double other = std::isnan(e.loss) ? std::numeric_limits<double>::infinity() : e.loss;
-    if (other < loss || (other == loss && e.job_id < job_id)) ++better;
+    if (Ahead(Loss(e.loss), e.job_id, loss, job_id)) ++better;
   }
+  out.job_id = job_id;
   out.rung = rung;
   out.step = step;
   out.loss = loss;
   out.rank = better;
   out.n = n;
-  out.quota = PromotionQuota(n, eta);
-  out.verdict = std::isfinite(loss) && better < out.quota ? Verdict::kPromote : Verdict::kPrune;
+  out.quota = PromotionQuota(n, eta, /*complete=*/false);
+  if (!std::isfinite(loss)) {
+    out.verdict = Verdict::kPrune;
+  } else {
+    out.verdict = better < out.quota ? Verdict::kPromote : Verdict::kPause;
+  }
+  return out;
+}
+
+std::vector<RungDecision> ResolveRungs(const std::vector<int64_t>& rung_steps, double eta,
+                                       const std::vector<RungEntry>& recorded,
+                                       const std::vector<int64_t>& open_jobs) {
+  std::vector<RungDecision> out;
+  for (size_t r = 0; r < rung_steps.size(); ++r) {
+    std::vector<const RungEntry*> at;
+    bool any_paused = false;
+    for (const RungEntry& e : recorded) {
+      if (e.rung != static_cast<int>(r)) continue;
+      at.push_back(&e);
+      any_paused = any_paused || e.decision == Verdict::kPause;
+    }
+    if (!any_paused) continue;
+    std::set<int64_t> there;
+    for (const RungEntry* e : at) there.insert(e->job_id);
+    const bool complete = std::all_of(open_jobs.begin(), open_jobs.end(),
+                                      [&](int64_t id) { return there.count(id) > 0; });
+    std::sort(at.begin(), at.end(), [](const RungEntry* a, const RungEntry* b) {
+      return Ahead(Loss(a->loss), a->job_id, Loss(b->loss), b->job_id);
+    });
+    const int64_t n = static_cast<int64_t>(at.size());
+    const int64_t quota = PromotionQuota(n, eta, complete);
+    for (int64_t rank = 0; rank < n; ++rank) {
+      const RungEntry& e = *at[rank];
+      if (e.decision != Verdict::kPause) continue;
+      RungDecision d;
+      d.job_id = e.job_id;
+      d.rung = static_cast<int>(r);
+      d.step = rung_steps[r];
+      d.loss = Loss(e.loss);
+      d.rank = rank;
+      d.n = n;
+      d.quota = quota;
+      if (rank < quota && std::isfinite(d.loss)) {
+        d.verdict = Verdict::kPromote;
+      } else if (complete) {
+        d.verdict = Verdict::kPrune;
+      } else {
+        continue;  // still waiting
+      }
+      out.push_back(d);
+    }
+  }
   return out;
 }
 

@@ -4,21 +4,29 @@
 // passes every recorded decision of the group back in, so a decision is
 // made once and a restart neither loses nor repeats it.
 //
-// The rung rule. Rungs are steps of the full-length run (every run keeps the
-// full LR schedule, so losses at one step are comparable). When a run's
-// validation loss at a rung arrives, let n be the number of the group's runs
-// with a decision at that rung, this run included. The run continues
-// (promote) when its rank among them, by (loss, job id) ascending, is below
-// quota(n) = max(1, floor(n / eta)); otherwise it is stopped (prune).
-// Small counts: the first run to reach a rung is the top 1 of 1 and always
-// continues; so does any later run that beats every earlier one while
-// n < 2 * eta. A run with a non-finite loss (NaN/inf) or whose trainer
-// reported divergence is a loser: it is pruned at once, and counted at
-// every rung it did not reach with loss +inf (so it ranks last, and raises n
-// for the others). Ties in loss go to the lower job id. A decision is never
-// taken back: a promoted run stays promoted even when better runs arrive
-// later (asynchronous halving, as in Li et al., "A System for Massively
-// Parallel Hyperparameter Tuning", 2020).
+// The rung rule (asynchronous successive halving with pausing, "ASHA" as
+// in Li et al., "A System for Massively Parallel Hyperparameter Tuning",
+// 2020). Rungs are steps of the full-length run (every run keeps the full
+// LR schedule, so losses at one step are comparable). Runs are ranked at a
+// rung by (loss, job id) ascending among the n runs of the group recorded
+// there.
+//  - Arrival: a run reaching a rung continues (promote) only if it ranks in
+//    the top floor(n / eta) of the n runs there, itself included; otherwise
+//    it is PAUSED: stopped (its checkpoint kept) and not leased, waiting.
+//    So the first runs to arrive wait for company instead of going on.
+//  - Later promotion: a paused run is promoted (re-queued; it resumes from
+//    its checkpoint) as soon as later arrivals put it in the top
+//    floor(n / eta) (n grows, and its rank among the runs does not change
+//    the decisions already taken).
+//  - Resolution: once every run of the group that has not ended has a
+//    decision at the rung (all the others have reached it or ended), the
+//    rung is complete: the paused runs in the top max(1, floor(n / eta))
+//    are promoted and the other paused runs pruned (terminal).
+// A run with a non-finite loss (NaN/inf) or whose trainer reported
+// divergence is a loser: pruned at once, and counted at every rung it did
+// not reach with loss +inf (so it ranks last, and raises n for the others).
+// Ties in loss go to the lower job id. A promotion or prune is never taken
+// back: a promoted run stays promoted even when better runs arrive later.
 //
 // Thread safety: pure functions.
 #ifndef DEPTHBENCH_SCHEDULER_STRATEGIES_ASHA_H_
@@ -67,13 +75,14 @@ int64_t RungEvalInterval(const std::vector<double>& rungs, int64_t total_steps,
                          int64_t eval_interval);
 
 // One recorded decision of a group's run at a rung.
+enum class Verdict { kWait, kPromote, kPause, kPrune };
+
 struct RungEntry {
   int64_t job_id = 0;
   int rung = 0;
   double loss = 0;  // +inf for a diverged run
+  Verdict decision = Verdict::kPromote;  // kPromote, kPause or kPrune
 };
-
-enum class Verdict { kWait, kPromote, kPrune };
 
 struct RungDecision {
   Verdict verdict = Verdict::kWait;
@@ -83,20 +92,36 @@ struct RungDecision {
   int64_t rank = 0;   // 0-based among the n runs at the rung
   int64_t n = 0;
   int64_t quota = 0;
+  int64_t job_id = 0;  // ResolveRungs: whose decision it is
   // "pruned at rung 1 (step 30): val_loss 4.2 ranks 3 of 4, top 1 continue"
   std::string Reason() const;
 };
 
-// max(1, floor(n / eta)).
-int64_t PromotionQuota(int64_t n, double eta);
+// max(1, floor(n / eta)) when the rung is `complete`, else floor(n / eta)
+// (which is 0 while n < eta: early arrivals wait).
+int64_t PromotionQuota(int64_t n, double eta, bool complete = true);
 
-// What run `job_id`'s validation loss `loss` at `step` decides, given the
-// group's recorded decisions `recorded` (any order, any rung): kWait when
-// `step` is no rung step or the run already has a decision at that rung
-// (never decided twice); else promote or prune by the rung rule.
+// What run `job_id`'s validation loss `loss` at `step` decides on arrival,
+// given the group's recorded decisions `recorded` (any order, any rung):
+// kWait when `step` is no rung step or the run already has a decision at
+// that rung (never decided twice); else promote (top floor(n / eta)), prune
+// (non-finite loss) or pause. The caller records it, then calls
+// ResolveRungs, which may promote or prune it (and others) at once.
 RungDecision DecideAtStep(const std::vector<int64_t>& rung_steps, double eta,
                           const std::vector<RungEntry>& recorded, int64_t job_id,
                           int64_t step, double loss);
+
+// The changes the recorded decisions call for now: every paused run that
+// ranks in the top floor(n / eta) of its rung is promoted; at a complete
+// rung (every job in `open_jobs`, the group's runs that have not ended,
+// has a decision there) the paused runs in the top max(1, floor(n / eta))
+// are promoted and the rest pruned. Each change is kPromote or kPrune with
+// its job_id, rung, rank, n and quota. Applying them and calling again
+// yields more only when a prune ended a run that held a later rung open
+// (the caller repeats until none). Empty when nothing is paused.
+std::vector<RungDecision> ResolveRungs(const std::vector<int64_t>& rung_steps, double eta,
+                                       const std::vector<RungEntry>& recorded,
+                                       const std::vector<int64_t>& open_jobs);
 
 // LR transfer. The LRs (indices into the ascending grid of `grid_size`) a
 // non-reference shape starts with, given the reference group's best LR
