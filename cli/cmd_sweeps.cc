@@ -89,7 +89,7 @@ void AddSweepCommands(CLI::App& app, CommandEnv& env) {
         table.AddRow({state, std::to_string(it == resp.job_counts().end() ? 0 : it->second)});
       }
       // Strategies (issue 15): shown only when a sweep has such jobs.
-      for (const char* state : {"held", "pruned", "skipped"}) {
+      for (const char* state : {"held", "paused", "pruned", "skipped"}) {
         auto it = resp.job_counts().find(state);
         if (it != resp.job_counts().end() && it->second > 0) {
           table.AddRow({state, std::to_string(it->second)});

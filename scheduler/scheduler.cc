@@ -1034,7 +1034,7 @@ std::vector<v1::Cancellation> Scheduler::Reattach(
       c.set_reason("job cancelled");
     } else if (job->current_attempt_id != r.attempt_id()) {
       c.set_reason("attempt superseded (lease expired)");
-    } else if (IsTerminalState(job->state)) {
+    } else if (IsTerminalState(job->state) || job->state == "paused") {
       c.set_reason(absl::StrCat("job already ", job->state));
     } else {
       c.set_reason("lease held by another worker");

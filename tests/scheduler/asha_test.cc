@@ -1,6 +1,7 @@
 // The rung rule of scheduler/strategies/asha.h with hand-written losses.
 #include "scheduler/strategies/asha.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -13,65 +14,150 @@ namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
 const std::vector<int64_t> kRungs = {10, 30};  // of a 90-step run, eta 3
 
-// Feeds arrivals in order, recording each decision as the scheduler does.
+// Feeds arrivals in order, recording each decision and applying the
+// resolution as the scheduler does. `open` is the group's runs that have
+// not ended (the scheduler's non-terminal jobs).
 struct Group {
   std::vector<RungEntry> recorded;
+  std::vector<int64_t> open = {1, 2, 3, 4};
+  std::vector<RungDecision> changes;  // of the last Arrive/Resolve
   RungDecision Arrive(int64_t job, int64_t step, double loss, double eta = 3) {
     RungDecision d = DecideAtStep(kRungs, eta, recorded, job, step, loss);
-    if (d.verdict != Verdict::kWait) recorded.push_back({job, d.rung, loss});
+    if (d.verdict != Verdict::kWait) recorded.push_back({job, d.rung, loss, d.verdict});
+    if (d.verdict == Verdict::kPrune) End(job);
+    Resolve(eta);
     return d;
+  }
+  void End(int64_t job) { open.erase(std::remove(open.begin(), open.end(), job), open.end()); }
+  void Resolve(double eta = 3) {
+    changes.clear();
+    for (;;) {
+      std::vector<RungDecision> c = ResolveRungs(kRungs, eta, recorded, open);
+      if (c.empty()) return;
+      for (const RungDecision& d : c) {
+        for (RungEntry& e : recorded) {
+          if (e.job_id == d.job_id && e.rung == d.rung) e.decision = d.verdict;
+        }
+        if (d.verdict == Verdict::kPrune) End(d.job_id);
+        changes.push_back(d);
+      }
+    }
+  }
+  Verdict Now(int64_t job, int rung) const {
+    for (const RungEntry& e : recorded) {
+      if (e.job_id == job && e.rung == rung) return e.decision;
+    }
+    return Verdict::kWait;
   }
 };
 
-TEST(AshaTest, QuotaIsFloorOfNOverEtaButAtLeastOne) {
+TEST(AshaTest, QuotaIsFloorOfNOverEtaAndAtLeastOneOnceComplete) {
   EXPECT_EQ(PromotionQuota(1, 3), 1);
   EXPECT_EQ(PromotionQuota(2, 3), 1);
   EXPECT_EQ(PromotionQuota(5, 3), 1);
   EXPECT_EQ(PromotionQuota(6, 3), 2);
   EXPECT_EQ(PromotionQuota(9, 3), 3);
   EXPECT_EQ(PromotionQuota(4, 2), 2);
+  EXPECT_EQ(PromotionQuota(1, 3, /*complete=*/false), 0);
+  EXPECT_EQ(PromotionQuota(2, 3, false), 0);
+  EXPECT_EQ(PromotionQuota(3, 3, false), 1);
+  EXPECT_EQ(PromotionQuota(6, 3, false), 2);
 }
 
-TEST(AshaTest, PromotesTheBestAndPrunesTheRest) {
+TEST(AshaTest, EarlyArrivalsPauseInsteadOfContinuing) {
   Group g;
-  EXPECT_EQ(g.Arrive(1, 10, 5.0).verdict, Verdict::kPromote);  // 1 of 1
-  EXPECT_EQ(g.Arrive(2, 10, 6.0).verdict, Verdict::kPrune);    // 2 of 2, quota 1
-  RungDecision third = g.Arrive(3, 10, 4.0);                   // beats all
-  EXPECT_EQ(third.verdict, Verdict::kPromote);
-  EXPECT_EQ(third.rank, 0);
-  EXPECT_EQ(third.n, 3);
-  RungDecision fourth = g.Arrive(4, 10, 4.5);                  // 2nd of 4, quota 1
-  EXPECT_EQ(fourth.verdict, Verdict::kPrune);
-  EXPECT_EQ(fourth.rank, 1);
-  EXPECT_EQ(fourth.quota, 1);
-  EXPECT_EQ(fourth.rung, 0);
-  EXPECT_EQ(fourth.step, 10);
-  EXPECT_NE(fourth.Reason().find("pruned at rung 0 (step 10)"), std::string::npos)
-      << fourth.Reason();
-  EXPECT_NE(fourth.Reason().find("ranks 2 of 4"), std::string::npos) << fourth.Reason();
+  RungDecision first = g.Arrive(1, 10, 5.0);  // 1 of 1: floor(1/3) = 0 continue
+  EXPECT_EQ(first.verdict, Verdict::kPause);
+  EXPECT_EQ(first.quota, 0);
+  EXPECT_NE(first.Reason().find("paused at rung 0 (step 10)"), std::string::npos)
+      << first.Reason();
+  EXPECT_EQ(g.Arrive(2, 10, 6.0).verdict, Verdict::kPause);  // 2 of 2
+  EXPECT_TRUE(g.changes.empty());
+  EXPECT_EQ(g.Now(1, 0), Verdict::kPause);
 }
 
-TEST(AshaTest, SixRunsAtARungLetTwoContinue) {
+TEST(AshaTest, ALaterArrivalPromotesAPausedRunIntoTheQuota) {
   Group g;
-  for (int64_t job = 1; job <= 5; ++job) g.Arrive(job, 10, 10.0 - job);  // each beats the last
-  // n = 6, quota 2: second best continues, third best does not.
-  RungDecision second = DecideAtStep(kRungs, 3, g.recorded, 6, 10, 5.5);
-  EXPECT_EQ(second.verdict, Verdict::kPromote);
-  EXPECT_EQ(second.rank, 1);
-  RungDecision third = DecideAtStep(kRungs, 3, g.recorded, 6, 10, 6.5);
-  EXPECT_EQ(third.verdict, Verdict::kPrune);
-  EXPECT_EQ(third.rank, 2);
+  g.open = {1, 2, 3, 4, 5, 6, 7};
+  g.Arrive(1, 10, 5.0);
+  g.Arrive(2, 10, 6.0);
+  // n = 3: quota 1; the newcomer is worse, so the best paused run (job 1)
+  // is promoted by it.
+  RungDecision third = g.Arrive(3, 10, 7.0);
+  EXPECT_EQ(third.verdict, Verdict::kPause);
+  ASSERT_EQ(g.changes.size(), 1u);
+  EXPECT_EQ(g.changes[0].job_id, 1);
+  EXPECT_EQ(g.changes[0].verdict, Verdict::kPromote);
+  EXPECT_EQ(g.changes[0].rank, 0);
+  EXPECT_EQ(g.changes[0].n, 3);
+  EXPECT_EQ(g.Now(1, 0), Verdict::kPromote);
+  EXPECT_EQ(g.Now(2, 0), Verdict::kPause);
+  // n = 6: quota 2. A newcomer ranking first continues at once; job 1
+  // stays promoted (never taken back); job 2 (3rd) still waits.
+  g.Arrive(4, 10, 8.0);
+  g.Arrive(5, 10, 9.0);
+  RungDecision sixth = g.Arrive(6, 10, 1.0);
+  EXPECT_EQ(sixth.verdict, Verdict::kPromote);
+  EXPECT_EQ(sixth.rank, 0);
+  EXPECT_EQ(sixth.quota, 2);
+  EXPECT_TRUE(g.changes.empty());
+  EXPECT_EQ(g.Now(1, 0), Verdict::kPromote);
+  EXPECT_EQ(g.Now(2, 0), Verdict::kPause);
+}
+
+TEST(AshaTest, ACompleteRungPromotesTheTopAndPrunesThePausedRest) {
+  Group g;  // 4 runs, eta 3
+  g.Arrive(1, 10, 5.0);
+  g.Arrive(2, 10, 4.0);
+  RungDecision third = g.Arrive(3, 10, 6.0);  // n 3, quota 1: job 2 promoted
+  EXPECT_EQ(third.verdict, Verdict::kPause);
+  EXPECT_EQ(g.Now(2, 0), Verdict::kPromote);
+  // The last run arrives: the rung is complete, quota max(1, floor(4/3)) = 1
+  // is taken by job 2: every paused run, the newcomer too, is pruned.
+  RungDecision fourth = g.Arrive(4, 10, 4.5);
+  EXPECT_EQ(fourth.verdict, Verdict::kPause);
+  EXPECT_EQ(g.Now(1, 0), Verdict::kPrune);
+  EXPECT_EQ(g.Now(3, 0), Verdict::kPrune);
+  EXPECT_EQ(g.Now(4, 0), Verdict::kPrune);
+  ASSERT_EQ(g.changes.size(), 3u);
+  for (const RungDecision& c : g.changes) {
+    EXPECT_EQ(c.quota, 1);
+    EXPECT_EQ(c.n, 4);
+    EXPECT_NE(c.Reason().find("pruned at rung 0 (step 10)"), std::string::npos) << c.Reason();
+  }
+  EXPECT_EQ(g.open, (std::vector<int64_t>{2}));
+}
+
+TEST(AshaTest, ARunEndingCompletesTheRungForThePausedOnes) {
+  Group g;
+  g.open = {1, 2, 3};
+  g.Arrive(1, 10, 5.0);
+  g.Arrive(2, 10, 4.0);
+  EXPECT_TRUE(g.changes.empty());
+  // Job 3 fails before the rung (ends): the rung is complete with n = 2,
+  // quota max(1, 0) = 1: job 2 is promoted, job 1 pruned.
+  g.End(3);
+  g.Resolve();
+  EXPECT_EQ(g.Now(2, 0), Verdict::kPromote);
+  EXPECT_EQ(g.Now(1, 0), Verdict::kPrune);
+  // Job 1 was pruned, so job 2 is the only open run: arriving at rung 1 it
+  // pauses (floor(1/3) = 0) and the rung, complete at once, promotes it.
+  g.Arrive(2, 30, 3.0);
+  EXPECT_EQ(g.Now(2, 1), Verdict::kPromote);
 }
 
 TEST(AshaTest, TiesGoToTheLowerJobId) {
   Group g;
+  g.open = {5, 7, 9, 11};
   g.Arrive(7, 10, 3.0);
-  // Same loss, higher id: ranks behind 7 -> pruned.
-  EXPECT_EQ(g.Arrive(9, 10, 3.0).verdict, Verdict::kPrune);
-  // Same loss, lower id (arrived late): ranks ahead of 7 and 9 -> promoted.
+  g.Arrive(9, 10, 3.0);
+  // n = 3, quota 1: the same loss, the lower id (5, arrived late) ranks
+  // first and continues; 7 and 9 stay paused.
   RungDecision d = g.Arrive(5, 10, 3.0);
   EXPECT_EQ(d.verdict, Verdict::kPromote);
   EXPECT_EQ(d.rank, 0);
+  EXPECT_EQ(g.Now(7, 0), Verdict::kPause);
+  EXPECT_EQ(g.Now(9, 0), Verdict::kPause);
 }
 
 TEST(AshaTest, DivergedRunsAreLosers) {
@@ -80,66 +166,93 @@ TEST(AshaTest, DivergedRunsAreLosers) {
   EXPECT_EQ(g.Arrive(1, 10, std::nan("")).verdict, Verdict::kPrune);
   EXPECT_EQ(g.Arrive(2, 10, kInf).verdict, Verdict::kPrune);
   // A run that diverged before the rung is recorded there with +inf: it
-  // ranks last and raises n, so a finite run still wins.
-  g.recorded.push_back({3, 0, kInf});
+  // ranks last and raises n, so the finite run completes the rung and wins.
+  g.recorded.push_back({3, 0, kInf, Verdict::kPrune});
+  g.End(3);
   RungDecision d = g.Arrive(4, 10, 9.0);
-  EXPECT_EQ(d.verdict, Verdict::kPromote);
   EXPECT_EQ(d.n, 4);
   EXPECT_EQ(d.rank, 0);
+  EXPECT_EQ(d.verdict, Verdict::kPromote);  // floor(4/3) = 1
   EXPECT_NE(DecideAtStep(kRungs, 3, {}, 1, 10, kInf).Reason().find("diverged"),
             std::string::npos);
+  // A paused run never gets promoted with a non-finite loss, even when the
+  // complete rung's quota would take it.
+  std::vector<RungEntry> only_bad = {{1, 0, kInf, Verdict::kPause}};
+  std::vector<RungDecision> c = ResolveRungs(kRungs, 3, only_bad, {1});
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].verdict, Verdict::kPrune);
 }
 
 TEST(AshaTest, RungsAreIndependentAndOnlyRungStepsDecide) {
   Group g;
+  g.open = {1, 2};
   EXPECT_EQ(g.Arrive(1, 5, 1.0).verdict, Verdict::kWait);   // not a rung step
   EXPECT_EQ(g.Arrive(1, 90, 1.0).verdict, Verdict::kWait);  // the end: no decision
   g.Arrive(1, 10, 5.0);
-  g.Arrive(2, 10, 4.0);
-  // At rung 1 only rung-1 entries count: job 1 is alone there.
-  RungDecision d = g.Arrive(1, 30, 4.9);
-  EXPECT_EQ(d.verdict, Verdict::kPromote);
+  g.Arrive(2, 10, 4.0);  // complete: job 2 promoted, job 1 pruned
+  EXPECT_EQ(g.Now(1, 0), Verdict::kPrune);
+  // At rung 1 only rung-1 entries count: job 2 is alone there.
+  RungDecision d = g.Arrive(2, 30, 4.9);
   EXPECT_EQ(d.rung, 1);
   EXPECT_EQ(d.n, 1);
+  EXPECT_EQ(g.Now(2, 1), Verdict::kPromote);
 }
 
 TEST(AshaTest, OutOfOrderArrivalDecidesEachRunOnceAgainstWhoIsThere) {
-  // Job 3 reaches rung 1 before jobs 1 and 2 reach rung 0.
+  // Jobs 3 and 4 are past rung 0 (promoted there, recorded) and job 3
+  // reaches rung 1 before jobs 1 and 2 reach rung 0: it waits there while
+  // 4 is still open.
   Group g;
-  g.Arrive(3, 10, 4.0);
-  EXPECT_EQ(g.Arrive(3, 30, 3.5).verdict, Verdict::kPromote);
-  EXPECT_EQ(g.Arrive(2, 10, 3.9).verdict, Verdict::kPromote);  // beats job 3 at rung 0
-  EXPECT_EQ(g.Arrive(1, 10, 4.2).verdict, Verdict::kPrune);
-  EXPECT_EQ(g.Arrive(2, 30, 3.6).verdict, Verdict::kPrune);    // behind job 3 at rung 1
-  // A decision is never taken back: job 3 stays promoted though job 2 was
-  // better at rung 0.
-  EXPECT_EQ(g.recorded.size(), 5u);
+  g.recorded = {{3, 0, 4.0, Verdict::kPromote}, {4, 0, 4.1, Verdict::kPromote}};
+  EXPECT_EQ(g.Arrive(3, 30, 3.5).verdict, Verdict::kPause);
+  EXPECT_EQ(g.Arrive(2, 10, 3.9).verdict, Verdict::kPromote);  // n 3, first: quota 1
+  // Job 1 completes rung 0 (n 4, quota 1): it is pruned; jobs 3 and 4 stay
+  // promoted though job 2 was better (never taken back).
+  g.Arrive(1, 10, 4.2);
+  EXPECT_EQ(g.Now(1, 0), Verdict::kPrune);
+  EXPECT_EQ(g.Now(3, 0), Verdict::kPromote);
+  EXPECT_EQ(g.Now(4, 0), Verdict::kPromote);
+  EXPECT_EQ(g.Now(3, 1), Verdict::kPause);  // 2 and 4 still to come to rung 1
+  g.Arrive(2, 30, 3.6);
+  g.Arrive(4, 30, 3.7);  // rung 1 complete: n 3, quota 1: job 3
+  EXPECT_EQ(g.Now(3, 1), Verdict::kPromote);
+  EXPECT_EQ(g.Now(2, 1), Verdict::kPrune);
+  EXPECT_EQ(g.Now(4, 1), Verdict::kPrune);
 }
 
 TEST(AshaTest, RestartInTheMiddleNeitherRepeatsNorLosesADecision) {
   // The decisions recorded before a restart are what the scheduler reloads
-  // from rung_results; a replayed point (a resumed attempt re-logs its
-  // steps) is not decided again, and later arrivals rank against them.
+  // from rung_results (pauses included); a replayed point (a resumed
+  // attempt re-logs its steps) is not decided again, resolving again
+  // changes nothing, and later arrivals rank against them.
   Group before;
   before.Arrive(1, 10, 5.0);
   before.Arrive(2, 10, 4.0);
-  std::vector<RungEntry> reloaded = before.recorded;  // "durable"
+  before.Arrive(3, 10, 6.0);  // job 2 promoted; 1 and 3 paused
   Group after;
-  after.recorded = reloaded;
+  after.recorded = before.recorded;  // "durable"
+  after.Resolve();
+  EXPECT_TRUE(after.changes.empty());
   EXPECT_EQ(after.Arrive(1, 10, 5.0).verdict, Verdict::kWait);  // replay: decided before
   EXPECT_EQ(after.Arrive(2, 10, 4.0).verdict, Verdict::kWait);
-  RungDecision third = after.Arrive(3, 10, 4.5);  // rank 1 of 3, quota 1
-  EXPECT_EQ(third.verdict, Verdict::kPrune);
-  EXPECT_EQ(third.n, 3);
+  EXPECT_EQ(after.Now(2, 0), Verdict::kPromote);
+  after.Arrive(4, 10, 4.5);  // complete: 1, 3, 4 pruned, once each
+  EXPECT_EQ(after.changes.size(), 3u);
+  after.Resolve();
+  EXPECT_TRUE(after.changes.empty());
 }
 
 TEST(AshaTest, EtaTwoKeepsHalf) {
   Group g;
-  g.Arrive(1, 10, 1.0, 2);
-  g.Arrive(2, 10, 2.0, 2);  // n 2, quota 1: pruned
-  g.Arrive(3, 10, 3.0, 2);  // n 3, quota 1: pruned
-  RungDecision d = g.Arrive(4, 10, 1.5, 2);  // n 4, quota 2: rank 1 -> promoted
-  EXPECT_EQ(d.verdict, Verdict::kPromote);
+  g.Arrive(1, 10, 1.0, 2);                   // n 1, quota 0: paused
+  EXPECT_EQ(g.Now(1, 0), Verdict::kPause);
+  g.Arrive(2, 10, 2.0, 2);                   // n 2, quota 1: promotes job 1
+  EXPECT_EQ(g.Now(1, 0), Verdict::kPromote);
+  g.Arrive(3, 10, 3.0, 2);                   // n 3, quota 1
+  g.Arrive(4, 10, 1.5, 2);                   // n 4, complete, quota 2: rank 1
+  EXPECT_EQ(g.Now(4, 0), Verdict::kPromote);
+  EXPECT_EQ(g.Now(2, 0), Verdict::kPrune);
+  EXPECT_EQ(g.Now(3, 0), Verdict::kPrune);
 }
 
 TEST(RungStepsTest, RoundsToTheEvalIntervalAndRefusesCollisions) {

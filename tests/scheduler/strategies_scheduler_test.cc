@@ -131,90 +131,132 @@ TEST_F(StrategiesTest, EvalIntervalIsSetSoEveryRungIsEvaluated) {
       << lease.config_json();
 }
 
-TEST_F(StrategiesTest, PrunesLosersAtRungsFreesTheSlotAndSurvivesARestart) {
+TEST_F(StrategiesTest, PausesPromotesAndPrunesAtRungsFreesTheSlotAndSurvivesARestart) {
   ASSERT_TRUE(scheduler_->SubmitSweep(HalvingSpec("sh")).ok());
   depthbench::testing::RegisterWorker(*scheduler_, "w", 4);
+  // A..E: the five LRs in ascending order.
   std::vector<v1::AcquireJobResponse> leases;
   for (int i = 0; i < 4; ++i) leases.push_back(Acquire("w"));
   EXPECT_FALSE(Acquire("w").has_job());  // 4 slots full; the 5th LR waits
+  const int64_t a_id = leases[0].job_id();
 
-  // Rung 0: the first arrival continues; a worse second one is pruned.
+  // Rung 0: the first arrival is 1 of 1, top floor(1/3) = 0: paused.
   auto a = ReportVal(leases[0], 10, 5.0);
   ASSERT_TRUE(a.ok()) << a.status();
-  EXPECT_EQ(a->stop_reason(), "");
-  auto b = ReportVal(leases[1], 10, 6.0);
-  ASSERT_TRUE(b.ok()) << b.status();
-  EXPECT_NE(b->stop_reason().find("pruned at rung 0 (step 10)"), std::string::npos)
-      << b->stop_reason();
-  v1::Job pruned = Job(leases[1].job_id());
-  EXPECT_EQ(pruned.state(), v1::PRUNED);
-  EXPECT_EQ(pruned.final_step(), 10);
-  EXPECT_DOUBLE_EQ(pruned.final_val_loss(), 6.0);
-  EXPECT_EQ(pruned.attempts_used(), 1);
-  ASSERT_FALSE(pruned.checkpoint_dir().empty());
+  EXPECT_NE(a->stop_reason().find("paused at rung 0 (step 10)"), std::string::npos)
+      << a->stop_reason();
+  v1::Job paused = Job(a_id);
+  EXPECT_EQ(paused.state(), v1::PAUSED);
+  EXPECT_EQ(paused.final_step(), 10);
+  EXPECT_EQ(paused.attempts_used(), 0);  // a pause uses no attempt
   // Its later reports are refused; its worker is told to stop it.
-  EXPECT_EQ(ReportVal(leases[1], 20, 5.9).status().code(),
+  EXPECT_EQ(ReportVal(leases[0], 20, 4.9).status().code(),
             absl::StatusCode::kFailedPrecondition);
   v1::HeartbeatRequest hb;
   hb.set_worker_id("w");
   auto* run = hb.add_running();
-  run->set_job_id(leases[1].job_id());
-  run->set_attempt_id(leases[1].attempt_id());
+  run->set_job_id(a_id);
+  run->set_attempt_id(leases[0].attempt_id());
   auto beat = scheduler_->Heartbeat(hb);
   ASSERT_TRUE(beat.ok());
   ASSERT_EQ(beat->cancellations_size(), 1);
-  EXPECT_EQ(beat->cancellations(0).reason(), "job already pruned");
-  // Its slot runs the next job.
+  EXPECT_EQ(beat->cancellations(0).reason(), "job already paused");
+  // Its slot runs the next job, not the paused one.
   auto fifth = Acquire("w");
   ASSERT_TRUE(fifth.has_job());
+  EXPECT_NE(fifth.job_id(), a_id);
+  EXPECT_FALSE(Acquire("w").has_job());
+  EXPECT_NE(ReportVal(leases[1], 10, 6.0)->stop_reason().find("paused"), std::string::npos);
 
-  // Restart in the middle: decisions are durable and not repeated.
+  // Restart in the middle: decisions (pauses included) are durable.
   Reopen();
-  auto replay = ReportVal(leases[0], 10, 5.0);  // a resumed attempt re-sends it
-  ASSERT_TRUE(replay.ok()) << replay.status();
-  EXPECT_EQ(replay->stop_reason(), "");
-  EXPECT_EQ(Job(leases[0].job_id()).state(), v1::RUNNING);
-  // n = 3 at rung 0 (A 5.0, B 6.0, C 4.0): C is the best, continues.
-  auto c = ReportVal(leases[2], 10, 4.0);
-  ASSERT_TRUE(c.ok());
-  EXPECT_EQ(c->stop_reason(), "");
-  // Divergence: D and E diverge before rung 0 (losers at every rung; the
-  // worker relays no non-finite loss, the trainer's diverged flag comes
-  // with FinishJob).
-  ASSERT_TRUE(Finish(leases[3], v1::FINISH_DIVERGED, 0, 7).ok());
-  ASSERT_TRUE(Finish(fifth, v1::FINISH_DIVERGED, 0, 5).ok());
-  // Rung 1: C arrives first (continues; n 3 with D and E), then A (n 4,
-  // rank 2, quota 1: pruned).
-  EXPECT_EQ(ReportVal(leases[2], 30, 3.0)->stop_reason(), "");
-  EXPECT_NE(ReportVal(leases[0], 30, 3.5)->stop_reason().find("pruned at rung 1 (step 30)"),
+  EXPECT_EQ(Job(a_id).state(), v1::PAUSED);
+  // C arrives worse (n 3, top 1): paused, and A, now first of 3, is
+  // promoted: pending again, leased again, resuming from its checkpoint.
+  EXPECT_NE(ReportVal(leases[2], 10, 7.0)->stop_reason().find("paused"), std::string::npos);
+  v1::Job promoted = Job(a_id);
+  EXPECT_EQ(promoted.state(), v1::PENDING);
+  EXPECT_NE(promoted.reason().find("promoted at rung 0"), std::string::npos)
+      << promoted.reason();
+  auto a2 = Acquire("w");
+  ASSERT_EQ(a2.job_id(), a_id);
+  EXPECT_NE(a2.attempt_id(), leases[0].attempt_id());
+  EXPECT_EQ(a2.checkpoint_dir(), leases[0].checkpoint_dir());  // where it resumes
+  EXPECT_EQ(Job(a_id).attempts_used(), 1);
+  ASSERT_TRUE(ReportVal(a2, 20, 4.5).ok());
+  // The rung-0 point a resumed attempt re-sends is not decided again.
+  EXPECT_EQ(ReportVal(a2, 10, 5.0)->stop_reason(), "");
+  // D is the best so far (n 4, top 1): it continues at once.
+  EXPECT_EQ(ReportVal(leases[3], 10, 4.0)->stop_reason(), "");
+  // E completes rung 0 (n 5, top max(1, 1)): A and D continue, every paused
+  // run is pruned, E too.
+  auto e = ReportVal(fifth, 10, 8.0);
+  ASSERT_TRUE(e.ok());
+  EXPECT_NE(e->stop_reason().find("pruned at rung 0 (step 10)"), std::string::npos)
+      << e->stop_reason();
+  v1::Job pruned = Job(leases[1].job_id());
+  EXPECT_EQ(pruned.state(), v1::PRUNED);
+  EXPECT_EQ(pruned.final_step(), 10);
+  EXPECT_DOUBLE_EQ(pruned.final_val_loss(), 6.0);
+  EXPECT_NE(pruned.reason().find("ranks 3 of 5, top 1"), std::string::npos) << pruned.reason();
+  EXPECT_EQ(Job(leases[2].job_id()).state(), v1::PRUNED);
+  EXPECT_EQ(Job(fifth.job_id()).state(), v1::PRUNED);
+  EXPECT_EQ(Job(leases[3].job_id()).state(), v1::RUNNING);
+
+  // Rung 1: D arrives first (paused, A still to come); A completes it:
+  // D promoted, A pruned.
+  EXPECT_NE(ReportVal(leases[3], 30, 3.0)->stop_reason().find("paused at rung 1"),
             std::string::npos);
-  // The group is decided once C ends: best LR is C's.
+  EXPECT_NE(ReportVal(a2, 30, 3.5)->stop_reason().find("pruned at rung 1 (step 30)"),
+            std::string::npos);
+  EXPECT_EQ(Job(leases[3].job_id()).state(), v1::PENDING);
+  auto d2 = Acquire("w");
+  ASSERT_EQ(d2.job_id(), leases[3].job_id());
+  // The group is decided once D ends: best LR is D's.
   auto before = scheduler_->QueryResults("sh");
   ASSERT_TRUE(before.ok());
   EXPECT_FALSE(before->rows(0).complete());
-  ASSERT_TRUE(Finish(leases[2], v1::FINISH_SUCCEEDED, 2.5, 90).ok());
+  ASSERT_TRUE(Finish(d2, v1::FINISH_SUCCEEDED, 2.5, 90).ok());
   auto results = scheduler_->QueryResults("sh");
   ASSERT_TRUE(results.ok()) << results.status();
   const v1::ResultRow& row = results->rows(0);
   EXPECT_TRUE(row.complete());
   EXPECT_TRUE(row.has_best());
-  EXPECT_DOUBLE_EQ(row.best_lr(), 4e-3);
+  EXPECT_DOUBLE_EQ(row.best_lr(), 8e-3);
   std::map<double, v1::LrLoss> by_lr;
   for (const auto& l : row.lrs()) by_lr[l.lr()] = l;
   EXPECT_EQ(by_lr[1e-3].pruned_runs(), 1);  // A at rung 1
   EXPECT_EQ(by_lr[1e-3].pruned_rung(), 1);
   EXPECT_EQ(by_lr[2e-3].pruned_runs(), 1);  // B at rung 0
   EXPECT_EQ(by_lr[2e-3].pruned_rung(), 0);
-  EXPECT_EQ(by_lr[4e-3].succeeded(), 1);
-  EXPECT_EQ(by_lr[4e-3].pruned_rung(), -1);
-  EXPECT_EQ(by_lr[8e-3].diverged_runs(), 1);
-  EXPECT_EQ(by_lr[1.6e-2].diverged_runs(), 1);
-  EXPECT_EQ(by_lr[1.6e-2].pruned_runs(), 0);
-  // Tokens: steps trained 30 + 10 + 90 + 7 + 5 of 5 x 90, 16 x 32 tokens a step.
+  EXPECT_EQ(by_lr[8e-3].succeeded(), 1);
+  EXPECT_EQ(by_lr[8e-3].pruned_rung(), -1);
+  EXPECT_EQ(by_lr[1.6e-2].pruned_runs(), 1);
+  // Tokens: steps trained 30 + 10 + 10 + 90 + 10 of 5 x 90 (a resumed run
+  // is counted once), 16 x 32 tokens a step.
   const int64_t per_step = 16 * 32;
   EXPECT_EQ(row.grid_tokens(), 5 * 90 * per_step);
-  EXPECT_EQ(row.tokens_trained(), (30 + 10 + 90 + 7 + 5) * per_step);
+  EXPECT_EQ(row.tokens_trained(), (30 + 10 + 10 + 90 + 10) * per_step);
   EXPECT_EQ(by_lr[1e-3].tokens_trained(), 30 * per_step);
+}
+
+TEST_F(StrategiesTest, ARunEndingCompletesARungAndResolvesThePausedRuns) {
+  v1::SweepSpec spec = HalvingSpec("end");
+  auto& grid = (*spec.mutable_lr_grids())["pre_ln"];
+  grid.clear_lrs();
+  for (double lr : {1e-3, 2e-3, 4e-3}) grid.add_lrs(lr);
+  ASSERT_TRUE(scheduler_->SubmitSweep(spec).ok());
+  depthbench::testing::RegisterWorker(*scheduler_, "w", 3);
+  auto a = Acquire("w");
+  auto b = Acquire("w");
+  auto c = Acquire("w");
+  EXPECT_NE(ReportVal(a, 10, 5.0)->stop_reason(), "");  // paused, 1 of 1
+  EXPECT_NE(ReportVal(b, 10, 4.0)->stop_reason(), "");  // paused, 2 of 2
+  // C diverges before rung 0: a loser there (n 3, complete, top 1): B is
+  // promoted, A pruned.
+  ASSERT_TRUE(Finish(c, v1::FINISH_DIVERGED, 0, 5).ok());
+  EXPECT_EQ(Job(b.job_id()).state(), v1::PENDING);
+  EXPECT_EQ(Job(a.job_id()).state(), v1::PRUNED);
 }
 
 TEST_F(StrategiesTest, ARunFinishingAtARungStillCountsThereButIsNotPruned) {
@@ -222,7 +264,8 @@ TEST_F(StrategiesTest, ARunFinishingAtARungStillCountsThereButIsNotPruned) {
   depthbench::testing::RegisterWorker(*scheduler_, "w", 2);
   auto first = Acquire("w");
   auto second = Acquire("w");
-  ASSERT_TRUE(ReportVal(first, 10, 4.0).ok());
+  // The first run pauses at rung 0 (1 of 1).
+  EXPECT_NE(ReportVal(first, 10, 4.0)->stop_reason().find("paused"), std::string::npos);
   // The second run's rung-0 loss comes with its FinishJob: recorded, not pruned.
   v1::FinishJobRequest req;
   req.set_job_id(second.job_id());
@@ -237,10 +280,13 @@ TEST_F(StrategiesTest, ARunFinishingAtARungStillCountsThereButIsNotPruned) {
   p->set_value(9.0);
   ASSERT_TRUE(scheduler_->FinishJob(req).ok());
   EXPECT_EQ(Job(second.job_id()).state(), v1::SUCCEEDED);
-  // It counts at rung 0: a third run at 5.0 ranks 2 of 3 and is pruned.
+  // It counts at rung 0: with a third run at 5.0, n is 3, top 1: the first
+  // run is promoted; the third (2 of 3) and the finished one are behind it.
   auto third = Acquire("w");
   ASSERT_TRUE(third.has_job());
-  EXPECT_NE(ReportVal(third, 10, 5.0)->stop_reason(), "");
+  EXPECT_NE(ReportVal(third, 10, 5.0)->stop_reason().find("paused"), std::string::npos);
+  EXPECT_EQ(Job(first.job_id()).state(), v1::PENDING);
+  EXPECT_EQ(Job(second.job_id()).state(), v1::SUCCEEDED);
 }
 
 // Two shapes (2x64 reference, 4x64), five LRs.
@@ -328,11 +374,15 @@ TEST_F(StrategiesTest, LrTransferAndHalvingCompose) {
     ref.push_back(AcquireTrain("w"));
     EXPECT_EQ(Job(ref.back().job_id()).layers(), 4);  // the named reference
   }
-  // Rung 0 in LR order, each worse than the first: all but 1e-3 pruned.
+  // Rung 0 in LR order, each worse than the first: 1e-3 pauses, is
+  // promoted by the third arrival; the rung completes with the fifth (the
+  // held 2x64 runs do not hold it open): all but 1e-3 pruned.
   for (int i = 0; i < 5; ++i) ASSERT_TRUE(ReportVal(ref[i], 10, 3.0 + i).ok());
   for (int i = 1; i < 5; ++i) EXPECT_EQ(Job(ref[i].job_id()).state(), v1::PRUNED);
+  auto resumed = AcquireTrain("w");
+  ASSERT_EQ(resumed.job_id(), ref[0].job_id());
   EXPECT_FALSE(AcquireTrain("w").has_job());  // the reference is not decided yet
-  ASSERT_TRUE(Finish(ref[0], v1::FINISH_SUCCEEDED, 2.0, 90).ok());
+  ASSERT_TRUE(Finish(resumed, v1::FINISH_SUCCEEDED, 2.0, 90).ok());
   // 2x64 starts on the three lowest LRs.
   int started = 0;
   while (AcquireTrain("w").has_job()) ++started;
