@@ -644,9 +644,13 @@ TEST_F(WorkerSystemTest, PrunedRunIsStoppedWithinGraceAndItsSlotRunsTheNextJob) 
   constexpr int kGraceMs = 2000;
   SpecOptions o;
   o.layers = {2};
-  // In job order: a good LR (first at each rung: continues), a hopeless one
-  // (barely moves from the initial loss: pruned at rung 0), then another.
-  o.lrs = {3e-3, 1e-7, 1e-2};
+  // In job order: a good LR, then two hopeless ones (they barely move from
+  // the initial loss). Successive halving pauses each run reaching rung 0
+  // until the rung is complete (3 runs, eta 3: top 1 continues): the first
+  // (good) run is paused, then the first hopeless one; the last completes
+  // the rung: it is pruned with the paused hopeless one, and the good run
+  // is promoted and resumes from the checkpoint written when it was stopped.
+  o.lrs = {3e-3, 1e-7, 2e-7};
   o.steps = 1800;
   v1::SweepSpec spec = Spec("halving", o);
   spec.mutable_training()->set_eval_interval(200);  // rungs at steps 200 and 600
@@ -668,24 +672,25 @@ TEST_F(WorkerSystemTest, PrunedRunIsStoppedWithinGraceAndItsSlotRunsTheNextJob) 
       std::vector<pid_t> children = ChildPids(w1->pid());
       if (children.size() == 1 && GetJob(hopeless).state() == v1::RUNNING) trainer = children[0];
     }
+    ASSERT_NE(job.state(), v1::PAUSED) << "paused before its trainer was seen";
     ASSERT_NE(job.state(), v1::PRUNED) << "pruned before its trainer was seen";
     std::this_thread::sleep_for(milliseconds(5));
   }
   ASSERT_NE(trainer, 0) << "the hopeless run never ran";
-  // It is pruned at rung 0 (step 200) ...
+  // It is stopped (paused) at rung 0 (step 200) ...
   v1::Job job;
   while (Clock::now() < deadline) {
     job = GetJob(hopeless);
     if (job.state() != v1::RUNNING) break;
     std::this_thread::sleep_for(milliseconds(5));
   }
-  const auto pruned_at = Clock::now();
-  ASSERT_EQ(job.state(), v1::PRUNED) << job.reason();
-  EXPECT_NE(job.reason().find("pruned at rung 0 (step 200)"), std::string::npos) << job.reason();
+  const auto stopped_at = Clock::now();
+  ASSERT_EQ(job.state(), v1::PAUSED) << job.reason();
+  EXPECT_NE(job.reason().find("paused at rung 0 (step 200)"), std::string::npos) << job.reason();
   EXPECT_EQ(job.final_step(), 200);
   // ... its trainer is gone within the grace period (SIGTERM on the answer
-  // to the report that pruned it; SIGKILL at the latest after grace) ...
-  while (ProcessAlive(trainer) && Clock::now() < pruned_at + milliseconds(kGraceMs + 1500)) {
+  // to the report that paused it; SIGKILL at the latest after grace) ...
+  while (ProcessAlive(trainer) && Clock::now() < stopped_at + milliseconds(kGraceMs + 1500)) {
     std::this_thread::sleep_for(milliseconds(10));
   }
   EXPECT_FALSE(ProcessAlive(trainer));
@@ -700,11 +705,19 @@ TEST_F(WorkerSystemTest, PrunedRunIsStoppedWithinGraceAndItsSlotRunsTheNextJob) 
   EXPECT_TRUE(started);
   EXPECT_EQ(GetJob(next).worker_id().empty() ? std::string("w1") : GetJob(next).worker_id(), "w1");
   ASSERT_TRUE(WaitSweepDone("halving", 240));
-  // Never a failure, never retried; the worker is idle and alive.
+  // Never a failure, never retried: the hopeless runs are pruned once rung
+  // 0 is complete (a pause uses no attempt); the good run was promoted and
+  // resumed from its checkpoint; the worker is idle and alive.
   job = GetJob(hopeless);
-  EXPECT_EQ(job.state(), v1::PRUNED);
-  EXPECT_EQ(job.attempts_used(), 1);
-  EXPECT_EQ(GetJob(jobs[0].id()).state(), v1::SUCCEEDED);
+  EXPECT_EQ(job.state(), v1::PRUNED) << job.reason();
+  EXPECT_NE(job.reason().find("pruned at rung 0 (step 200)"), std::string::npos) << job.reason();
+  EXPECT_EQ(job.attempts_used(), 0);
+  EXPECT_EQ(GetJob(next).state(), v1::PRUNED);
+  v1::Job good = GetJob(jobs[0].id());
+  EXPECT_EQ(good.state(), v1::SUCCEEDED) << good.reason();
+  ASSERT_EQ(good.attempts_size(), 2);
+  EXPECT_EQ(good.attempts(0).outcome(), "paused");
+  EXPECT_GE(good.attempts(1).resumed_from_step(), 200);  // its checkpoint, not step 0
   EXPECT_TRUE(ProcessAlive(w1->pid()));
   auto [rc, out] = RunCommand(Cli("results halving --csv"));
   ASSERT_EQ(rc, 0) << out;
