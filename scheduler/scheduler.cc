@@ -1680,7 +1680,11 @@ absl::StatusOr<std::optional<std::string>> Scheduler::DecideRungs(
     JobRecord& job, const std::vector<storage::MetricRecord>& points, bool finished,
     bool* pruned) {
   if (pruned != nullptr) *pruned = false;
-  if (job.kind != "train" || IsTerminalState(job.state)) return std::nullopt;
+  // A paused job was stopped (by an earlier report of the same batch):
+  // nothing it sent after is decided.
+  if (job.kind != "train" || IsTerminalState(job.state) || job.state == "paused") {
+    return std::nullopt;
+  }
   ASSIGN_OR_RETURN(const strategies::StrategySettings* st, StrategyFor(job.sweep_id));
   if (!st->successive_halving) return std::nullopt;
   absl::StatusOr<std::vector<int64_t>> rung_steps = RungStepsFor(job);

@@ -301,6 +301,17 @@ TEST(ResultStoreTest, RungDecisionsArePerJobAndRungAndDeletedWithTheSweep) {
   EXPECT_EQ((*group)[1].rung, 1);
   EXPECT_EQ((*group)[1].step, 30);
   EXPECT_FALSE((*group)[1].val_loss.has_value());
+  // A paused run's row gets its final decision in place; a missing row is
+  // NotFound and changes nothing.
+  ASSERT_TRUE(results.InsertRung({*a, 2, 60, 3.1, "pause", 5}).ok());
+  ASSERT_TRUE(results.UpdateRungDecision(*a, 2, "promote", 6).ok());
+  EXPECT_EQ(results.UpdateRungDecision(*a, 3, "prune", 7).code(), absl::StatusCode::kNotFound);
+  group = results.ListGroupRungs(*sweep_id, "pre_ln", 4, 96);
+  ASSERT_TRUE(group.ok()) << group.status();
+  ASSERT_EQ(group->size(), 3u);
+  EXPECT_EQ((*group)[2].decision, "promote");
+  EXPECT_EQ((*group)[2].decided_ms, 6);
+  EXPECT_DOUBLE_EQ(*(*group)[2].val_loss, 3.1);
   ASSERT_TRUE(sweeps.Delete(*sweep_id).ok());
   auto left = (*db)->Prepare("SELECT COUNT(*) FROM rung_results");
   ASSERT_TRUE(left.ok());
