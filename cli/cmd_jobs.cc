@@ -29,7 +29,7 @@ absl::StatusOr<v1::JobState> ParseState(const std::string& text) {
   if (!v1::JobState_Parse(upper, &state) || state == v1::JOB_STATE_UNSPECIFIED) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--state: unknown state \"", text,
-        "\" (valid: pending, leased, running, succeeded, diverged, failed, cancelled)"));
+        "\" (valid: pending, leased, running, succeeded, diverged, failed, cancelled, pruned, held, skipped, paused)"));
   }
   return state;
 }

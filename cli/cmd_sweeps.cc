@@ -70,6 +70,13 @@ int RunStatus(CommandEnv& env, const std::string& name) {
     auto it = resp.job_counts().find(state);
     table.AddRow({state, std::to_string(it == resp.job_counts().end() ? 0 : it->second)});
   }
+  // Strategies (issue 15): shown only when a sweep has such jobs.
+  for (const char* state : {"held", "paused", "pruned", "skipped"}) {
+    auto it = resp.job_counts().find(state);
+    if (it != resp.job_counts().end() && it->second > 0) {
+      table.AddRow({state, std::to_string(it->second)});
+    }
+  }
   table.Print(*env.out);
   return kExitOk;
 }

@@ -25,6 +25,24 @@ json Opt(const std::optional<double>& v) {
 
 }  // namespace
 
+std::string LrCell(const depthbench::v1::LrLoss& l) {
+  if (l.diverged()) return "div";
+  if (l.has_loss()) return FormatDouble(l.val_loss(), 5);
+  if (l.pruned_runs() > 0) return absl::StrCat("pruned@r", l.pruned_rung());
+  if (l.never_run() > 0 && l.succeeded() + l.failed_runs() + l.diverged_runs() == 0) {
+    return "never";
+  }
+  return "-";
+}
+
+std::string ComputeCell(const depthbench::v1::ResultRow& row) {
+  if (row.grid_tokens() <= 0) return "-";
+  return absl::StrCat(FormatDouble(100.0 * static_cast<double>(row.tokens_trained()) /
+                                       static_cast<double>(row.grid_tokens()),
+                                   3),
+                      "%");
+}
+
 DiagnosticsSummary SummarizeDiagnostics(const std::string& diagnostics_json) {
   json doc = json::parse(diagnostics_json, nullptr, false);
   DiagnosticsSummary s;
@@ -75,14 +93,16 @@ Table ResultsTable(const depthbench::v1::QueryResultsResponse& resp) {
   std::vector<std::string> header = {"ARCH",    "L",        "D",      "ASPECT", "PARAMS",
                                      "BEST_LR", "VAL_LOSS", "TOKENS", "STEPS"};
   for (double lr : lrs) header.push_back("LR=" + FormatDouble(lr, 4));
-  for (const char* h : {"DIAG_LR", "R_CAUSAL", "CAUSAL_FORM", "R_PERM", "DEFF/L", "DEFF_N", "DONE"}) {
+  // DONE stays last (scripts read it there).
+  for (const char* h : {"DIAG_LR", "R_CAUSAL", "CAUSAL_FORM", "R_PERM", "DEFF/L", "DEFF_N",
+                        "COMPUTE", "DONE"}) {
     header.push_back(h);
   }
   Table table(header);
   for (const auto& row : resp.rows()) {
     std::map<double, std::string> cells;
     for (const auto& l : row.lrs()) {
-      cells[l.lr()] = l.diverged() ? "div" : (l.has_loss() ? FormatDouble(l.val_loss(), 5) : "-");
+      cells[l.lr()] = LrCell(l);
     }
     std::vector<std::string> r = {row.arch(), std::to_string(row.layers()),
                                   std::to_string(row.d_model()),
@@ -101,6 +121,7 @@ Table ResultsTable(const depthbench::v1::QueryResultsResponse& resp) {
     r.push_back(num(diag.r_perm));
     r.push_back(num(diag.deff_over_l));
     r.push_back(DeffNCell(diag));
+    r.push_back(ComputeCell(row));
     r.push_back(row.complete() ? "yes" : "no");
     table.AddRow(r);
   }
@@ -168,6 +189,20 @@ json ResultsDocument(const std::string& sweep, const depthbench::v1::QueryResult
       }
     }
     r["lr_losses"] = lrs;
+    // Strategies (issue 15): how each LR ran ("ran", "pruned@rN", "never")
+    // and the compute spent against the full grid's.
+    json status = json::object();
+    for (const auto& l : row.lrs()) {
+      if (!(l.lr() > 0)) continue;
+      const std::string cell = LrCell(l);
+      status[FormatDouble(l.lr(), 6)] =
+          cell.rfind("pruned", 0) == 0 || cell == "never" ? cell : std::string("ran");
+    }
+    r["lr_status"] = status;
+    if (row.grid_tokens() > 0) {
+      r["tokens_trained"] = row.tokens_trained();
+      r["grid_tokens"] = row.grid_tokens();
+    }
     json diag = json::parse(row.diagnostics_json().empty() ? "{}" : row.diagnostics_json(),
                             nullptr, false);
     if (diag.is_object() && !diag.empty()) {

@@ -47,6 +47,14 @@ DiagnosticsSummary SummarizeDiagnostics(const std::string& diagnostics_json);
 std::string CausalFormCell(const DiagnosticsSummary& s);
 std::string DeffNCell(const DiagnosticsSummary& s);
 
+// One LR's cell: its mean loss, "div" (diverged), "pruned@rN" (successive
+// halving stopped its runs, the highest at rung N), "never" (LR transfer
+// never ran it) or "-" (no finished run yet).
+std::string LrCell(const depthbench::v1::LrLoss& l);
+// The row's tokens trained as a percentage of the full grid's ("37.5%"),
+// "-" when unknown.
+std::string ComputeCell(const depthbench::v1::ResultRow& row);
+
 // The footnote under a table that holds legacy rows.
 extern const char kLegacyFootnote[];
 
@@ -54,7 +62,9 @@ extern const char kLegacyFootnote[];
 // budget (TOKENS, STEPS: the same for every design at the shape), the loss at
 // every LR ("div" diverged, "-" no finished run), the LR whose run the
 // diagnostics examine (DIAG_LR: the best LR, or spec.diagnostics.fixed_lr),
-// R_causal with its form, R_perm, D_eff/L with its N ("-" until they exist).
+// R_causal with its form, R_perm, D_eff/L with its N ("-" until they exist),
+// COMPUTE (tokens trained as a share of the full grid's) and DONE (last; LR cells
+// of pruned / never-run LRs read "pruned@rN" / "never", see LrCell).
 Table ResultsTable(const depthbench::v1::QueryResultsResponse& results);
 
 // True when any row's diagnostics are legacy.

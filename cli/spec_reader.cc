@@ -552,6 +552,29 @@ absl::StatusOr<v1::SweepSpec> SpecFromJson(const json& root) {
       {"diagnostics", [s](const json& j, const std::string& p) {
          return Diagnostics(j, p, s);
        }},
+      {"strategy", [s](const json& j, const std::string& p) -> absl::Status {
+         // Either the kind ("successive_halving") or {kind, rungs,
+         // reduction_factor, reference_shape} (scheduler/strategies/asha.h).
+         auto* st = s->mutable_strategy();
+         if (j.is_string()) {
+           st->set_kind(j.get<std::string>());
+           return absl::OkStatus();
+         }
+         return Fields(j, p, {
+             {"kind", StringField([st](const std::string& v) { st->set_kind(v); })},
+             {"rungs", [st](const json& j, const std::string& p) -> absl::Status {
+                RETURN_IF_ERROR(List(j, p));
+                for (size_t i = 0; i < j.size(); ++i) {
+                  ASSIGN_OR_RETURN(double r, Double(j[i], absl::StrCat(p, "[", i, "]")));
+                  st->add_rungs(r);
+                }
+                return absl::OkStatus();
+              }},
+             {"reduction_factor", DoubleField([st](double v) { st->set_reduction_factor(v); })},
+             {"reference_shape",
+              StringField([st](const std::string& v) { st->set_reference_shape(v); })},
+         });
+       }},
       {"resources", [s](const json& j, const std::string& p) {
          auto* r = s->mutable_resources();
          return Fields(j, p, {

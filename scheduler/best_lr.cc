@@ -8,7 +8,7 @@ namespace depthbench::scheduler {
 
 bool IsTerminalState(const std::string& state) {
   return state == "succeeded" || state == "diverged" || state == "failed" ||
-         state == "cancelled";
+         state == "cancelled" || state == "pruned" || state == "skipped";
 }
 
 storage::LrTally TallyOf(const std::string& state, std::optional<double> val_loss,
@@ -16,6 +16,9 @@ storage::LrTally TallyOf(const std::string& state, std::optional<double> val_los
   storage::LrTally t;
   if (!IsTerminalState(state)) return t;
   t.ended = 1;
+  // Strategies (issue 15): a pruned or never-run (skipped) job has ended,
+  // is no failure, and offers no final loss.
+  if (state == "pruned" || state == "skipped") return t;
   if (state == "succeeded" && val_loss.has_value()) {
     t.succeeded = 1;
     t.loss_sum = *val_loss;

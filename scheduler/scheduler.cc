@@ -1,6 +1,8 @@
 #include "scheduler/scheduler.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <chrono>
 #include <functional>
 #include <map>
@@ -37,13 +39,18 @@ std::string JobStateName(v1::JobState state) {
     case v1::DIVERGED: return "diverged";
     case v1::FAILED: return "failed";
     case v1::CANCELLED: return "cancelled";
+    case v1::PRUNED: return "pruned";
+    case v1::HELD: return "held";
+    case v1::SKIPPED: return "skipped";
+    case v1::PAUSED: return "paused";
     default: return "";
   }
 }
 
 v1::JobState JobStateFromName(const std::string& name) {
   for (v1::JobState s : {v1::PENDING, v1::LEASED, v1::RUNNING, v1::SUCCEEDED,
-                         v1::DIVERGED, v1::FAILED, v1::CANCELLED}) {
+                         v1::DIVERGED, v1::FAILED, v1::CANCELLED, v1::PRUNED, v1::HELD,
+                         v1::SKIPPED, v1::PAUSED}) {
     if (JobStateName(s) == name) return s;
   }
   return v1::JOB_STATE_UNSPECIFIED;
@@ -495,6 +502,7 @@ absl::StatusOr<v1::SubmitSweepResponse> Scheduler::SubmitSweep(const v1::SweepSp
     JobRecord job;
     job.sweep_id = sweep.id;
     job.kind = "train";
+    job.state = planned.held ? "held" : "pending";
     job.arch = planned.arch;
     job.layers = planned.shape.layers;
     job.d_model = planned.shape.d_model;
@@ -817,6 +825,47 @@ absl::StatusOr<v1::QueryResultsResponse> Scheduler::QueryResults(
           row->set_budget_tokens(budget.tokens);
           row->set_budget_steps(budget.steps);
         }
+        // Strategies (issue 15): per LR, runs pruned (and the highest rung
+        // one was pruned at), never run, and tokens trained; per group,
+        // tokens trained against the full grid's (every run to the end).
+        ASSIGN_OR_RETURN(std::vector<storage::GroupMember> members,
+                         jobs.ListGroup(sweep.id, r.arch, r.layers, r.d_model));
+        std::vector<storage::RungRecord> rungs;
+        if (spec.strategy().kind().find("successive_halving") != std::string::npos) {
+          ASSIGN_OR_RETURN(rungs, results.ListGroupRungs(sweep.id, r.arch, r.layers, r.d_model));
+        }
+        std::map<int64_t, int> pruned_at;
+        for (const storage::RungRecord& rung : rungs) {
+          if (rung.decision == "prune") pruned_at[rung.job_id] = rung.rung;
+        }
+        const int64_t per_step = config.ok() ? config->batch * config->seq_len : 0;
+        const int64_t total_steps = row->budget_steps();
+        std::map<double, v1::LrLoss*> by_lr;
+        for (v1::LrLoss& l : *row->mutable_lrs()) {
+          l.set_pruned_rung(-1);
+          by_lr[l.lr()] = &l;
+        }
+        int64_t trained = 0;
+        for (const storage::GroupMember& m : members) {
+          v1::LrLoss*& l = by_lr[m.lr];
+          if (l == nullptr) {
+            l = row->add_lrs();
+            l->set_lr(m.lr);
+            l->set_pruned_rung(-1);
+          }
+          const int64_t tokens = std::clamp<int64_t>(m.final_step, 0, total_steps) * per_step;
+          l->set_tokens_trained(l->tokens_trained() + tokens);
+          trained += tokens;
+          if (m.state == "pruned") {
+            l->set_pruned_runs(l->pruned_runs() + 1);
+            auto at = pruned_at.find(m.id);
+            if (at != pruned_at.end()) l->set_pruned_rung(std::max(l->pruned_rung(), at->second));
+          } else if (m.state == "held" || m.state == "skipped") {
+            l->set_never_run(l->never_run() + 1);
+          }
+        }
+        row->set_tokens_trained(trained);
+        row->set_grid_tokens(static_cast<int64_t>(members.size()) * total_steps * per_step);
         ASSIGN_OR_RETURN(std::vector<storage::LrTally> tallies,
                          results.ListLrs(sweep.id, r.arch, r.layers, r.d_model));
         const GroupSelection selection = SelectBestFromTallies(tallies);
@@ -985,7 +1034,7 @@ std::vector<v1::Cancellation> Scheduler::Reattach(
       c.set_reason("job cancelled");
     } else if (job->current_attempt_id != r.attempt_id()) {
       c.set_reason("attempt superseded (lease expired)");
-    } else if (IsTerminalState(job->state)) {
+    } else if (IsTerminalState(job->state) || job->state == "paused") {
       c.set_reason(absl::StrCat("job already ", job->state));
     } else {
       c.set_reason("lease held by another worker");
@@ -1173,6 +1222,8 @@ void Scheduler::CommitReports(const std::vector<PendingReport*>& group) {
   std::vector<storage::InsertCounts> counts(live.size());
   std::vector<std::vector<storage::MetricRecord>> stored(live.size());
   std::vector<int64_t> replay_through(live.size(), -1);
+  std::vector<std::optional<std::string>> stopped(live.size());  // paused/pruned: why
+  std::vector<bool> stop_is_prune(live.size(), false);
   bool became_running = false;
   for (size_t i = 0; i < live.size(); ++i) {
     PendingReport* r = live[i].first;
@@ -1191,20 +1242,58 @@ void Scheduler::CommitReports(const std::vector<PendingReport*>& group) {
         became_running = true;
       }
     }
+    // Successive halving: a validation loss at a rung step is decided in
+    // this transaction (job reads only when such a point came).
+    const bool has_val = std::any_of(stored[i].begin(), stored[i].end(),
+                                     [](const storage::MetricRecord& p) {
+                                       return p.name == "val_loss";
+                                     });
+    if (has_val) {
+      absl::StatusOr<JobRecord> job = jobs_.Get(r->job_id);
+      if (!job.ok()) return fail_all(job.status());
+      rungs_changed_ = false;
+      bool is_prune = false;
+      absl::StatusOr<std::optional<std::string>> stop =
+          DecideRungs(*job, stored[i], /*finished=*/false, &is_prune);
+      if (!stop.ok()) return fail_all(stop.status());
+      stopped[i] = *stop;
+      stop_is_prune[i] = is_prune;
+      if (stopped[i] || rungs_changed_) became_running = true;  // a state change
+    }
   }
   absl::Status committed = txn->Commit();
   if (!committed.ok()) return fail_all(committed);
   int64_t accepted = 0, duplicates = 0;
+  const bool any_stopped =
+      std::any_of(stopped.begin(), stopped.end(), [](const auto& s) { return s.has_value(); });
   for (size_t i = 0; i < live.size(); ++i) {
     auto& [r, lease] = live[i];
+    // A prune released its job's lease: a later report of the same attempt
+    // in this group must not touch the released entry.
+    if (any_stopped) lease = leases_.Find(r->job_id, r->attempt_id);
     if (r->resumed) resumed_from_[r->attempt_id] = replay_through[i];
-    lease->running = true;
     accepted += counts[i].accepted;
     duplicates += counts[i].duplicates;
     hub_.Publish(r->job_id, stored[i]);  // one copy; wakes this job's watchers only
     v1::ReportMetricsResponse out;
     out.set_accepted(counts[i].accepted);
     out.set_duplicates(counts[i].duplicates);
+    if (stopped[i]) {
+      // Paused or pruned: the lease goes now (its slot is free); the
+      // worker stops the trainer (which writes its checkpoint) on this
+      // answer, or on its next heartbeat's cancellation, or when its next
+      // report is refused. A paused job is re-queued when promoted.
+      out.set_stop_reason(*stopped[i]);
+      leases_.ReleaseAttempt(r->job_id, r->attempt_id);
+      resumed_from_.erase(r->attempt_id);
+      if (stop_is_prune[i]) {
+        rung_steps_.erase(r->job_id);
+        counters_.jobs_pruned++;
+        observer_->OnJobFinished("pruned");
+      }
+    } else if (lease != nullptr) {
+      lease->running = true;
+    }
     r->result = std::move(out);
   }
   counters_.points_accepted += accepted;
@@ -1287,6 +1376,11 @@ absl::StatusOr<v1::FinishJobResponse> Scheduler::FinishJob(const v1::FinishJobRe
     RETURN_IF_ERROR(StorePointsLocked(job.id, request.attempt_id(), resumed, points, &counts,
                                       stored.get())
                         .status());
+    if (job.kind == "train" && request.status() == v1::FINISH_SUCCEEDED) {
+      // Rungs this run reached with its last points count for the runs
+      // still to arrive there; a finished run is not stopped.
+      RETURN_IF_ERROR(DecideRungs(job, *stored, /*finished=*/true).status());
+    }
     AfterCommit([this, counts, stored, job_id = job.id] {
       hub_.Publish(job_id, *stored);
       counters_.points_accepted += counts.accepted;
@@ -1323,7 +1417,10 @@ absl::StatusOr<v1::FinishJobResponse> Scheduler::FinishJob(const v1::FinishJobRe
         observer_->OnJobFinished("diverged");
       });
       RETURN_IF_ERROR(jobs_.Update(job));
-      if (job.kind == "train") RETURN_IF_ERROR(UpdateGroup(job, from_state));
+      if (job.kind == "train") {
+        RETURN_IF_ERROR(RecordDivergedRungs(job));
+        RETURN_IF_ERROR(UpdateGroup(job, from_state));
+      }
       break;
     case v1::FINISH_FAILED: {
       std::string reason = request.reason().empty() ? "failed" : request.reason();
@@ -1347,6 +1444,7 @@ absl::StatusOr<v1::FinishJobResponse> Scheduler::FinishJob(const v1::FinishJobRe
   }
   RETURN_IF_ERROR(txn.Commit());
   resumed_from_.erase(request.attempt_id());
+  rung_steps_.erase(job.id);
   leases_.Release(job.id);
   Bump();
   out.set_state(JobStateFromName(job.state));
@@ -1420,6 +1518,10 @@ absl::Status Scheduler::UpdateGroup(const JobRecord& changed, const std::string&
     }
     RETURN_IF_ERROR(applied);
   }
+  RETURN_IF_ERROR(AdvanceTransfer(changed));
+  // Successive halving: a run that ended (or was skipped) may complete a
+  // rung that paused runs wait on.
+  RETURN_IF_ERROR(ResolveGroupRungs(changed, 0));
   ASSIGN_OR_RETURN(std::vector<storage::LrTally> tallies,
                    results_.ListLrs(changed.sweep_id, changed.arch, changed.layers,
                                     changed.d_model));
@@ -1524,6 +1626,350 @@ absl::StatusOr<int64_t> Scheduler::ExpireLeasesLocked() {
   RETURN_IF_ERROR(txn.Commit());
   Bump();
   return count;
+}
+
+// --- Strategies (issue 15) ---------------------------------------------------
+
+absl::StatusOr<const strategies::StrategySettings*> Scheduler::StrategyFor(int64_t sweep_id) {
+  auto it = strategy_cache_.find(sweep_id);
+  if (it != strategy_cache_.end()) return &it->second;
+  ASSIGN_OR_RETURN(const v1::SweepSpec* spec, SpecFor(sweep_id));
+  ASSIGN_OR_RETURN(strategies::StrategySettings settings,
+                   strategies::StrategyFromSpec(spec->strategy()));
+  return &strategy_cache_.emplace(sweep_id, std::move(settings)).first->second;
+}
+
+absl::StatusOr<std::vector<int64_t>> Scheduler::RungStepsFor(const JobRecord& job) {
+  auto it = rung_steps_.find(job.id);
+  if (it != rung_steps_.end()) return it->second;
+  ASSIGN_OR_RETURN(const strategies::StrategySettings* st, StrategyFor(job.sweep_id));
+  const nlohmann::json j = nlohmann::json::parse(job.config_json, nullptr, false);
+  ASSIGN_OR_RETURN(TrainConfig config, TrainConfigFromJson(j));
+  ASSIGN_OR_RETURN(std::vector<int64_t> steps,
+                   strategies::RungSteps(st->rungs, ResolveTotalSteps(config),
+                                         config.eval_interval));
+  rung_steps_[job.id] = steps;
+  return steps;
+}
+
+namespace {
+
+strategies::Verdict VerdictOf(const std::string& decision) {
+  if (decision == "pause") return strategies::Verdict::kPause;
+  if (decision == "promote") return strategies::Verdict::kPromote;
+  return strategies::Verdict::kPrune;  // "prune", "diverged"
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<strategies::RungEntry>> Scheduler::GroupRungEntries(
+    const JobRecord& job) {
+  ASSIGN_OR_RETURN(std::vector<storage::RungRecord> recorded,
+                   results_.ListGroupRungs(job.sweep_id, job.arch, job.layers, job.d_model));
+  std::vector<strategies::RungEntry> entries;
+  entries.reserve(recorded.size());
+  for (const storage::RungRecord& r : recorded) {
+    entries.push_back({r.job_id, r.rung,
+                       r.val_loss.value_or(std::numeric_limits<double>::infinity()),
+                       VerdictOf(r.decision)});
+  }
+  return entries;
+}
+
+absl::StatusOr<std::optional<std::string>> Scheduler::DecideRungs(
+    JobRecord& job, const std::vector<storage::MetricRecord>& points, bool finished,
+    bool* pruned) {
+  if (pruned != nullptr) *pruned = false;
+  // A paused job was stopped (by an earlier report of the same batch):
+  // nothing it sent after is decided.
+  if (job.kind != "train" || IsTerminalState(job.state) || job.state == "paused") {
+    return std::nullopt;
+  }
+  ASSIGN_OR_RETURN(const strategies::StrategySettings* st, StrategyFor(job.sweep_id));
+  if (!st->successive_halving) return std::nullopt;
+  absl::StatusOr<std::vector<int64_t>> rung_steps = RungStepsFor(job);
+  if (!rung_steps.ok()) {
+    // Validated at submit, so not expected; never let one job's config
+    // refuse the other reports committed with it.
+    spdlog::warn("job {}: no rung decisions: {}", job.id, rung_steps.status().ToString());
+    return std::nullopt;
+  }
+  const std::vector<int64_t> steps = *rung_steps;
+  const int64_t now = clock_->NowWallMs();
+  for (const storage::MetricRecord& p : points) {
+    if (p.name != "val_loss" || std::find(steps.begin(), steps.end(), p.step) == steps.end()) {
+      continue;
+    }
+    ASSIGN_OR_RETURN(std::vector<strategies::RungEntry> entries, GroupRungEntries(job));
+    strategies::RungDecision d =
+        strategies::DecideAtStep(steps, st->eta, entries, job.id, p.step, p.value);
+    if (d.verdict == strategies::Verdict::kWait) continue;  // decided before
+    storage::RungRecord rec;
+    rec.job_id = job.id;
+    rec.rung = d.rung;
+    rec.step = d.step;
+    if (std::isfinite(p.value)) rec.val_loss = p.value;
+    // A run that ended with this point counts at the rung but is not
+    // stopped (nothing is left to save by it).
+    rec.decision = finished || d.verdict == strategies::Verdict::kPromote ? "promote"
+                   : d.verdict == strategies::Verdict::kPause           ? "pause"
+                                                                        : "prune";
+    rec.decided_ms = now;
+    RETURN_IF_ERROR(results_.InsertRung(rec));
+    if (finished) continue;  // FinishJob's UpdateGroup resolves the group
+    // The arrival may complete the rung or lift paused runs into the quota,
+    // this one included: resolve the group now, in this transaction.
+    RETURN_IF_ERROR(ResolveGroupRungs(job, job.id));
+    ASSIGN_OR_RETURN(entries, GroupRungEntries(job));
+    strategies::Verdict now_verdict = strategies::Verdict::kPromote;
+    for (const strategies::RungEntry& e : entries) {
+      if (e.job_id == job.id && e.rung == d.rung) now_verdict = e.decision;
+    }
+    if (now_verdict == strategies::Verdict::kPromote) continue;
+    if (now_verdict == strategies::Verdict::kPrune && d.verdict == strategies::Verdict::kPause) {
+      // Pruned by the resolution at once (the rung was complete): its
+      // final rank is the resolution's.
+      d.verdict = strategies::Verdict::kPrune;
+      d.quota = strategies::PromotionQuota(d.n, st->eta, /*complete=*/true);
+    }
+    const bool prune = now_verdict == strategies::Verdict::kPrune;
+    const std::string reason = d.Reason();
+    const std::string from_state = job.state;
+    RETURN_IF_ERROR(
+        jobs_.EndAttempt(job.current_attempt_id, now, prune ? "pruned" : "paused", reason));
+    job.state = prune ? "pruned" : "paused";
+    job.reason = reason;
+    job.val_loss = rec.val_loss;
+    job.final_step = d.step;
+    job.worker_id.clear();
+    job.updated_ms = now;
+    if (!prune) {
+      // A pause is no failed attempt: it does not count against
+      // max_attempts (as an interruption does not).
+      job.attempts_used = std::max<int64_t>(0, job.attempts_used - 1);
+      job.val_loss.reset();
+    }
+    RETURN_IF_ERROR(jobs_.Update(job));
+    if (prune) RETURN_IF_ERROR(UpdateGroup(job, from_state));
+    spdlog::info("job {}: {}", job.id, reason);
+    if (pruned != nullptr) *pruned = prune;
+    return reason;
+  }
+  return std::nullopt;
+}
+
+absl::Status Scheduler::ResolveGroupRungs(const JobRecord& group_of, int64_t reporting_job) {
+  if (resolving_rungs_) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const strategies::StrategySettings* st, StrategyFor(group_of.sweep_id));
+  if (!st->successive_halving || group_of.kind != "train") return absl::OkStatus();
+  absl::StatusOr<std::vector<int64_t>> steps = RungStepsFor(group_of);
+  if (!steps.ok()) return absl::OkStatus();  // logged by DecideRungs
+  resolving_rungs_ = true;
+  absl::Status status = [&]() -> absl::Status {
+    const int64_t now = clock_->NowWallMs();
+    // A prune can complete a later rung (the run held it open): repeat
+    // until nothing changes (each pass changes a paused run for good).
+    for (;;) {
+      ASSIGN_OR_RETURN(std::vector<strategies::RungEntry> entries, GroupRungEntries(group_of));
+      ASSIGN_OR_RETURN(std::vector<storage::GroupMember> members,
+                       jobs_.ListGroup(group_of.sweep_id, group_of.arch, group_of.layers,
+                                       group_of.d_model));
+      std::vector<int64_t> open;
+      for (const storage::GroupMember& m : members) {
+        // A run LR transfer holds has not started and may never: it does not
+        // hold a rung open (the transfer in turn waits for the paused runs
+        // to end). Released later, it is ranked on arrival against the
+        // recorded runs, at a rung that is complete without it.
+        if (IsTerminalState(m.state) || m.state == "held") continue;
+        // The reporting run is still "running" in the table while its own
+        // prune is decided: a prune row ends it here.
+        const bool pruned_row =
+            m.id == reporting_job &&
+            std::any_of(entries.begin(), entries.end(), [&](const strategies::RungEntry& e) {
+              return e.job_id == m.id && e.decision == strategies::Verdict::kPrune;
+            });
+        if (!pruned_row) open.push_back(m.id);
+      }
+      std::vector<strategies::RungDecision> changes =
+          strategies::ResolveRungs(*steps, st->eta, entries, open);
+      if (changes.empty()) return absl::OkStatus();
+      for (const strategies::RungDecision& c : changes) {
+        const bool prune = c.verdict == strategies::Verdict::kPrune;
+        RETURN_IF_ERROR(
+            results_.UpdateRungDecision(c.job_id, c.rung, prune ? "prune" : "promote", now));
+        if (c.job_id == reporting_job) continue;  // DecideRungs acts on it
+        ASSIGN_OR_RETURN(JobRecord job, jobs_.Get(c.job_id));
+        if (job.state != "paused") continue;  // e.g. cancelled meanwhile
+        const std::string reason = c.Reason();
+        job.reason = reason;
+        job.updated_ms = now;
+        if (prune) {
+          job.state = "pruned";
+          if (std::isfinite(c.loss)) job.val_loss = c.loss;
+          RETURN_IF_ERROR(jobs_.Update(job));
+          RETURN_IF_ERROR(UpdateGroup(job, "paused"));
+          counters_.jobs_pruned++;
+          observer_->OnJobFinished("pruned");
+        } else {
+          // Re-queued: the next attempt resumes from the checkpoint the
+          // trainer wrote when it was stopped.
+          job.state = "pending";
+          job.not_before_ms = 0;
+          RETURN_IF_ERROR(jobs_.Update(job));
+        }
+        rungs_changed_ = true;
+        spdlog::info("job {}: {}", job.id, reason);
+      }
+    }
+  }();
+  resolving_rungs_ = false;
+  return status;
+}
+
+absl::Status Scheduler::RecordDivergedRungs(const JobRecord& job) {
+  ASSIGN_OR_RETURN(const strategies::StrategySettings* st, StrategyFor(job.sweep_id));
+  if (!st->successive_halving) return absl::OkStatus();
+  ASSIGN_OR_RETURN(std::vector<int64_t> steps, RungStepsFor(job));
+  ASSIGN_OR_RETURN(std::vector<storage::RungRecord> recorded,
+                   results_.ListGroupRungs(job.sweep_id, job.arch, job.layers, job.d_model));
+  const int64_t now = clock_->NowWallMs();
+  for (size_t rung = 0; rung < steps.size(); ++rung) {
+    const bool has = std::any_of(recorded.begin(), recorded.end(), [&](const auto& r) {
+      return r.job_id == job.id && r.rung == static_cast<int>(rung);
+    });
+    if (has) continue;
+    storage::RungRecord rec;
+    rec.job_id = job.id;
+    rec.rung = static_cast<int>(rung);
+    rec.step = steps[rung];
+    rec.decision = "diverged";
+    rec.decided_ms = now;
+    RETURN_IF_ERROR(results_.InsertRung(rec));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::ReleaseHeld(const JobRecord& group_of, const std::vector<double>& lrs) {
+  ASSIGN_OR_RETURN(std::vector<storage::GroupMember> members,
+                   jobs_.ListGroup(group_of.sweep_id, group_of.arch, group_of.layers,
+                                   group_of.d_model));
+  const int64_t now = clock_->NowWallMs();
+  for (const storage::GroupMember& m : members) {
+    if (m.state != "held" || std::find(lrs.begin(), lrs.end(), m.lr) == lrs.end()) continue;
+    ASSIGN_OR_RETURN(JobRecord job, jobs_.Get(m.id));
+    job.state = "pending";
+    job.not_before_ms = 0;
+    job.updated_ms = now;
+    RETURN_IF_ERROR(jobs_.Update(job));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::AdvanceTransfer(const JobRecord& changed) {
+  ASSIGN_OR_RETURN(const strategies::StrategySettings* st, StrategyFor(changed.sweep_id));
+  if (!st->lr_transfer) return absl::OkStatus();
+  ASSIGN_OR_RETURN(std::optional<storage::SweepRecord> sweep, sweeps_.Get(changed.sweep_id));
+  if (!sweep || sweep->cancelled) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const v1::SweepSpec* spec, SpecFor(changed.sweep_id));
+  ASSIGN_OR_RETURN(std::vector<ModelShape> shapes, SpecShapes(*spec));
+  if (shapes.empty()) return absl::OkStatus();
+  ModelShape ref = shapes.front();  // validated at submit: it exists
+  for (const ModelShape& shape : shapes) {
+    if (absl::StrCat(shape.layers, "x", shape.d_model) == st->reference_shape) {
+      ref = shape;
+      break;
+    }
+  }
+  ASSIGN_OR_RETURN(std::vector<storage::GroupMember> members,
+                   jobs_.ListGroup(changed.sweep_id, changed.arch, changed.layers,
+                                   changed.d_model));
+  std::vector<double> grid;
+  std::vector<storage::GroupMember> active;
+  bool any_held = false, active_done = true;
+  for (const storage::GroupMember& m : members) {
+    if (std::find(grid.begin(), grid.end(), m.lr) == grid.end()) grid.push_back(m.lr);
+    if (m.state == "held") {
+      any_held = true;
+      continue;
+    }
+    active.push_back(m);
+    if (!IsTerminalState(m.state)) active_done = false;
+  }
+  std::sort(grid.begin(), grid.end());
+  if (!active_done || active.empty()) return absl::OkStatus();
+  const GroupSelection selection = SelectBest(active);
+  auto index_of = [](const std::vector<double>& g, double lr) {
+    return static_cast<int>(std::lower_bound(g.begin(), g.end(), lr) - g.begin());
+  };
+  if (changed.layers == ref.layers && changed.d_model == ref.d_model) {
+    // The reference group is decided: start every other shape of the design
+    // that is still wholly held on the best LR's neighbourhood.
+    for (const ModelShape& shape : shapes) {
+      if (shape.layers == ref.layers && shape.d_model == ref.d_model) continue;
+      ASSIGN_OR_RETURN(std::vector<storage::GroupMember> other,
+                       jobs_.ListGroup(changed.sweep_id, changed.arch, shape.layers,
+                                       shape.d_model));
+      if (other.empty() || std::any_of(other.begin(), other.end(),
+                                       [](const auto& m) { return m.state != "held"; })) {
+        continue;
+      }
+      std::vector<double> other_grid;
+      for (const auto& m : other) {
+        if (std::find(other_grid.begin(), other_grid.end(), m.lr) == other_grid.end()) {
+          other_grid.push_back(m.lr);
+        }
+      }
+      std::sort(other_grid.begin(), other_grid.end());
+      std::vector<double> lrs = other_grid;  // no best LR: the full grid
+      if (selection.best_lr) {
+        lrs.clear();
+        for (int i : strategies::TransferSubGrid(static_cast<int>(other_grid.size()),
+                                                  index_of(other_grid, *selection.best_lr))) {
+          lrs.push_back(other_grid[i]);
+        }
+      }
+      JobRecord key = changed;
+      key.layers = shape.layers;
+      key.d_model = shape.d_model;
+      RETURN_IF_ERROR(ReleaseHeld(key, lrs));
+    }
+    return absl::OkStatus();
+  }
+  if (!any_held) return absl::OkStatus();
+  std::vector<double> release;
+  if (!selection.best_lr) {
+    for (const auto& m : members) {
+      if (m.state == "held") release.push_back(m.lr);  // nothing trained well: the full grid
+    }
+  } else {
+    std::vector<int> active_idx;
+    for (const auto& m : active) active_idx.push_back(index_of(grid, m.lr));
+    std::optional<int> widen = strategies::WidenIndex(
+        active_idx, index_of(grid, *selection.best_lr), static_cast<int>(grid.size()));
+    if (widen) release.push_back(grid[*widen]);
+  }
+  if (!release.empty()) return ReleaseHeld(changed, release);
+  // Decided: the LRs still held are never run.
+  const int64_t now = clock_->NowWallMs();
+  for (const auto& m : members) {
+    if (m.state != "held") continue;
+    ASSIGN_OR_RETURN(JobRecord job, jobs_.Get(m.id));
+    job.state = "skipped";
+    job.reason = absl::StrCat("lr_transfer: group decided (best lr ", *selection.best_lr,
+                              ") without this LR");
+    job.updated_ms = now;
+    RETURN_IF_ERROR(jobs_.Update(job));
+    storage::LrTally delta = TallyOf("skipped", std::nullopt, 0);
+    delta.sweep_id = job.sweep_id;
+    delta.arch = job.arch;
+    delta.layers = job.layers;
+    delta.d_model = job.d_model;
+    delta.lr = job.lr;
+    absl::Status applied = results_.ApplyLrDelta(delta);
+    if (absl::IsNotFound(applied)) applied = RecountLr(job);
+    RETURN_IF_ERROR(applied);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace depthbench::scheduler

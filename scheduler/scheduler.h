@@ -5,7 +5,12 @@
 // depthbench.v1 messages.
 //
 // Job states: pending -> leased -> running -> succeeded | diverged | failed |
-// cancelled. An acquired attempt counts against max_attempts; a failed
+// cancelled | pruned (successive halving stopped it at a rung: terminal,
+// never retried). Successive halving also pauses a run at a rung (paused:
+// stopped, not leased, not an attempt used) until it is promoted (back to
+// pending, resuming from its checkpoint) or pruned. LR transfer creates jobs `held` (not leased) that become
+// pending when their group's sub-grid reaches their LR, or `skipped`
+// (terminal, never run) once the group is decided without them. An acquired attempt counts against max_attempts; a failed
 // attempt or an expired lease re-queues the job with exponential backoff
 // until the attempts are used up (then `failed`); divergence is final; an
 // interrupted attempt (worker shutting down) re-queues at once and does not
@@ -56,6 +61,7 @@
 #include "depthbench/v1/sweep_service.pb.h"
 #include "depthbench/v1/worker_service.pb.h"
 #include "scheduler/lease_manager.h"
+#include "scheduler/strategies/asha.h"
 #include "scheduler/watch_hub.h"
 #include "storage/reader_pool.h"
 #include "storage/sqlite.h"
@@ -84,7 +90,7 @@ class SchedulerObserver {
   // "lease_expired", "failed", "interrupted", "manual" (RetryJob).
   virtual void OnJobRetried(const std::string& reason) { (void)reason; }
   // A job reached the terminal `state`: "succeeded", "diverged", "failed"
-  // (attempts exhausted) or "cancelled".
+  // (attempts exhausted), "cancelled" or "pruned".
   virtual void OnJobFinished(const std::string& state) { (void)state; }
   // Metric points stored (new keys) and skipped as duplicates.
   virtual void OnMetricPoints(int64_t accepted, int64_t duplicates) {
@@ -136,6 +142,7 @@ struct SchedulerCounters {
   int64_t jobs_diverged = 0;
   int64_t jobs_failed = 0;       // final failures
   int64_t jobs_cancelled = 0;
+  int64_t jobs_pruned = 0;       // stopped by successive halving
   int64_t attempts_retried = 0;  // failed or expired attempts re-queued
   int64_t attempts_interrupted = 0;
   int64_t points_accepted = 0;
@@ -349,6 +356,53 @@ class Scheduler {
   absl::Status RecordDiagnostics(const storage::JobRecord& job,
                                  const depthbench::v1::FinishJobRequest& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // --- Strategies (issue 15; scheduler/strategies/asha.h) ---
+  // The sweep's strategy (validated at submit), cached.
+  absl::StatusOr<const strategies::StrategySettings*> StrategyFor(int64_t sweep_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The decision steps of a successive-halving train job (from its config),
+  // cached.
+  absl::StatusOr<std::vector<int64_t>> RungStepsFor(const storage::JobRecord& job)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Successive halving: decides every rung that `points` (just stored for
+  // `job`'s current attempt) reach, recording each decision in rung_results
+  // in the caller's transaction, and resolves the group's paused runs
+  // (ResolveGroupRungs). When the job is paused (state paused, attempt
+  // outcome paused, not counted against max_attempts) or pruned (state
+  // pruned, its group updated), returns the reason and sets *pruned for a
+  // prune; the caller releases the lease once committed. `finished`: the
+  // run ended with these points (FinishJob): its decisions are recorded as
+  // promotions and never stop it.
+  absl::StatusOr<std::optional<std::string>> DecideRungs(
+      storage::JobRecord& job, const std::vector<storage::MetricRecord>& points, bool finished,
+      bool* pruned = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The group's recorded rung decisions (rung_results) as the rung rule
+  // reads them.
+  absl::StatusOr<std::vector<strategies::RungEntry>> GroupRungEntries(
+      const storage::JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Successive halving: applies strategies::ResolveRungs to `group_of`'s
+  // group until nothing changes: a paused run promoted becomes pending
+  // (resumes from its checkpoint), one pruned becomes pruned; both update
+  // its rung_results row in the caller's transaction and set
+  // rungs_changed_. `reporting_job` (0: none) is the run whose report is
+  // being decided: only its rows change here, DecideRungs acts on it.
+  // Reentry (through UpdateGroup) is a no-op.
+  absl::Status ResolveGroupRungs(const storage::JobRecord& group_of, int64_t reporting_job)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A diverged successive-halving run is a loser at every rung it has no
+  // decision at (recorded as "diverged", loss NULL).
+  absl::Status RecordDivergedRungs(const storage::JobRecord& job)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // LR transfer, after a train job of `changed`'s group ended: releases the
+  // other shapes' sub-grids once the reference group is decided, widens a
+  // group whose best LR is on an edge of its sub-grid, and marks the LRs a
+  // decided group never needs as skipped. Caller holds a transaction.
+  absl::Status AdvanceTransfer(const storage::JobRecord& changed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Held jobs of the group at `lrs` -> pending.
+  absl::Status ReleaseHeld(const storage::JobRecord& group_of, const std::vector<double>& lrs)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // Bumps ChangeVersion() and wakes WaitForChange(); unless only metric
   // points were added, also tells the WatchHub that a state changed.
   void Bump(bool state_changed = true);
@@ -389,6 +443,10 @@ class Scheduler {
   storage::ResultStore results_ ABSL_GUARDED_BY(mu_);
   LeaseManager leases_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, depthbench::v1::SweepSpec> spec_cache_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, strategies::StrategySettings> strategy_cache_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, std::vector<int64_t>> rung_steps_ ABSL_GUARDED_BY(mu_);  // by job id
+  bool resolving_rungs_ ABSL_GUARDED_BY(mu_) = false;
+  bool rungs_changed_ ABSL_GUARDED_BY(mu_) = false;  // a paused run promoted/pruned
   std::map<std::string, storage::WorkerRecord> worker_cache_ ABSL_GUARDED_BY(mu_);
   SchedulerCounters counters_ ABSL_GUARDED_BY(mu_);
   // Attempt id -> the step it resumed from (-1: not reported); a cache of

@@ -1,5 +1,7 @@
 #include "scheduler/sweep_expander.h"
 
+#include "scheduler/strategies/asha.h"
+
 #include <cmath>
 #include <set>
 #include <vector>
@@ -406,7 +408,34 @@ absl::StatusOr<ExpandedSweep> ExpandSweep(const SweepSpec& spec) {
   RETURN_IF_ERROR(NonNegative(true, spec.resources().devices(), "resources.devices"));
   RETURN_IF_ERROR(NonNegative(true, spec.resources().memory_mb(), "resources.memory_mb"));
 
+  ASSIGN_OR_RETURN(const strategies::StrategySettings strategy,
+                   strategies::StrategyFromSpec(spec.strategy()));
+  size_t reference = 0;  // LR transfer: index of the reference shape
+  if (strategy.lr_transfer) {
+    if (spec.diagnostics().fixed_lr() > 0) {
+      return Field("strategy.kind",
+                   "lr_transfer cannot be combined with diagnostics.fixed_lr (the fixed LR may "
+                   "never run at a shape other than the reference)");
+    }
+    if (!strategy.reference_shape.empty()) {
+      reference = shapes.size();
+      std::string names;
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        const std::string name = absl::StrCat(shapes[i].layers, "x", shapes[i].d_model);
+        if (name == strategy.reference_shape && reference == shapes.size()) reference = i;
+        absl::StrAppend(&names, i == 0 ? "" : ", ", name);
+      }
+      if (reference == shapes.size()) {
+        return Field("strategy.reference_shape",
+                     absl::StrCat("no shape \"", strategy.reference_shape,
+                                  "\" in the sweep (shapes: ", names, ")"));
+      }
+    }
+  }
+
   ExpandedSweep out;
+  out.strategy = strategy;
+  out.reference_shape = reference;
   out.retry = RetryFromSpec(retry);
   out.diagnose = DiagnoseSettingsFromSpec(spec.diagnostics());
   int64_t total = 0;
@@ -424,7 +453,8 @@ absl::StatusOr<ExpandedSweep> ExpandSweep(const SweepSpec& spec) {
       return Field("architectures", absl::StrCat("the grid has more than ", kMaxJobsPerSweep, " jobs"));
     }
     int64_t streams = spec.training().has_hc_streams() ? spec.training().hc_streams() : kDefaultHcStreams;
-    for (const ModelShape& shape : shapes) {
+    for (size_t shape_index = 0; shape_index < shapes.size(); ++shape_index) {
+      const ModelShape& shape = shapes[shape_index];
       PlannedGroup group;
       group.arch = arch_name;
       group.shape = shape;
@@ -442,13 +472,29 @@ absl::StatusOr<ExpandedSweep> ExpandSweep(const SweepSpec& spec) {
           if (!parsed.ok()) {
             return TrainerRefused(parsed.status(), arch_name, shape, lr, seed);
           }
+          if (strategy.successive_halving) {
+            // Every rung must be an eval step: round the rungs to the
+            // job's eval interval (or make the first rung the interval).
+            const int64_t total_steps = ResolveTotalSteps(*parsed);
+            const int64_t every =
+                strategies::RungEvalInterval(strategy.rungs, total_steps, parsed->eval_interval);
+            absl::StatusOr<std::vector<int64_t>> rungs =
+                strategies::RungSteps(strategy.rungs, total_steps, every);
+            if (!rungs.ok()) {
+              return absl::InvalidArgumentError(
+                  absl::StrCat(rungs.status().message(), " (", arch_name, " at ", shape.layers,
+                               "x", shape.d_model, ")"));
+            }
+            if (every != parsed->eval_interval) config["eval_interval"] = every;
+          }
           if (out.groups[group_index].budget_steps == 0) {
             const TokenBudget budget = ResolveTokenBudget(*parsed);
             out.groups[group_index].budget_params = budget.params;
             out.groups[group_index].budget_tokens = budget.tokens;
             out.groups[group_index].budget_steps = budget.steps;
           }
-          out.jobs.push_back({arch_name, shape, lr, seed, config.dump()});
+          out.jobs.push_back({arch_name, shape, lr, seed, config.dump(),
+                              strategy.lr_transfer && shape_index != reference});
         }
       }
     }

@@ -17,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "depthbench/v1/spec.pb.h"
+#include "scheduler/strategies/asha.h"
 #include "trainer_core/shapes.h"
 
 namespace depthbench::scheduler {
@@ -35,6 +36,9 @@ struct PlannedJob {
   double lr = 0;
   int64_t seed = 0;
   std::string config_json;
+  // LR transfer: a job at a shape other than the reference, created held
+  // (not leased until its group's sub-grid reaches its LR).
+  bool held = false;
 };
 
 // One (arch, shape) row of the results table.
@@ -75,6 +79,8 @@ struct ExpandedSweep {
   std::vector<PlannedGroup> groups;
   RetrySettings retry;
   DiagnoseSettings diagnose;
+  strategies::StrategySettings strategy;
+  size_t reference_shape = 0;  // LR transfer: index into the sweep's shapes
 };
 
 // Retry policy with defaults applied (validated).

@@ -175,6 +175,22 @@ CREATE VIEW canonical_metric_points AS
   SELECT id, job_id, attempt_id, step, name, value, wall_ms
   FROM metric_points WHERE superseded_by = 0;
 )sql",
+      // 7: successive halving (issue 15). One row per decision a train run
+      // got at a rung, written in the transaction that acts on it (prunes the
+      // job, or lets it go on), so a restart neither loses nor repeats one.
+      // val_loss NULL: the run diverged (a loser at every rung it missed).
+      // decision: 'promote', 'prune', 'diverged', or (issue 15 follow-up)
+      // 'pause' until the run is promoted or pruned (the row is updated).
+      R"sql(
+CREATE TABLE rung_results(
+  job_id INTEGER NOT NULL,
+  rung INTEGER NOT NULL,
+  step INTEGER NOT NULL,
+  val_loss REAL,
+  decision TEXT NOT NULL,
+  decided_ms INTEGER NOT NULL,
+  PRIMARY KEY(job_id, rung));
+)sql",
   };
   return *migrations;
 }

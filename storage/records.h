@@ -1,6 +1,7 @@
 // Plain rows of the scheduler's tables, as the stores read and write them.
 // States and kinds are the lowercase strings stored in SQLite ("pending",
-// "leased", "running", "succeeded", "diverged", "failed", "cancelled";
+// "leased", "running", "succeeded", "diverged", "failed", "cancelled",
+// "pruned", "held", "skipped";
 // "train", "diagnose").
 //
 // Thread safety: plain values.
@@ -58,6 +59,7 @@ struct GroupMember {
   double lr = 0;
   std::optional<double> val_loss;
   bool is_best = false;
+  int64_t final_step = 0;
 };
 
 struct AttemptRecord {
@@ -145,6 +147,17 @@ struct RunRecord {
   std::optional<double> val_loss;
   int64_t final_step = 0;
   bool is_best = false;
+};
+
+// One successive-halving decision of a train run at a rung (table
+// rung_results, schema v7).
+struct RungRecord {
+  int64_t job_id = 0;
+  int rung = 0;
+  int64_t step = 0;
+  std::optional<double> val_loss;  // unset: diverged
+  std::string decision;            // "promote" | "prune"
+  int64_t decided_ms = 0;
 };
 
 struct DiagnosticRecord {

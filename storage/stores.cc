@@ -158,6 +158,7 @@ absl::Status SweepStore::Delete(int64_t id) {
            "DELETE FROM metric_points WHERE job_id IN (SELECT id FROM jobs WHERE sweep_id = ?)",
            "DELETE FROM diagnostics WHERE job_id IN (SELECT id FROM jobs WHERE sweep_id = ?)",
            "DELETE FROM attempts WHERE job_id IN (SELECT id FROM jobs WHERE sweep_id = ?)",
+           "DELETE FROM rung_results WHERE job_id IN (SELECT id FROM jobs WHERE sweep_id = ?)",
            "DELETE FROM results WHERE sweep_id = ?",
            "DELETE FROM result_lrs WHERE sweep_id = ?",
            "DELETE FROM jobs WHERE sweep_id = ?",
@@ -310,7 +311,7 @@ absl::StatusOr<std::string> JobStore::GroupConfig(int64_t sweep_id, const std::s
 absl::StatusOr<std::vector<GroupMember>> JobStore::ListGroup(
     int64_t sweep_id, const std::string& arch, int64_t layers, int64_t d_model) {
   ASSIGN_OR_RETURN(Query q, db_->Prepare(
-      "SELECT id, state, lr, val_loss, is_best FROM jobs WHERE sweep_id = ? AND "
+      "SELECT id, state, lr, val_loss, is_best, final_step FROM jobs WHERE sweep_id = ? AND "
       "kind = 'train' AND arch = ? AND layers = ? AND d_model = ? ORDER BY id"));
   q.Bind(1, sweep_id).Bind(2, arch).Bind(3, layers).Bind(4, d_model);
   std::vector<GroupMember> out;
@@ -323,6 +324,7 @@ absl::StatusOr<std::vector<GroupMember>> JobStore::ListGroup(
     m.lr = q.ColumnDouble(2);
     if (!q.ColumnIsNull(3)) m.val_loss = q.ColumnDouble(3);
     m.is_best = q.ColumnInt(4) != 0;
+    m.final_step = q.ColumnInt(5);
     out.push_back(std::move(m));
   }
   return out;
@@ -727,6 +729,63 @@ absl::StatusOr<std::vector<LrTally>> ResultStore::ListLrs(int64_t sweep_id,
     t.best_job_id = q.ColumnInt(7);
     if (!q.ColumnIsNull(8)) t.best_val_loss = q.ColumnDouble(8);
     out.push_back(std::move(t));
+  }
+  return out;
+}
+
+}  // namespace depthbench::storage
+
+namespace depthbench::storage {
+
+absl::Status ResultStore::InsertRung(const RungRecord& r) {
+  ASSIGN_OR_RETURN(Query q, db_->Prepare(
+      "INSERT INTO rung_results(job_id, rung, step, val_loss, decision, decided_ms) "
+      "VALUES (?, ?, ?, ?, ?, ?)"));
+  q.Bind(1, r.job_id).Bind(2, static_cast<int64_t>(r.rung)).Bind(3, r.step);
+  if (r.val_loss) {
+    q.Bind(4, *r.val_loss);
+  } else {
+    q.BindNull(4);
+  }
+  return q.Bind(5, r.decision).Bind(6, r.decided_ms).Run();
+}
+
+absl::Status ResultStore::UpdateRungDecision(int64_t job_id, int rung,
+                                             const std::string& decision, int64_t decided_ms) {
+  ASSIGN_OR_RETURN(Query q, db_->Prepare(
+      "UPDATE rung_results SET decision = ?, decided_ms = ? WHERE job_id = ? AND rung = ?"));
+  RETURN_IF_ERROR(
+      q.Bind(1, decision).Bind(2, decided_ms).Bind(3, job_id).Bind(4, static_cast<int64_t>(rung))
+          .Run());
+  if (db_->Changes() == 0) {
+    return absl::NotFoundError(absl::StrCat("rung_results: no row for job ", job_id, " rung ",
+                                            rung));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<RungRecord>> ResultStore::ListGroupRungs(int64_t sweep_id,
+                                                                    const std::string& arch,
+                                                                    int64_t layers,
+                                                                    int64_t d_model) {
+  ASSIGN_OR_RETURN(Query q, db_->Prepare(
+      "SELECT r.job_id, r.rung, r.step, r.val_loss, r.decision, r.decided_ms "
+      "FROM rung_results r JOIN jobs j ON j.id = r.job_id "
+      "WHERE j.sweep_id = ? AND j.arch = ? AND j.layers = ? AND j.d_model = ? "
+      "AND j.kind = 'train' ORDER BY r.job_id, r.rung"));
+  q.Bind(1, sweep_id).Bind(2, arch).Bind(3, layers).Bind(4, d_model);
+  std::vector<RungRecord> out;
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, q.Step());
+    if (!row) break;
+    RungRecord r;
+    r.job_id = q.ColumnInt(0);
+    r.rung = static_cast<int>(q.ColumnInt(1));
+    r.step = q.ColumnInt(2);
+    if (!q.ColumnIsNull(3)) r.val_loss = q.ColumnDouble(3);
+    r.decision = q.ColumnText(4);
+    r.decided_ms = q.ColumnInt(5);
+    out.push_back(std::move(r));
   }
   return out;
 }

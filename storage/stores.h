@@ -198,6 +198,17 @@ class ResultStore {
   absl::StatusOr<std::vector<LrTally>> ListLrs(int64_t sweep_id, const std::string& arch,
                                                int64_t layers, int64_t d_model);
   absl::StatusOr<std::vector<DiagnosticRecord>> ListDiagnostics(int64_t job_id);
+  // Successive-halving decisions (table rung_results, schema v7).
+  // AlreadyExists-like failure (constraint) when the run has one at the rung.
+  absl::Status InsertRung(const RungRecord& rung);
+  // A paused run's row at `rung` gets its final decision ("promote" or
+  // "prune"); NotFound when the run has no row there.
+  absl::Status UpdateRungDecision(int64_t job_id, int rung, const std::string& decision,
+                                  int64_t decided_ms);
+  // Every decision of the group's train runs, by (job id, rung).
+  absl::StatusOr<std::vector<RungRecord>> ListGroupRungs(int64_t sweep_id,
+                                                         const std::string& arch,
+                                                         int64_t layers, int64_t d_model);
 
  private:
   Database* db_;

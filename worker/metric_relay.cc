@@ -156,6 +156,13 @@ void MetricRelay::SenderLoop() {
     if (sent.ok()) {
       backoff_ms = 0;
       Acknowledge(chunk);
+      if (!sent->stop_reason().empty()) {
+        // The scheduler ended the job with these points (successive
+        // halving paused or pruned it): the attempt is over, as for a lost
+        // lease.
+        BecomeStale(absl::AbortedError(sent->stop_reason()));
+        return;
+      }
       continue;
     }
     const absl::Status& s = sent.status();

@@ -14,7 +14,9 @@
 // (idempotent on job, attempt, step, name), so "at least once" here is
 // "exactly once" in the database. FAILED_PRECONDITION means the attempt lost
 // its lease: the relay turns stale, drops its buffer and calls
-// hooks.on_stale once (the job runner then stops the child).
+// hooks.on_stale once (the job runner then stops the child). So does an
+// answer with a stop_reason (successive halving pruned the job with the
+// points just sent; issue 15).
 //
 // Back-pressure: Push() blocks while the buffer holds `capacity` points, so
 // a scheduler outage stalls the trainer's stdout pipe (and with it the

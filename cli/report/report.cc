@@ -60,6 +60,10 @@ struct Row {
   std::optional<double> diagnosed_lr;
   std::string causal_form;
   bool legacy = false;
+  // Strategies (issue 15): lr -> "ran" | "pruned@rN" | "never", and the
+  // tokens trained against the full grid's.
+  std::map<double, std::string> lr_status;
+  std::optional<int64_t> tokens_trained, grid_tokens;
 };
 
 struct Curve {
@@ -183,6 +187,25 @@ absl::Status ParseRowDiagnostics(const json& d, const std::string& dw, Row* row)
   return absl::OkStatus();
 }
 
+// "lr_status": {lr: "ran" | "pruned@rN" | "never"} of a strategies sweep.
+absl::Status ParseLrStatus(const json& j, const std::string& where, Row* row) {
+  if (!j.contains("lr_status") || j["lr_status"].is_null()) return absl::OkStatus();
+  if (!j["lr_status"].is_object()) {
+    return Bad(where + ".lr_status", "must be an object {lr: \"ran\"|\"pruned@rN\"|\"never\"}");
+  }
+  for (const auto& [key, value] : j["lr_status"].items()) {
+    const std::string name = absl::StrCat(where, ".lr_status[\"", key, "\"]");
+    char* end = nullptr;
+    const double lr = std::strtod(key.c_str(), &end);
+    if (key.empty() || end == nullptr || *end != '\0' || !(lr > 0) || !std::isfinite(lr)) {
+      return Bad(name, "key must be a positive number");
+    }
+    if (!value.is_string()) return Bad(name, "must be a string");
+    row->lr_status[lr] = value.get<std::string>();
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Row> ParseRow(const json& j, const std::string& where) {
   if (!j.is_object()) return Bad(where, "must be an object");
   Row row;
@@ -204,6 +227,9 @@ absl::StatusOr<Row> ParseRow(const json& j, const std::string& where) {
   }
   ASSIGN_OR_RETURN(row.budget_tokens, OptCount(j, "budget_tokens", where));
   ASSIGN_OR_RETURN(row.budget_steps, OptCount(j, "budget_steps", where));
+  ASSIGN_OR_RETURN(row.tokens_trained, OptCount(j, "tokens_trained", where));
+  ASSIGN_OR_RETURN(row.grid_tokens, OptCount(j, "grid_tokens", where));
+  RETURN_IF_ERROR(ParseLrStatus(j, where, &row));
   ASSIGN_OR_RETURN(row.diagnosed_lr, OptNumber(j, "diagnosed_lr", where));
   ASSIGN_OR_RETURN(row.best_lr, OptNumber(j, "best_lr", where));
   ASSIGN_OR_RETURN(row.val_loss, OptNumber(j, "val_loss", where));
@@ -406,6 +432,36 @@ std::string PivotByDepth(const Results& r) {
   return out;
 }
 
+// Strategies (issue 15): which LRs ran, were pruned or never ran, and the
+// compute spent against the full grid's; empty unless a row says.
+std::string ComputeSection(const Results& r) {
+  bool any_compute = false;
+  for (const Row& row : r.rows) any_compute = any_compute || row.grid_tokens.has_value();
+  if (!any_compute) return "";
+  std::string out =
+      "\n## Compute (LR strategies)\n\n"
+      "LRs: ran / pruned@rN (successive halving stopped it at rung N) / never "
+      "(LR transfer left it out). Share: tokens trained over the full grid's.\n\n"
+      "| arch | L | d_model | LRs | tokens trained (M) | share of grid |\n"
+      "|---|---:|---:|---|---:|---:|\n";
+  for (const Row& row : r.rows) {
+    std::vector<std::string> lrs;
+    for (const auto& [lr, status] : row.lr_status) {
+      lrs.push_back(absl::StrCat(LrLabel(lr), ": ", MdCell(status)));
+    }
+    std::string share;
+    if (row.grid_tokens && *row.grid_tokens > 0 && row.tokens_trained) {
+      share = absl::StrFormat("%.1f%%", 100.0 * static_cast<double>(*row.tokens_trained) /
+                                            static_cast<double>(*row.grid_tokens));
+    }
+    absl::StrAppend(&out, "| ", MdCell(row.arch), " | ", row.layers, " | ", row.d_model, " | ",
+                    absl::StrJoin(lrs, ", "), " | ",
+                    row.tokens_trained ? absl::StrFormat("%.3f", *row.tokens_trained / 1e6) : "",
+                    " | ", share, " |\n");
+  }
+  return out;
+}
+
 std::string MarkdownOf(const Results& r,
                        const std::vector<std::string>& figures) {
   std::string out = absl::StrCat("# Sweep `", r.sweep, "`\n\n");
@@ -453,6 +509,7 @@ std::string MarkdownOf(const Results& r,
         "with the other rows; re-run their diagnose jobs.\n";
   }
   out += PivotByDepth(r);
+  out += ComputeSection(r);
   if (!figures.empty()) {
     out += "\n## Figures\n\n";
     for (const std::string& f : figures) {

@@ -143,6 +143,54 @@ v1::QueryResultsResponse TwoRows() {
   return resp;
 }
 
+TEST(ResultsDocTest, StrategiesShowPrunedNeverRunAndCompute) {
+  v1::QueryResultsResponse resp;
+  v1::ResultRow* row = resp.add_rows();
+  row->set_arch("pre_ln");
+  row->set_layers(2);
+  row->set_d_model(64);
+  row->set_aspect_ratio(32);
+  row->set_tokens_trained(300);
+  row->set_grid_tokens(800);
+  v1::LrLoss* ran = row->add_lrs();
+  ran->set_lr(0.001);
+  ran->set_has_loss(true);
+  ran->set_val_loss(2.5);
+  ran->set_succeeded(1);
+  v1::LrLoss* pruned = row->add_lrs();
+  pruned->set_lr(0.002);
+  pruned->set_pruned_runs(1);
+  pruned->set_pruned_rung(1);
+  v1::LrLoss* never = row->add_lrs();
+  never->set_lr(0.004);
+  never->set_never_run(1);
+  v1::LrLoss* waiting = row->add_lrs();
+  waiting->set_lr(0.008);
+  EXPECT_EQ(LrCell(*ran), "2.5");
+  EXPECT_EQ(LrCell(*pruned), "pruned@r1");
+  EXPECT_EQ(LrCell(*never), "never");
+  EXPECT_EQ(LrCell(*waiting), "-");
+  EXPECT_EQ(ComputeCell(*row), "37.5%");
+  std::ostringstream csv;
+  ResultsTable(resp).PrintCsv(csv);
+  EXPECT_NE(csv.str().find("2.5,pruned@r1,never,-,"), std::string::npos) << csv.str();
+  EXPECT_NE(csv.str().find(",37.5%,no"), std::string::npos) << csv.str();
+  nlohmann::json doc = ResultsDocument("s", resp, {});
+  EXPECT_EQ(doc["rows"][0]["lr_status"]["0.002"], "pruned@r1");
+  EXPECT_EQ(doc["rows"][0]["lr_status"]["0.004"], "never");
+  EXPECT_EQ(doc["rows"][0]["lr_status"]["0.001"], "ran");
+  EXPECT_EQ(doc["rows"][0]["tokens_trained"], 300);
+  EXPECT_EQ(doc["rows"][0]["grid_tokens"], 800);
+  ASSERT_TRUE(report::ValidateResults(doc).ok()) << report::ValidateResults(doc);
+  auto md = report::ResultsMarkdown(doc);
+  ASSERT_TRUE(md.ok()) << md.status();
+  EXPECT_NE(md->find("pruned@r1"), std::string::npos) << *md;
+  EXPECT_NE(md->find("37.5%"), std::string::npos) << *md;
+  nlohmann::json j = ResultsJson(resp);
+  EXPECT_EQ(j["rows"][0]["lrs"][1]["pruned_runs"], 1);
+  EXPECT_EQ(j["rows"][0]["grid_tokens"], "800");
+}
+
 TEST(ResultsDocTest, ResultsTableShowsBudgetFormNAndLegacy) {
   const v1::QueryResultsResponse resp = TwoRows();
   std::ostringstream csv;
@@ -154,12 +202,12 @@ TEST(ResultsDocTest, ResultsTableShowsBudgetFormNAndLegacy) {
   std::getline(lines, mhc);
   EXPECT_EQ(header,
             "ARCH,L,D,ASPECT,PARAMS,BEST_LR,VAL_LOSS,TOKENS,STEPS,LR=0.003,DIAG_LR,R_CAUSAL,"
-            "CAUSAL_FORM,R_PERM,DEFF/L,DEFF_N,DONE");
+            "CAUSAL_FORM,R_PERM,DEFF/L,DEFF_N,COMPUTE,DONE");
   EXPECT_EQ(pre_ln, "pre_ln,4,96,24,455520,0.003,2.5,9110400,17794,2.5,0.002,0.2,per_token,0.4,"
-                    "0.5,4096,yes");
+                    "0.5,4096,-,yes");
   // The same budget for mhc although it has more parameters; legacy marked.
   EXPECT_EQ(mhc, "mhc,4,96,24,470000,0.003,2.5,9110400,17794,2.5,0.002,0.3,legacy,-,0.9,"
-                 "16 (legacy),yes");
+                 "16 (legacy),-,yes");
   EXPECT_TRUE(AnyLegacy(resp));
   v1::QueryResultsResponse fresh = resp;
   fresh.mutable_rows()->RemoveLast();

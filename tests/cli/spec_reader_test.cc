@@ -156,6 +156,26 @@ diagnostics: {kinds: [deff]}
   EXPECT_TRUE(MessageDifferencer::Equals(*c, *d));
 }
 
+TEST(SpecReaderTest, StrategyShorthandAndObjectReadAlike) {
+  auto a = ParseSpecYaml("strategy: successive_halving+lr_transfer");
+  auto b = ParseSpecJson(R"({"strategy": {"kind": "successive_halving+lr_transfer"}})");
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_TRUE(MessageDifferencer::Equals(*a, *b));
+  auto c = ParseSpecYaml(R"(
+strategy:
+  kind: successive_halving
+  rungs: [0.25, 0.5, 1]
+  reduction_factor: 2
+)");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->strategy().rungs_size(), 3);
+  EXPECT_EQ(c->strategy().reduction_factor(), 2);
+  auto bad = ParseSpecYaml("strategy: {kind: lr_transfer, eta: 3}");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("spec.strategy.eta"));
+}
+
 TEST(SpecReaderTest, IntegralFloatsAreIntegers) {
   auto spec = ParseSpecJson(R"({"training": {"steps": 100.0}, "seeds": [1e3]})");
   ASSERT_TRUE(spec.ok()) << spec.status();
@@ -248,7 +268,7 @@ INSTANTIATE_TEST_SUITE_P(
         // Unknown keys, at the top and nested, list the valid ones.
         ErrorCase{"UnknownTopLevelKey", kYaml, "name: a\nnmae: b",
                   "spec.nmae: unknown field (valid: architectures, diagnostics, lr_grids, "
-                  "name, resources, retry, seeds, shapes, training)"},
+                  "name, resources, retry, seeds, shapes, strategy, training)"},
         ErrorCase{"UnknownTrainingKeyJson", kJson, R"({"training": {"stpes": 10}})",
                   "spec.training.stpes: unknown field (valid: ", true},
         ErrorCase{"UnknownShapeKey", kYaml, "shapes: {explicit: [{layers: 4, dmodel: 96}]}",
@@ -388,6 +408,21 @@ INSTANTIATE_TEST_SUITE_P(
                      "spec.diagnostics.num_sequences: 16 sequences is below d_model 96 of shape 4x96"},
         SemanticCase{"BadCausalForm", "diagnostics: {kinds: [causal], causal_form: mean}",
                      "spec.diagnostics.causal_form: must be \"per_token\" or \"ratio_of_means\""},
+        SemanticCase{"UnknownStrategy", "strategy: hyperband",
+                     "spec.strategy.kind: unknown strategy \"hyperband\""},
+        SemanticCase{"BadReductionFactor",
+                     "strategy: {kind: successive_halving, reduction_factor: 1}",
+                     "spec.strategy.reduction_factor: must be in [2, 1000]"},
+        SemanticCase{"RungsNotIncreasing",
+                     "strategy: {kind: successive_halving, rungs: [0.5, 0.25]}",
+                     "spec.strategy.rungs[1]: must be greater than the rung before it"},
+        SemanticCase{"RungsOnOneEvalStep",
+                     "strategy: {kind: successive_halving, rungs: [0.1, 0.12]}\n"
+                     "training: {steps: 100, eval_interval: 10}",
+                     "spec.strategy.rungs[1]: rung 0.12 of a 100-step run falls on step 10"},
+        SemanticCase{"ReferenceShapeNotSwept",
+                     "strategy: {kind: lr_transfer, reference_shape: 2x64}",
+                     "spec.strategy.reference_shape: no shape \"2x64\" in the sweep (shapes: 4x96)"},
         SemanticCase{"FixedLrNotInGrid",
                      "diagnostics: {kinds: [causal], fixed_lr: 3e-3}",
                      "spec.diagnostics.fixed_lr: 0.003 is not in the LR grid of pre_ln"}),

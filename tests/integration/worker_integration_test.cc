@@ -13,6 +13,8 @@
 //       using an attempt, resumed by another worker
 //   (8) live points: from the trainer logging a point to WatchJob returning
 //       it takes under 2 s (p99 over 300 points), with no checkpoint_interval
+//   (9) successive halving (issue 15): a run pruned at a rung has its
+//       trainer gone within the grace period, and its slot runs the next job
 #include <algorithm>
 #include <cmath>
 #include <functional>
@@ -594,6 +596,91 @@ TEST_F(WorkerSystemTest, LivePointsReachWatchJobWithinTwoSeconds) {
   EXPECT_GE(sorted.front(), -50.0) << "clock skew?";  // same machine
   // The issue's bound, loose for a loaded CI machine (flush 250 ms + RPCs).
   EXPECT_LT(pct(0.99), 2000.0);
+}
+
+// (9)
+TEST_F(WorkerSystemTest, PrunedRunIsStoppedWithinGraceAndItsSlotRunsTheNextJob) {
+  constexpr int kGraceMs = 2000;
+  SpecOptions o;
+  o.layers = {2};
+  // In job order: a good LR, then two hopeless ones (they barely move from
+  // the initial loss). Successive halving pauses each run reaching rung 0
+  // until the rung is complete (3 runs, eta 3: top 1 continues): the first
+  // (good) run is paused, then the first hopeless one; the last completes
+  // the rung: it is pruned with the paused hopeless one, and the good run
+  // is promoted and resumes from the checkpoint written when it was stopped.
+  o.lrs = {3e-3, 1e-7, 2e-7};
+  o.steps = 1800;
+  v1::SweepSpec spec = Spec("halving", o);
+  spec.mutable_training()->set_eval_interval(200);  // rungs at steps 200 and 600
+  spec.mutable_strategy()->set_kind("successive_halving");
+  Submit(spec);
+  std::vector<v1::Job> jobs = Jobs("halving");
+  ASSERT_EQ(jobs.size(), 3u);
+  std::sort(jobs.begin(), jobs.end(), [](auto& a, auto& b) { return a.id() < b.id(); });
+  const int64_t hopeless = jobs[1].id();
+  ASSERT_DOUBLE_EQ(jobs[1].lr(), 1e-7);
+  // One worker, one slot: the jobs run one after another.
+  WorkerProcess* w1 = AddWorker("w1", {"--grace-ms", std::to_string(kGraceMs)});
+  // Catch the hopeless run's trainer while it runs.
+  pid_t trainer = 0;
+  auto deadline = Clock::now() + std::chrono::seconds(240);
+  while (Clock::now() < deadline && trainer == 0) {
+    v1::Job job = GetJob(hopeless);
+    if (job.state() == v1::RUNNING) {
+      std::vector<pid_t> children = ChildPids(w1->pid());
+      if (children.size() == 1 && GetJob(hopeless).state() == v1::RUNNING) trainer = children[0];
+    }
+    ASSERT_NE(job.state(), v1::PAUSED) << "paused before its trainer was seen";
+    ASSERT_NE(job.state(), v1::PRUNED) << "pruned before its trainer was seen";
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  ASSERT_NE(trainer, 0) << "the hopeless run never ran";
+  // It is stopped (paused) at rung 0 (step 200) ...
+  v1::Job job;
+  while (Clock::now() < deadline) {
+    job = GetJob(hopeless);
+    if (job.state() != v1::RUNNING) break;
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  const auto stopped_at = Clock::now();
+  ASSERT_EQ(job.state(), v1::PAUSED) << job.reason();
+  EXPECT_NE(job.reason().find("paused at rung 0 (step 200)"), std::string::npos) << job.reason();
+  EXPECT_EQ(job.final_step(), 200);
+  // ... its trainer is gone within the grace period (SIGTERM on the answer
+  // to the report that paused it; SIGKILL at the latest after grace) ...
+  while (ProcessAlive(trainer) && Clock::now() < stopped_at + milliseconds(kGraceMs + 1500)) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  EXPECT_FALSE(ProcessAlive(trainer));
+  // ... and the worker's only slot runs the next job.
+  const int64_t next = jobs[2].id();
+  bool started = false;
+  while (Clock::now() < deadline && !started) {
+    v1::Job n = GetJob(next);
+    started = n.state() != v1::PENDING;
+    if (!started) std::this_thread::sleep_for(milliseconds(20));
+  }
+  EXPECT_TRUE(started);
+  EXPECT_EQ(GetJob(next).worker_id().empty() ? std::string("w1") : GetJob(next).worker_id(), "w1");
+  ASSERT_TRUE(WaitSweepDone("halving", 240));
+  // Never a failure, never retried: the hopeless runs are pruned once rung
+  // 0 is complete (a pause uses no attempt); the good run was promoted and
+  // resumed from its checkpoint; the worker is idle and alive.
+  job = GetJob(hopeless);
+  EXPECT_EQ(job.state(), v1::PRUNED) << job.reason();
+  EXPECT_NE(job.reason().find("pruned at rung 0 (step 200)"), std::string::npos) << job.reason();
+  EXPECT_EQ(job.attempts_used(), 0);
+  EXPECT_EQ(GetJob(next).state(), v1::PRUNED);
+  v1::Job good = GetJob(jobs[0].id());
+  EXPECT_EQ(good.state(), v1::SUCCEEDED) << good.reason();
+  ASSERT_EQ(good.attempts_size(), 2);
+  EXPECT_EQ(good.attempts(0).outcome(), "paused");
+  EXPECT_GE(good.attempts(1).resumed_from_step(), 200);  // its checkpoint, not step 0
+  EXPECT_TRUE(ProcessAlive(w1->pid()));
+  auto [rc, out] = RunCommand(Cli("results halving --csv"));
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("pruned@r0"), std::string::npos) << out;
 }
 
 }  // namespace

@@ -267,6 +267,58 @@ TEST(JobStoreTest, RoundTripsAndFilters) {
   EXPECT_EQ(jobs.Get(999).status().code(), absl::StatusCode::kNotFound);
 }
 
+// Successive-halving decisions (schema v7, issue 15): one per (job, rung),
+// listed per group, gone with their sweep.
+TEST(ResultStoreTest, RungDecisionsArePerJobAndRungAndDeletedWithTheSweep) {
+  auto db = Database::Open(":memory:");
+  ASSERT_TRUE(db.ok());
+  ASSERT_TRUE(Migrate(db->get()).ok());
+  SweepStore sweeps(db->get());
+  auto sweep_id = sweeps.Insert({0, "s", "spec", 1, false});
+  ASSERT_TRUE(sweep_id.ok());
+  JobStore jobs(db->get());
+  JobRecord job;
+  job.sweep_id = *sweep_id;
+  job.arch = "pre_ln";
+  job.layers = 4;
+  job.d_model = 96;
+  job.checkpoint_dir = "s/1";
+  auto a = jobs.Insert(job);
+  job.layers = 6;  // another group
+  auto b = jobs.Insert(job);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ResultStore results(db->get());
+  ASSERT_TRUE(results.InsertRung({*a, 0, 10, 3.5, "promote", 1}).ok());
+  ASSERT_TRUE(results.InsertRung({*a, 1, 30, std::nullopt, "diverged", 2}).ok());
+  ASSERT_TRUE(results.InsertRung({*b, 0, 10, 4.0, "prune", 3}).ok());
+  // A second decision of the same run at the same rung is refused.
+  EXPECT_FALSE(results.InsertRung({*a, 0, 10, 3.0, "prune", 4}).ok());
+  auto group = results.ListGroupRungs(*sweep_id, "pre_ln", 4, 96);
+  ASSERT_TRUE(group.ok()) << group.status();
+  ASSERT_EQ(group->size(), 2u);
+  EXPECT_EQ((*group)[0].decision, "promote");
+  EXPECT_DOUBLE_EQ(*(*group)[0].val_loss, 3.5);
+  EXPECT_EQ((*group)[1].rung, 1);
+  EXPECT_EQ((*group)[1].step, 30);
+  EXPECT_FALSE((*group)[1].val_loss.has_value());
+  // A paused run's row gets its final decision in place; a missing row is
+  // NotFound and changes nothing.
+  ASSERT_TRUE(results.InsertRung({*a, 2, 60, 3.1, "pause", 5}).ok());
+  ASSERT_TRUE(results.UpdateRungDecision(*a, 2, "promote", 6).ok());
+  EXPECT_EQ(results.UpdateRungDecision(*a, 3, "prune", 7).code(), absl::StatusCode::kNotFound);
+  group = results.ListGroupRungs(*sweep_id, "pre_ln", 4, 96);
+  ASSERT_TRUE(group.ok()) << group.status();
+  ASSERT_EQ(group->size(), 3u);
+  EXPECT_EQ((*group)[2].decision, "promote");
+  EXPECT_EQ((*group)[2].decided_ms, 6);
+  EXPECT_DOUBLE_EQ(*(*group)[2].val_loss, 3.1);
+  ASSERT_TRUE(sweeps.Delete(*sweep_id).ok());
+  auto left = (*db)->Prepare("SELECT COUNT(*) FROM rung_results");
+  ASSERT_TRUE(left.ok());
+  ASSERT_TRUE(*left->Step());
+  EXPECT_EQ(left->ColumnInt(0), 0);
+}
+
 // The pending-jobs lookup AcquireJob runs: oldest first, only pending jobs
 // whose backoff has passed and whose resource needs fit, labels decided by
 // the caller, and a bounded scan.
