@@ -1,25 +1,11 @@
 #include "common/grpc_client.h"
 
 #include <chrono>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/file_util.h"
 
 namespace depthbench {
-
-namespace {
-
-bool ReadFile(const std::string& path, std::string* out) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return false;
-  std::stringstream ss;
-  ss << in.rdbuf();
-  *out = ss.str();
-  return true;
-}
-
-}  // namespace
 
 absl::Status FromGrpc(const grpc::Status& status) {
   if (status.ok()) return absl::OkStatus();
@@ -43,7 +29,7 @@ std::unique_ptr<grpc::ClientContext> CallContext(int64_t timeout_ms, const std::
 
 absl::StatusOr<std::string> ReadPemCertificates(const std::string& flag, const std::string& path) {
   std::string pem;
-  if (!ReadFile(path, &pem)) {
+  if (!ReadWholeFile(path, &pem)) {
     return absl::InvalidArgumentError(absl::StrCat(flag, ": cannot read ", path));
   }
   if (pem.find("-----BEGIN CERTIFICATE-----") == std::string::npos) {
@@ -54,7 +40,7 @@ absl::StatusOr<std::string> ReadPemCertificates(const std::string& flag, const s
 
 absl::StatusOr<std::string> ReadTokenFile(const std::string& flag, const std::string& path) {
   std::string token;
-  if (!ReadFile(path, &token)) {
+  if (!ReadWholeFile(path, &token)) {
     return absl::InvalidArgumentError(absl::StrCat(flag, ": cannot read ", path));
   }
   while (!token.empty() && (token.back() == '\n' || token.back() == '\r' || token.back() == ' ')) {

@@ -29,6 +29,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "common/daemon_metrics.h"
+#include "common/file_util.h"
 #include "common/fd_limit.h"
 #include "common/metrics.h"
 #include "common/metrics_http_server.h"
@@ -43,15 +44,6 @@
 #endif
 
 namespace {
-
-bool ReadFile(const std::string& path, std::string* out) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return false;
-  std::stringstream ss;
-  ss << in.rdbuf();
-  *out = ss.str();
-  return true;
-}
 
 // Writes "PORT\n" to `path` atomically (write + rename).
 void WritePortFile(const std::string& path, int port) {
@@ -133,7 +125,7 @@ int main(int argc, char** argv) {
   depthbench::scheduler::ServerOptions server_options;
   server_options.listen = listen;
   if (!token_file.empty()) {
-    if (!ReadFile(token_file, &server_options.auth_token)) {
+    if (!ReadWholeFile(token_file, &server_options.auth_token)) {
       std::fprintf(stderr, "error: --auth-token-file: cannot read %s\n", token_file.c_str());
       return 2;
     }
@@ -143,8 +135,8 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (!tls_cert.empty() && (!ReadFile(tls_cert, &server_options.tls_cert_pem) ||
-                            !ReadFile(tls_key, &server_options.tls_key_pem))) {
+  if (!tls_cert.empty() && (!ReadWholeFile(tls_cert, &server_options.tls_cert_pem) ||
+                            !ReadWholeFile(tls_key, &server_options.tls_key_pem))) {
     std::fprintf(stderr, "error: cannot read --tls-cert/--tls-key\n");
     return 2;
   }

@@ -20,6 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/asio_listen.h"
 #include "common/status_macros.h"
 
 namespace depthbench::scheduler {
@@ -241,30 +242,7 @@ class WebServer::Impl {
   }
 
   absl::Status Bind(const HostPort& address) {
-    beast::error_code ec;
-    tcp::resolver resolver(ioc_);
-    const auto results =
-        resolver.resolve(address.host, std::to_string(address.port),
-                         tcp::resolver::passive | tcp::resolver::numeric_service, ec);
-    if (ec || results.empty()) {
-      return absl::UnavailableError(
-          absl::StrCat("web: cannot resolve ", address.ToString(), ": ", ec.message()));
-    }
-    const tcp::endpoint endpoint = results.begin()->endpoint();
-    acceptor_.open(endpoint.protocol(), ec);
-    if (!ec) acceptor_.set_option(net::socket_base::reuse_address(true), ec);
-    if (!ec) acceptor_.bind(endpoint, ec);
-    if (!ec) acceptor_.listen(net::socket_base::max_listen_connections, ec);
-    if (!ec) {
-      const tcp::endpoint local = acceptor_.local_endpoint(ec);
-      bound_.host = local.address().to_string();
-      bound_.port = local.port();
-    }
-    if (ec) {
-      return absl::UnavailableError(
-          absl::StrCat("web: cannot listen on ", address.ToString(), ": ", ec.message()));
-    }
-    return absl::OkStatus();
+    return ListenOn(ioc_, acceptor_, address, "web", &bound_);
   }
 
   void StartThreads(int n) {
