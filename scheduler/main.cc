@@ -125,7 +125,7 @@ int main(int argc, char** argv) {
   depthbench::scheduler::ServerOptions server_options;
   server_options.listen = listen;
   if (!token_file.empty()) {
-    if (!ReadWholeFile(token_file, &server_options.auth_token)) {
+    if (!depthbench::ReadWholeFile(token_file, &server_options.auth_token)) {
       std::fprintf(stderr, "error: --auth-token-file: cannot read %s\n", token_file.c_str());
       return 2;
     }
@@ -135,8 +135,8 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (!tls_cert.empty() && (!ReadWholeFile(tls_cert, &server_options.tls_cert_pem) ||
-                            !ReadWholeFile(tls_key, &server_options.tls_key_pem))) {
+  if (!tls_cert.empty() && (!depthbench::ReadWholeFile(tls_cert, &server_options.tls_cert_pem) ||
+                            !depthbench::ReadWholeFile(tls_key, &server_options.tls_key_pem))) {
     std::fprintf(stderr, "error: cannot read --tls-cert/--tls-key\n");
     return 2;
   }
