@@ -267,6 +267,9 @@ TokenBudget ResolveTokenBudget(const TrainConfig& c) {
   const double per_step = static_cast<double>(c.batch * c.seq_len);
   b.steps = c.steps ? *c.steps
                     : std::max<int64_t>(1, static_cast<int64_t>(std::ceil(static_cast<double>(b.tokens) / per_step)));
+  // Fixed steps override the token count, so the budget reported is what
+  // the run trains (a demo's 200 steps are not a 20-tokens-per-parameter run).
+  if (c.steps) b.tokens = *c.steps * c.batch * c.seq_len;
   return b;
 }
 

@@ -85,8 +85,9 @@ absl::Status ValidateTrainConfig(const TrainConfig& config);
 // one shape: `budget_params` (default: the Pre-LN count TotalParams(shape));
 // `tokens` = the config's `tokens` if given, else
 // ceil(tokens_per_param * budget_params); `steps` = the config's `steps` if
-// given, else ceil(tokens / (batch * seq_len)) (at least 1). The design's own
-// parameter count plays no part.
+// given, else ceil(tokens / (batch * seq_len)) (at least 1). Given `steps`
+// win, and `tokens` is then steps * batch * seq_len, the tokens the run
+// trains. The design's own parameter count plays no part.
 struct TokenBudget {
   int64_t params = 0;
   int64_t tokens = 0;

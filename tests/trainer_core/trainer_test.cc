@@ -135,7 +135,10 @@ TEST(TrainConfigTest, TotalStepsFromTokensPerParam) {
   EXPECT_EQ(ResolveTotalSteps(c), 10);
   c.steps = 7;
   EXPECT_EQ(ResolveTotalSteps(c), 7);
-  EXPECT_EQ(ResolveTokenBudget(c).tokens, 400);
+  // Fixed steps override the tokens: the budget shows what is trained.
+  EXPECT_EQ(ResolveTokenBudget(c).tokens, 7 * 40);
+  c.tokens.reset();
+  EXPECT_EQ(ResolveTokenBudget(c).tokens, 7 * 40);
 }
 
 // Spec section 5: the token budget is per shape, not per design. pre_ln, mhc
