@@ -2,7 +2,9 @@
 // full grid, on real training curves.
 //
 //   strategies_bench [--train BIN] [--data-dir DIR] [--cache FILE] [--jobs N]
-//                    [--workers 1,4,12]
+//                    [--workers 1,4,12] [--rungs F,F,..] [--eta E]
+//                    [--steps S] [--eval-interval I] [--batch B] [--seq-len T]
+//                    [--eval-batches V]
 //
 // 1. Every run of the grid (4 designs x 3 shapes x 4 LRs, Brown corpus, tiny
 //    shapes, 270 steps, validation every 30) is trained once for real by
@@ -61,7 +63,12 @@ struct Curve {
   int64_t end_step = 0;  // last step trained
 };
 
-v1::SweepSpec GridSpec(const std::string& name) {
+// The training side of the sweep; the defaults are the recorded runs.
+struct Training {
+  int64_t steps = 270, eval_interval = 30, batch = 8, seq_len = 32, eval_batches = 4;
+};
+
+v1::SweepSpec GridSpec(const std::string& name, const Training& training) {
   v1::SweepSpec spec;
   spec.set_name(name);
   for (const char* arch : {"pre_ln", "sandwich_ln", "deepnorm", "keel"}) {
@@ -77,11 +84,11 @@ v1::SweepSpec GridSpec(const std::string& name) {
   }
   auto* t = spec.mutable_training();
   t->set_data("brown");
-  t->set_seq_len(32);
-  t->set_batch(8);
-  t->set_steps(270);
-  t->set_eval_interval(30);
-  t->set_eval_batches(4);
+  t->set_seq_len(training.seq_len);
+  t->set_batch(training.batch);
+  t->set_steps(training.steps);
+  t->set_eval_interval(training.eval_interval);
+  t->set_eval_batches(training.eval_batches);
   t->set_threads(1);
   t->set_log_interval(1000);
   t->set_checkpoint_minutes(0);
@@ -276,10 +283,16 @@ int main(int argc, char** argv) {
   double eta = 0;
   app.add_option("--rungs", rungs, "successive halving: rung fractions (default 1/9, 1/3, 1)");
   app.add_option("--eta", eta, "successive halving: reduction factor (default 3)");
+  Training training;
+  app.add_option("--steps", training.steps, "steps per run (default 270)");
+  app.add_option("--eval-interval", training.eval_interval, "steps between validations (default 30)");
+  app.add_option("--batch", training.batch, "sequences per step (default 8)");
+  app.add_option("--seq-len", training.seq_len, "tokens per sequence (default 32)");
+  app.add_option("--eval-batches", training.eval_batches, "validation batches (default 4)");
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::warn);  // one info line per pruned run otherwise
 
-  const v1::SweepSpec grid = GridSpec("grid");
+  const v1::SweepSpec grid = GridSpec("grid", training);
   auto expanded = depthbench::scheduler::ExpandSweep(grid);
   if (!expanded.ok()) {
     std::fprintf(stderr, "%s\n", expanded.status().ToString().c_str());
@@ -346,9 +359,13 @@ int main(int argc, char** argv) {
   std::filesystem::create_directories(db_dir);
   std::string rung_text = rungs.empty() ? "1/9, 1/3, 1" : "";
   for (double r : rungs) absl::StrAppend(&rung_text, rung_text.empty() ? "" : ", ", r);
-  std::printf("\n%zu groups (4 designs x 3 shapes), 4 LRs each, 270 steps; rungs %s "
-              "(eta %g); LR transfer from the first shape (2x64)\n",
-              expanded->groups.size(), rung_text.c_str(), eta > 0 ? eta : 3.0);
+  std::printf("\n%zu groups (4 designs x 3 shapes), 4 LRs each, %ld steps of %ld x %ld tokens, "
+              "validation every %ld steps on %ld batches; rungs %s (eta %g); LR transfer from "
+              "the first shape (2x64)\n",
+              expanded->groups.size(), static_cast<long>(training.steps),
+              static_cast<long>(training.batch), static_cast<long>(training.seq_len),
+              static_cast<long>(training.eval_interval), static_cast<long>(training.eval_batches),
+              rung_text.c_str(), eta > 0 ? eta : 3.0);
   bool goal_met = true;
   for (const std::string& w_text : std::vector<std::string>(absl::StrSplit(workers_text, ','))) {
     const int workers = std::stoi(std::string(w_text));
