@@ -154,7 +154,7 @@ TEST(CkaKernelTest, BothFormsAndPrecisionsMatchTheFloat64Reference) {
 TEST(CkaKernelTest, PlanPicksTheFormWithFewerFlops) {
   // The shape: gram 3.38 TFLOP with syrk on the diagonal tiles
   // (3.28 for the (N^2 + N) / 2 Gram entries, 0.10 for the contraction),
-  // 3.74 without (the full diagonal tiles: 9 equal tiles of 1,120 rows);
+  // 3.75 without (the full diagonal tiles: 9 equal tiles of 1,120 rows);
   // feature 11.1 TFLOP; float32; small buffers (a few layers of 41 MB
   // each, not the 1.3 GB file).
   const CkaPlan big = PlanCkaUniform(32, 10000, 1024);
