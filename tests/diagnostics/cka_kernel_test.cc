@@ -74,6 +74,7 @@ struct Case {
   int64_t tile_rows;     // gram: ragged tiles when N % tile != 0
   int64_t budget_bytes;  // feature: small budget = blocks of few layers
   double tol;
+  bool syrk = true;  // gram: diagonal tiles by the BLAS's syrk if present
 };
 
 TEST(CkaKernelTest, BothFormsAndPrecisionsMatchTheFloat64Reference) {
@@ -90,6 +91,12 @@ TEST(CkaKernelTest, BothFormsAndPrecisionsMatchTheFloat64Reference) {
         {CkaForm::kGram, CkaPrecision::kFloat64, 0, kCkaDefaultBudgetBytes, 1e-12},
         {CkaForm::kFeature, CkaPrecision::kFloat64, 0, 3 * layer_bytes * 2, 1e-12},
         {CkaForm::kGram, CkaPrecision::kFloat32, 128, kCkaDefaultBudgetBytes, 2e-5},
+        // Full GEMMs on the diagonal tiles (the path without a syrk), and
+        // an odd tile size (the middle row of the upper-triangle split).
+        {CkaForm::kGram, CkaPrecision::kFloat64, 64, kCkaDefaultBudgetBytes, 1e-12, false},
+        {CkaForm::kGram, CkaPrecision::kFloat32, 128, kCkaDefaultBudgetBytes, 2e-5, false},
+        {CkaForm::kGram, CkaPrecision::kFloat32, 77, kCkaDefaultBudgetBytes, 2e-5},
+        {CkaForm::kGram, CkaPrecision::kFloat64, 77, kCkaDefaultBudgetBytes, 1e-12},
         {CkaForm::kFeature, CkaPrecision::kFloat32, 0, 3 * layer_bytes, 2e-5},
         {CkaForm::kFeature, CkaPrecision::kFloat32, 0, kCkaDefaultBudgetBytes, 2e-5},
     };
@@ -111,6 +118,7 @@ TEST(CkaKernelTest, BothFormsAndPrecisionsMatchTheFloat64Reference) {
       options.precision = c.precision;
       options.tile_rows = c.tile_rows;
       options.budget_bytes = c.budget_bytes;
+      options.diagonal_syrk = c.syrk;
       int64_t calls = 0;
       options.progress = [&](const CkaProgress& p) {
         ++calls;
@@ -121,13 +129,22 @@ TEST(CkaKernelTest, BothFormsAndPrecisionsMatchTheFloat64Reference) {
       const std::string what = std::string(CkaFormName(c.form)) + " " +
                                CkaPrecisionName(c.precision) + " tile " +
                                std::to_string(c.tile_rows) + " mean " +
-                               std::to_string(mean);
+                               std::to_string(mean) + " " + got->diagonal_tiles;
       EXPECT_EQ(got->plan.form, c.form) << what;
       EXPECT_EQ(got->plan.precision, c.precision) << what;
       if (c.form == CkaForm::kFeature && c.budget_bytes < kCkaDefaultBudgetBytes) {
         EXPECT_LT(got->plan.block_layers, 6) << what;  // several blocks
       }
-      if (c.tile_rows > 0) EXPECT_EQ(got->plan.tile_rows, c.tile_rows);
+      if (c.tile_rows > 0) {
+        EXPECT_EQ(got->plan.tile_rows, c.tile_rows);
+      }
+      const bool syrk = c.form == CkaForm::kGram && c.syrk &&
+                        !CkaSyrkSource().empty();
+      EXPECT_EQ(got->plan.diagonal_syrk, syrk) << what;
+      if (c.form == CkaForm::kGram) {
+        EXPECT_EQ(got->diagonal_tiles.rfind(syrk ? "syrk: " : "gemm: ", 0), 0u)
+            << what;
+      }
       EXPECT_GT(calls, 0) << what;
       ExpectClose(got->cka, ref, c.tol, what);
     }
@@ -135,14 +152,22 @@ TEST(CkaKernelTest, BothFormsAndPrecisionsMatchTheFloat64Reference) {
 }
 
 TEST(CkaKernelTest, PlanPicksTheFormWithFewerFlops) {
-  // The shape: gram 3.7 TFLOP (3.3 for the upper triangle of the
-  // N x N Gram products, 0.3 for the full diagonal tiles, 0.1 for the
-  // contraction), feature 11.1 TFLOP; float32; small buffers (a few layers
-  // of 41 MB each, not the 1.3 GB file).
+  // The shape: gram 3.38 TFLOP with syrk on the diagonal tiles
+  // (3.28 for the (N^2 + N) / 2 Gram entries, 0.10 for the contraction),
+  // 3.75 without (the full diagonal tiles: 9 equal tiles of 1,120 rows);
+  // feature 11.1 TFLOP; float32; small buffers (a few layers of 41 MB
+  // each, not the 1.3 GB file).
   const CkaPlan big = PlanCkaUniform(32, 10000, 1024);
   EXPECT_EQ(big.form, CkaForm::kGram);
   EXPECT_EQ(big.precision, CkaPrecision::kFloat32);
-  EXPECT_NEAR(big.gram_flops / 1e12, 3.74, 0.05);
+  EXPECT_EQ(big.tile_rows, 1120);
+  EXPECT_EQ(big.diagonal_syrk, !CkaSyrkSource().empty());
+  EXPECT_NEAR(big.gram_flops / 1e12, big.diagonal_syrk ? 3.38 : 3.75, 0.01);
+  CkaOptions no_syrk;
+  no_syrk.diagonal_syrk = false;
+  const CkaPlan gemm_diag = PlanCkaUniform(32, 10000, 1024, no_syrk);
+  EXPECT_FALSE(gemm_diag.diagonal_syrk);
+  EXPECT_NEAR(gemm_diag.gram_flops / 1e12, 3.75, 0.01);
   EXPECT_NEAR(big.feature_flops / 1e12, 11.1, 0.1);
   EXPECT_LT(big.working_bytes, int64_t{256} << 20);
   // Many sequences, few narrow layers: the d x d form is cheaper.
@@ -287,6 +312,11 @@ TEST(CkaKernelTest, ProgressAndPerfLines) {
   EXPECT_GT(perf["fraction_of_peak"].get<double>(), 0.0);
   EXPECT_GT(perf["peak_rss_mib"].get<double>(), 0.0);
   EXPECT_EQ(perf["tile_rows"], 64);
+  // Which path the diagonal tiles took, in the JSON and on the done line.
+  const std::string diag = perf["diagonal_tiles"].get<std::string>();
+  EXPECT_EQ(diag.rfind(CkaSyrkSource().empty() ? "gemm: " : "syrk: ", 0), 0u)
+      << diag;
+  EXPECT_NE(text.find("diagonal tiles by " + diag), std::string::npos) << text;
   // A short run prints nothing and does not measure the peak.
   std::ostringstream quiet;
   options.log = &quiet;

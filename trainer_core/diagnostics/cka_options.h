@@ -37,6 +37,9 @@ struct CkaOptions {
   CkaForm form = CkaForm::kAuto;
   int64_t budget_bytes = kCkaDefaultBudgetBytes;
   int64_t tile_rows = 0;  // gram form; 0 = from the budget
+  // Gram form: the diagonal tiles X_a X_a^T through the BLAS's syrk (half
+  // their FLOPs) when the process has one; false = full GEMM there.
+  bool diagonal_syrk = true;
   // Called after each step from the calling thread (may be empty).
   std::function<void(const CkaProgress&)> progress;
 };
@@ -48,6 +51,7 @@ struct CkaPlan {
   CkaPrecision precision = CkaPrecision::kFloat64;
   int64_t tile_rows = 0;     // gram
   int64_t block_layers = 0;  // feature
+  bool diagonal_syrk = false;  // gram: diagonal tiles by cblas_?syrk
   double flops = 0;          // multiply-add = 2 FLOPs
   double gram_flops = 0;
   double feature_flops = 0;

@@ -174,6 +174,107 @@ class ProgressLine {
   bool printed_ = false;
 };
 
+// The (L, N, d) shape of a states file: layers first, within the layer
+// limit, and its working buffers within options.max_working_bytes.
+absl::Status CheckStatesShape(const std::string& path,
+                              const std::vector<int64_t>& shape,
+                              const DeffNpyOptions& options) {
+  if (shape.size() != 3) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("deff: ", path, " must have shape (L, N, d), got ",
+                     shape.size(), " dimensions"));
+  }
+  if (shape[0] < 1 || shape[1] < 2 || shape[2] < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("deff: need L >= 1, N >= 2, d >= 1; got (", shape[0],
+                     ", ", shape[1], ", ", shape[2], ")"));
+  }
+  const std::string where =
+      absl::StrCat("deff: ", path, " has shape ", NpyShapeString(shape));
+  if (shape[0] > kDeffMaxLayers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": L = ", shape[0], " layers is more than the ",
+        kDeffMaxLayers, " supported (expected (L, N, d), layers first)"));
+  }
+  const int64_t need =
+      PlanCkaUniform(shape[0], shape[1], shape[2], options.cka).working_bytes;
+  if (need > options.max_working_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": D_eff on it needs about ", need >> 20,
+                     " MiB, more than the limit of ",
+                     options.max_working_bytes >> 20,
+                     " MiB (use fewer sequences N or a smaller d)"));
+  }
+  return absl::OkStatus();
+}
+
+// The "perf" object of a run: form, time, GFLOP/s, RSS, and (with --perf or
+// for a run over the progress interval) the sgemm peak measured now, also
+// printed as the "deff: done in" line on options.log.
+nlohmann::json PerfJson(const CkaResult& cka, const DeffNpyOptions& options) {
+  const double gflop = cka.plan.flops / 1e9;
+  nlohmann::json perf;
+  perf["form"] = CkaFormName(cka.plan.form);
+  perf["precision"] = CkaPrecisionName(cka.plan.precision);
+  perf["diagonal_tiles"] = cka.diagonal_tiles;
+  perf["seconds"] = cka.seconds;
+  perf["gflop"] = gflop;
+  perf["gflops"] = cka.seconds > 0 ? gflop / cka.seconds : 0.0;
+  perf["threads"] = at::get_num_threads();
+  perf["tile_rows"] = cka.plan.tile_rows;
+  const std::string blas_core = OpenBlasCoreName();
+  perf["blas_core"] = blas_core;
+  perf["block_layers"] = cka.plan.block_layers;
+  perf["peak_rss_mib"] = static_cast<double>(PeakRssBytes()) / (1 << 20);
+  const bool measured =
+      options.perf || cka.seconds >= options.progress_interval_s;
+  if (!measured) return perf;
+  const double peak = MeasureSgemmPeakGflops();
+  perf["sgemm_peak_gflops"] = peak;
+  perf["fraction_of_peak"] = perf["gflops"].get<double>() / peak;
+  if (options.log == nullptr) return perf;
+  *options.log << absl::StrFormat(
+                      "deff: done in %.2f s: %.0f GFLOP (%s form, %s%s), "
+                      "%.1f GFLOP/s = %.0f%% of the sgemm peak %.1f GFLOP/s "
+                      "(2048^3 at::mm, %d threads); peak RSS %.0f MiB\n",
+                      cka.seconds, gflop, CkaFormName(cka.plan.form),
+                      CkaPrecisionName(cka.plan.precision),
+                      cka.diagonal_tiles.empty()
+                          ? ""
+                          : ", diagonal tiles by " + cka.diagonal_tiles,
+                      perf["gflops"].get<double>(),
+                      100.0 * perf["fraction_of_peak"].get<double>(), peak,
+                      at::get_num_threads(),
+                      perf["peak_rss_mib"].get<double>())
+               << std::flush;
+  const std::string advice = BlasAdvice(blas_core);
+  if (!advice.empty()) *options.log << "deff: note: " << advice << "\n";
+  return perf;
+}
+
+nlohmann::json DeffJson(const std::string& path,
+                        const std::vector<int64_t>& shape,
+                        const EffectiveDepthResult& r, nlohmann::json perf) {
+  nlohmann::json out;
+  out["kind"] = "deff";
+  out["states"] = path;
+  out["layers"] = shape[0];
+  out["sequences"] = shape[1];
+  out["d_model"] = shape[2];
+  out["max_lag"] = r.max_lag;
+  out["deff"] = Num(r.deff);
+  out["deff_over_l"] = Num(r.deff_over_l);
+  out["rho_bar1"] = Num(r.rho_bar1);
+  out["f_l"] = Num(r.f_l);
+  out["gap_pct"] = Num(r.gap_pct);
+  nlohmann::json lag = nlohmann::json::array();
+  for (double v : r.lag_profile) lag.push_back(Num(v));
+  out["lag_profile"] = std::move(lag);
+  out["cka"] = MatrixJson(r.cka);
+  out["perf"] = std::move(perf);
+  return out;
+}
+
 }  // namespace
 
 int64_t DeffWorkingBytes(int64_t num_layers, int64_t num_seq, int64_t dim) {
@@ -191,48 +292,16 @@ absl::StatusOr<nlohmann::json> DeffFromNpy(const std::string& path,
 
 absl::StatusOr<nlohmann::json> DeffFromNpy(const std::string& path,
                                            const DeffNpyOptions& options) {
-  const int64_t max_lag = options.max_lag;
-  auto check_shape = [&](const std::vector<int64_t>& shape) -> absl::Status {
-    if (shape.size() != 3) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("deff: ", path, " must have shape (L, N, d), got ",
-                       shape.size(), " dimensions"));
-    }
-    if (shape[0] < 1 || shape[1] < 2 || shape[2] < 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("deff: need L >= 1, N >= 2, d >= 1; got (", shape[0],
-                       ", ", shape[1], ", ", shape[2], ")"));
-    }
-    const std::string where =
-        absl::StrCat("deff: ", path, " has shape ", NpyShapeString(shape));
-    if (shape[0] > kDeffMaxLayers) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": L = ", shape[0], " layers is more than the ",
-          kDeffMaxLayers, " supported (expected (L, N, d), layers first)"));
-    }
-    const int64_t need =
-        PlanCkaUniform(shape[0], shape[1], shape[2], options.cka).working_bytes;
-    if (need > options.max_working_bytes) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": D_eff on it needs about ", need >> 20,
-                       " MiB, more than the limit of ",
-                       options.max_working_bytes >> 20,
-                       " MiB (use fewer sequences N or a smaller d)"));
-    }
-    return absl::OkStatus();
-  };
   ASSIGN_OR_RETURN(NpyFileReader reader,
                    NpyFileReader::Open(path, StatesArray()));
   const NpyLayout layout = reader.layout();
-  RETURN_IF_ERROR(check_shape(layout.shape));
+  RETURN_IF_ERROR(CheckStatesShape(path, layout.shape, options));
   ASSIGN_OR_RETURN(std::unique_ptr<MappedStates> states,
                    MappedStates::Open(path, layout, reader.file_size()));
   const int64_t num_layers = layout.shape[0];
-  const int64_t num_seq = layout.shape[1];
-  const int64_t dim = layout.shape[2];
-  if (max_lag < -1 || max_lag > num_layers - 1) {
+  if (options.max_lag < -1 || options.max_lag > num_layers - 1) {
     return absl::InvalidArgumentError(
-        absl::StrCat("deff: --max-lag ", max_lag, " outside [0, ",
+        absl::StrCat("deff: --max-lag ", options.max_lag, " outside [0, ",
                      num_layers - 1, "] for L = ", num_layers));
   }
   CkaOptions cka_options = options.cka;
@@ -246,62 +315,10 @@ absl::StatusOr<nlohmann::json> DeffFromNpy(const std::string& path,
                    LinearCkaMatrix(*states, cka_options,
                                    absl::StrCat("deff: ", path)));
   states.reset();
-  const double gflop = cka.plan.flops / 1e9;
-  nlohmann::json perf;
-  perf["form"] = CkaFormName(cka.plan.form);
-  perf["precision"] = CkaPrecisionName(cka.plan.precision);
-  perf["seconds"] = cka.seconds;
-  perf["gflop"] = gflop;
-  perf["gflops"] = cka.seconds > 0 ? gflop / cka.seconds : 0.0;
-  perf["threads"] = at::get_num_threads();
-  perf["tile_rows"] = cka.plan.tile_rows;
-  const std::string blas_core = OpenBlasCoreName();
-  perf["blas_core"] = blas_core;
-  perf["block_layers"] = cka.plan.block_layers;
-  perf["peak_rss_mib"] = static_cast<double>(PeakRssBytes()) / (1 << 20);
-  const bool measured =
-      options.perf || cka.seconds >= options.progress_interval_s;
-  if (measured) {
-    const double peak = MeasureSgemmPeakGflops();
-    perf["sgemm_peak_gflops"] = peak;
-    perf["fraction_of_peak"] = perf["gflops"].get<double>() / peak;
-  }
-  if (options.log != nullptr && measured) {
-    *options.log << absl::StrFormat(
-                        "deff: done in %.2f s: %.0f GFLOP (%s form, %s), "
-                        "%.1f GFLOP/s = %.0f%% of the sgemm peak %.1f GFLOP/s "
-                        "(2048^3 at::mm, %d threads); peak RSS %.0f MiB\n",
-                        cka.seconds, gflop, CkaFormName(cka.plan.form),
-                        CkaPrecisionName(cka.plan.precision),
-                        perf["gflops"].get<double>(),
-                        100.0 * perf["fraction_of_peak"].get<double>(),
-                        perf["sgemm_peak_gflops"].get<double>(),
-                        at::get_num_threads(),
-                        perf["peak_rss_mib"].get<double>())
-                 << std::flush;
-    const std::string advice = BlasAdvice(blas_core);
-    if (!advice.empty()) *options.log << "deff: note: " << advice << "\n";
-  }
+  nlohmann::json perf = PerfJson(cka, options);
   ASSIGN_OR_RETURN(EffectiveDepthResult r,
-                   EffectiveDepthFromCka(std::move(cka.cka), max_lag));
-  nlohmann::json out;
-  out["kind"] = "deff";
-  out["states"] = path;
-  out["layers"] = num_layers;
-  out["sequences"] = num_seq;
-  out["d_model"] = dim;
-  out["max_lag"] = r.max_lag;
-  out["deff"] = Num(r.deff);
-  out["deff_over_l"] = Num(r.deff_over_l);
-  out["rho_bar1"] = Num(r.rho_bar1);
-  out["f_l"] = Num(r.f_l);
-  out["gap_pct"] = Num(r.gap_pct);
-  nlohmann::json lag = nlohmann::json::array();
-  for (double v : r.lag_profile) lag.push_back(Num(v));
-  out["lag_profile"] = std::move(lag);
-  out["cka"] = MatrixJson(r.cka);
-  out["perf"] = std::move(perf);
-  return out;
+                   EffectiveDepthFromCka(std::move(cka.cka), options.max_lag));
+  return DeffJson(path, layout.shape, r, std::move(perf));
 }
 
 absl::StatusOr<DeffNpyOptions> MakeDeffNpyOptions(const DeffCliFlags& flags,

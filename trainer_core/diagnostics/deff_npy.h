@@ -15,6 +15,7 @@
 //    "lag_profile": [rho_bar(0)=1, rho_bar(1), ..., rho_bar(L-1)],
 //    "cka": [[rho(i, j)]] (L x L, 0-indexed over h_1..h_L),
 //    "perf": {"form": "gram"|"feature", "precision": "fp32"|"fp64",
+//             "diagonal_tiles": "syrk: LIB" | "gemm: ..." | "" (feature),
 //             "seconds": x, "gflop": x, "gflops": x, "threads": n,
 //             "peak_rss_mib": x, and when measured (DeffNpyOptions::perf or
 //             a run over progress_interval_s) "sgemm_peak_gflops": x,
