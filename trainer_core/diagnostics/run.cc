@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/run_protocol.h"
 #include "common/status_macros.h"
 #include "trainer_core/batcher.h"
 #include "trainer_core/checkpoint.h"
@@ -610,7 +611,7 @@ absl::StatusOr<nlohmann::json> RunDiagnoseJob(const DiagnoseConfig& config,
   doc["seq_len"] = seq_len;
   doc["kinds"] = nlohmann::json::object();
   for (const KindResult& r : report.results) {
-    if (sink) sink({{"event", "diagnostics"}, {"kind", r.kind}, {"data", r.data}});
+    if (sink) sink(run_protocol::DiagnosticsEvent(r.kind, r.data));
     doc["kinds"][r.kind] = r.data;
   }
   if (!out_dir.empty()) {
