@@ -15,6 +15,12 @@ absl::StatusOr<SchedulerClient*> CommandEnv::Client() {
   return client_.get();
 }
 
+absl::StatusOr<v1::QueryResultsResponse> CommandEnv::QueryResults(const std::string& sweep) {
+  auto connected = Client();
+  if (!connected.ok()) return connected.status();
+  return (*connected)->QueryResults(sweep);
+}
+
 int CommandEnv::Fail(const absl::Status& status) {
   std::string message(status.message());
   if (message.empty()) {  // every error says something (e.g. a bare gRPC code)

@@ -41,6 +41,25 @@ absl::StatusOr<Curve> FetchLossCurve(SchedulerClient& client, int64_t job_id,
   return Curve(by_step.begin(), by_step.end());
 }
 
+// The loss curves of the rows' finished best runs, by run id; a curve that
+// cannot be fetched is a warning on `err`, not an error.
+std::map<std::string, Curve> FetchBestCurves(SchedulerClient& client,
+                                             const v1::QueryResultsResponse& resp,
+                                             int64_t timeout_ms, std::ostream& err) {
+  std::map<std::string, Curve> curves;
+  for (const auto& row : resp.rows()) {
+    if (row.best_job_id() <= 0 || !row.complete()) continue;
+    auto curve = FetchLossCurve(client, row.best_job_id(), timeout_ms);
+    if (!curve.ok()) {
+      err << "warning: loss curve of job " << row.best_job_id() << ": "
+          << curve.status().message() << "\n";
+      continue;
+    }
+    if (!curve->empty()) curves[RunId(row.best_job_id())] = std::move(*curve);
+  }
+  return curves;
+}
+
 }  // namespace
 
 void AddReportCommand(CLI::App& app, CommandEnv& env) {
@@ -64,24 +83,13 @@ void AddReportCommand(CLI::App& app, CommandEnv& env) {
       ->capture_default_str()->check(CLI::PositiveNumber);
   cmd->callback([&env, args] {
     env.run = [args](CommandEnv& env) -> int {
-      auto client = env.Client();
-      if (!client.ok()) return env.Fail(client.status());
-      auto results = (*client)->QueryResults(args->sweep);
+      auto results = env.QueryResults(args->sweep);
       if (!results.ok()) return env.Fail(results.status());
       const v1::QueryResultsResponse& resp = *results;
-
       std::map<std::string, Curve> curves;
       if (!args->no_curves) {
-        for (const auto& row : resp.rows()) {
-          if (row.best_job_id() <= 0 || !row.complete()) continue;
-          auto curve = FetchLossCurve(**client, row.best_job_id(), args->curve_timeout_s * 1000);
-          if (!curve.ok()) {
-            *env.err << "warning: loss curve of job " << row.best_job_id() << ": "
-                     << curve.status().message() << "\n";
-            continue;
-          }
-          if (!curve->empty()) curves[RunId(row.best_job_id())] = std::move(*curve);
-        }
+        // Connected: QueryResults succeeded.
+        curves = FetchBestCurves(**env.Client(), resp, args->curve_timeout_s * 1000, *env.err);
       }
       nlohmann::json doc = ResultsDocument(args->sweep, resp, curves);
       report::ReportOptions options;

@@ -19,9 +19,7 @@ void AddResultsCommand(CLI::App& app, CommandEnv& env) {
   cmd->add_flag("--csv", args->csv, "CSV output");
   cmd->callback([&env, args] {
     env.run = [args](CommandEnv& env) -> int {
-      auto client = env.Client();
-      if (!client.ok()) return env.Fail(client.status());
-      auto results = (*client)->QueryResults(args->sweep);
+      auto results = env.QueryResults(args->sweep);
       if (!results.ok()) return env.Fail(results.status());
       const v1::QueryResultsResponse& resp = *results;
       if (env.json) {

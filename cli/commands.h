@@ -36,6 +36,8 @@ struct CommandEnv {
   std::function<int(CommandEnv&)> run;
   // Connects lazily (commands that need no scheduler never connect).
   absl::StatusOr<SchedulerClient*> Client();
+  // Client() then its QueryResults (results, report).
+  absl::StatusOr<v1::QueryResultsResponse> QueryResults(const std::string& sweep);
   // Prints "error: ..." and maps the status to an exit code.
   int Fail(const absl::Status& status);
 

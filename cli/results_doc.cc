@@ -155,78 +155,80 @@ json ResultsJson(const depthbench::v1::QueryResultsResponse& resp) {
 
 std::string RunId(int64_t job_id) { return absl::StrCat("job-", job_id); }
 
-json ResultsDocument(const std::string& sweep, const depthbench::v1::QueryResultsResponse& results,
-                     const std::map<std::string, Curve>& curves) {
-  json doc;
-  doc["schema"] = "depthbench.results.v1";
-  doc["sweep"] = sweep;
-  doc["rows"] = json::array();
-  for (const auto& row : results.rows()) {
-    json r;
-    r["arch"] = row.arch();
-    r["layers"] = row.layers();
-    r["d_model"] = row.d_model();
-    if (row.aspect_ratio() > 0) r["aspect_ratio"] = row.aspect_ratio();
-    if (row.params() > 0) r["params"] = row.params();
-    if (row.budget_tokens() > 0) r["budget_tokens"] = row.budget_tokens();
-    if (row.budget_steps() > 0) r["budget_steps"] = row.budget_steps();
-    if (row.diagnosed_lr() > 0) r["diagnosed_lr"] = row.diagnosed_lr();
-    r["best_lr"] = row.has_best() ? json(row.best_lr()) : json(nullptr);
-    if (row.has_best()) {
-      r["val_loss"] = row.best_val_loss();
-    } else if (row.complete()) {
-      r["val_loss"] = nullptr;  // every LR diverged or failed
+namespace {
+
+// lr_losses (loss, or null when diverged) and lr_status ("ran",
+// "pruned@rN", "never": strategies, issue 15), keyed by the LR.
+void AddLrColumns(const depthbench::v1::ResultRow& row, json& r) {
+  json lrs = json::object();
+  json status = json::object();
+  for (const auto& l : row.lrs()) {
+    if (!(l.lr() > 0)) continue;
+    const std::string key = FormatDouble(l.lr(), 6);
+    if (l.has_loss()) {
+      lrs[key] = l.val_loss();
+    } else if (l.diverged()) {
+      lrs[key] = nullptr;
     }
-    if (row.best_job_id() > 0) r["run_id"] = RunId(row.best_job_id());
-    json lrs = json::object();
-    for (const auto& l : row.lrs()) {
-      if (!(l.lr() > 0)) continue;
-      const std::string key = FormatDouble(l.lr(), 6);
-      if (l.has_loss()) {
-        lrs[key] = l.val_loss();
-      } else if (l.diverged()) {
-        lrs[key] = nullptr;
-      }
-    }
-    r["lr_losses"] = lrs;
-    // Strategies (issue 15): how each LR ran ("ran", "pruned@rN", "never")
-    // and the compute spent against the full grid's.
-    json status = json::object();
-    for (const auto& l : row.lrs()) {
-      if (!(l.lr() > 0)) continue;
-      const std::string cell = LrCell(l);
-      status[FormatDouble(l.lr(), 6)] =
-          cell.rfind("pruned", 0) == 0 || cell == "never" ? cell : std::string("ran");
-    }
-    r["lr_status"] = status;
-    if (row.grid_tokens() > 0) {
-      r["tokens_trained"] = row.tokens_trained();
-      r["grid_tokens"] = row.grid_tokens();
-    }
-    json diag = json::parse(row.diagnostics_json().empty() ? "{}" : row.diagnostics_json(),
-                            nullptr, false);
-    if (diag.is_object() && !diag.empty()) {
-      const DiagnosticsSummary s = SummarizeDiagnostics(row.diagnostics_json());
-      json d;
-      d["r_causal"] = Opt(s.r_causal);
-      if (!s.causal_form.empty()) d["causal_form"] = s.causal_form;
-      d["r_perm"] = Opt(s.r_perm);
-      d["deff_over_l"] = Opt(s.deff_over_l);
-      if (s.deff_n) d["deff_n"] = *s.deff_n;
-      d["legacy"] = s.legacy();
-      auto matrix = [&](const char* kind, const char* key) {
-        if (diag.contains(kind) && diag[kind].is_object() && diag[kind].contains("matrix") &&
-            diag[kind]["matrix"].is_array()) {
-          d[key] = diag[kind]["matrix"];
-        }
-      };
-      matrix("angular", "angular");
-      matrix("causal", "causal");
-      matrix("permutation", "perm");
-      r["diagnostics"] = d;
-    }
-    doc["rows"].push_back(r);
+    const std::string cell = LrCell(l);
+    status[key] = cell.rfind("pruned", 0) == 0 || cell == "never" ? cell : std::string("ran");
   }
+  r["lr_losses"] = lrs;
+  r["lr_status"] = status;
+}
+
+// The row's diagnostics summary plus its matrices; null when it has none.
+json DiagnosticsDocument(const std::string& diagnostics_json) {
+  json diag = json::parse(diagnostics_json.empty() ? "{}" : diagnostics_json, nullptr, false);
+  if (!diag.is_object() || diag.empty()) return nullptr;
+  const DiagnosticsSummary s = SummarizeDiagnostics(diagnostics_json);
+  json d;
+  d["r_causal"] = Opt(s.r_causal);
+  if (!s.causal_form.empty()) d["causal_form"] = s.causal_form;
+  d["r_perm"] = Opt(s.r_perm);
+  d["deff_over_l"] = Opt(s.deff_over_l);
+  if (s.deff_n) d["deff_n"] = *s.deff_n;
+  d["legacy"] = s.legacy();
+  auto matrix = [&](const char* kind, const char* key) {
+    if (diag.contains(kind) && diag[kind].is_object() && diag[kind].contains("matrix") &&
+        diag[kind]["matrix"].is_array()) {
+      d[key] = diag[kind]["matrix"];
+    }
+  };
+  matrix("angular", "angular");
+  matrix("causal", "causal");
+  matrix("permutation", "perm");
+  return d;
+}
+
+json RowDocument(const depthbench::v1::ResultRow& row) {
+  json r;
+  r["arch"] = row.arch();
+  r["layers"] = row.layers();
+  r["d_model"] = row.d_model();
+  if (row.aspect_ratio() > 0) r["aspect_ratio"] = row.aspect_ratio();
+  if (row.params() > 0) r["params"] = row.params();
+  if (row.budget_tokens() > 0) r["budget_tokens"] = row.budget_tokens();
+  if (row.budget_steps() > 0) r["budget_steps"] = row.budget_steps();
+  if (row.diagnosed_lr() > 0) r["diagnosed_lr"] = row.diagnosed_lr();
+  r["best_lr"] = row.has_best() ? json(row.best_lr()) : json(nullptr);
+  if (row.has_best()) {
+    r["val_loss"] = row.best_val_loss();
+  } else if (row.complete()) {
+    r["val_loss"] = nullptr;  // every LR diverged or failed
+  }
+  if (row.best_job_id() > 0) r["run_id"] = RunId(row.best_job_id());
+  AddLrColumns(row, r);
+  if (row.grid_tokens() > 0) {
+    r["tokens_trained"] = row.tokens_trained();
+    r["grid_tokens"] = row.grid_tokens();
+  }
+  json d = DiagnosticsDocument(row.diagnostics_json());
+  if (!d.is_null()) r["diagnostics"] = d;
+  return r;
+}
+
+json CurvesDocument(const std::map<std::string, Curve>& curves) {
   json c = json::object();
   for (const auto& [run_id, points] : curves) {
     json p = json::array();
@@ -235,7 +237,19 @@ json ResultsDocument(const std::string& sweep, const depthbench::v1::QueryResult
     }
     c[run_id] = p;
   }
-  doc["curves"] = c;
+  return c;
+}
+
+}  // namespace
+
+json ResultsDocument(const std::string& sweep, const depthbench::v1::QueryResultsResponse& results,
+                     const std::map<std::string, Curve>& curves) {
+  json doc;
+  doc["schema"] = "depthbench.results.v1";
+  doc["sweep"] = sweep;
+  doc["rows"] = json::array();
+  for (const auto& row : results.rows()) doc["rows"].push_back(RowDocument(row));
+  doc["curves"] = CurvesDocument(curves);
   return doc;
 }
 

@@ -35,37 +35,32 @@ bool IsValidLabelName(const std::string& name) {
   return true;
 }
 
-void AppendEscapedLabelValue(const std::string& value, std::string* out) {
-  for (const char c : value) {
-    switch (c) {
-      case '\\':
-        out->append("\\\\");
-        break;
-      case '"':
-        out->append("\\\"");
-        break;
-      case '\n':
-        out->append("\\n");
-        break;
-      default:
-        out->push_back(c);
+namespace {
+
+// Backslash and newline escaped, and the double quote too when `quote`
+// (label values escape it, HELP text does not).
+void AppendEscaped(const std::string& text, bool quote, std::string* out) {
+  for (const char c : text) {
+    if (c == '\\') {
+      out->append("\\\\");
+    } else if (c == '\n') {
+      out->append("\\n");
+    } else if (c == '"' && quote) {
+      out->append("\\\"");
+    } else {
+      out->push_back(c);
     }
   }
 }
 
+}  // namespace
+
+void AppendEscapedLabelValue(const std::string& value, std::string* out) {
+  AppendEscaped(value, /*quote=*/true, out);
+}
+
 void AppendEscapedHelp(const std::string& help, std::string* out) {
-  for (const char c : help) {
-    switch (c) {
-      case '\\':
-        out->append("\\\\");
-        break;
-      case '\n':
-        out->append("\\n");
-        break;
-      default:
-        out->push_back(c);
-    }
-  }
+  AppendEscaped(help, /*quote=*/false, out);
 }
 
 void AppendSampleValue(double value, std::string* out) {

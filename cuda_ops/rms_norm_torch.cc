@@ -7,8 +7,6 @@ namespace depthbench {
 namespace fused {
 namespace {
 
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
 using namespace internal;
 
 class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {

@@ -8,8 +8,6 @@ namespace depthbench {
 namespace fused {
 namespace {
 
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
 using namespace internal;
 
 class SinkhornFunction : public torch::autograd::Function<SinkhornFunction> {

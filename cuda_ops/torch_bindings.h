@@ -38,8 +38,12 @@ torch::Tensor HcRead(const torch::Tensor& h, const torch::Tensor& read);
 torch::Tensor HcWrite(const torch::Tensor& h, const torch::Tensor& a, const torch::Tensor& b,
                       const torch::Tensor& y);
 
-// Internal helpers shared by the *_torch.cc files.
+// Internal helpers shared by the *_torch.cc files (each has `using namespace
+// internal;`).
 namespace internal {
+// The autograd types every op's torch::autograd::Function uses.
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
 DbDtype ToDbDtype(const torch::Tensor& t);
 void* CurrentStream(const torch::Tensor& on);
 // Throws c10::Error naming the op when a launcher returned non-zero.

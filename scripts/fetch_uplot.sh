@@ -16,11 +16,10 @@ if [[ -f "$dest/.complete" ]]; then
 fi
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
-(cd "$tmp" && npm pack --silent "uplot@$version" >/dev/null)
-tarball="$tmp/uplot-$version.tgz"
-echo "$sha256  $tarball" | sha256sum -c --quiet -
-mkdir -p "$tmp/x" "$dest"
-tar -xzf "$tarball" -C "$tmp/x" --strip-components=1
+# shellcheck source=scripts/npm_fetch.sh
+source "$root/scripts/npm_fetch.sh"
+npm_fetch uplot "$version" "$sha256" "$tmp/x"
+mkdir -p "$dest"
 cp "$tmp/x/dist/uPlot.iife.min.js" "$tmp/x/dist/uPlot.min.css" "$tmp/x/LICENSE" "$dest/"
 touch "$dest/.complete"
 echo "fetch_uplot: uPlot $version in $dest" >&2

@@ -46,6 +46,7 @@
 
 #include "depthbench/v1/sweep_service.grpc.pb.h"
 #include "depthbench/v1/worker_service.grpc.pb.h"
+#include "study_spec.h"
 
 #ifndef DEPTHBENCH_SCHEDULER_BIN
 #define DEPTHBENCH_SCHEDULER_BIN "depthbench-scheduler"
@@ -138,23 +139,9 @@ double FileMb(const std::string& path) {
   return ec ? 0 : static_cast<double>(size) / (1024.0 * 1024.0);
 }
 
+// 10 designs x 10 LRs x 10 shapes x seeds jobs.
 v1::SweepSpec Spec(const std::string& name, int seeds) {
-  v1::SweepSpec spec;
-  spec.set_name(name);
-  for (const char* a : {"pre_ln", "sandwich_ln", "lns", "deepnorm", "keel", "hc", "mhc",
-                        "attnres_full", "attnres_block", "moda"}) {
-    spec.add_architectures(a);
-    auto& grid = (*spec.mutable_lr_grids())[a];
-    for (int i = 0; i < 10; ++i) grid.add_lrs(1e-4 * (1 << i));
-  }
-  for (int l = 1; l <= 10; ++l) {
-    auto* s = spec.mutable_shapes()->add_explicit_shapes();
-    s->set_layers(l);
-    s->set_d_model(64);
-  }
-  for (int s = 0; s < seeds; ++s) spec.add_seeds(s);
-  spec.mutable_training()->set_steps(100);
-  return spec;
+  return depthbench::bench::StudySpec(name, 10, 10, seeds);
 }
 
 // The scheduler as a child process on a loopback port.

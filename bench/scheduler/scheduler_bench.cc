@@ -44,6 +44,7 @@
 #include "common/metrics.h"
 #include "depthbench/v1/sweep_service.grpc.pb.h"
 #include "depthbench/v1/worker_service.grpc.pb.h"
+#include "study_spec.h"
 #include "scheduler/scheduler.h"
 #include "scheduler/scheduler_metrics.h"
 #include "scheduler/server.h"
@@ -74,21 +75,9 @@ double Percentile(std::vector<double>& v, double p) {
   return v[std::min(v.size() - 1, static_cast<size_t>(p * v.size()))];
 }
 
+// The default LR grids (no lr_grids in the spec).
 v1::SweepSpec BigSpec(const std::string& name, int shapes, int seeds) {
-  v1::SweepSpec spec;
-  spec.set_name(name);
-  for (const char* a : {"pre_ln", "sandwich_ln", "lns", "deepnorm", "keel", "hc", "mhc",
-                        "attnres_full", "attnres_block", "moda"}) {
-    spec.add_architectures(a);
-  }
-  for (int l = 1; l <= shapes; ++l) {
-    auto* s = spec.mutable_shapes()->add_explicit_shapes();
-    s->set_layers(l);
-    s->set_d_model(64);
-  }
-  for (int s = 0; s < seeds; ++s) spec.add_seeds(s);
-  spec.mutable_training()->set_steps(100);
-  return spec;
+  return depthbench::bench::StudySpec(name, 0, shapes, seeds);
 }
 
 }  // namespace

@@ -34,13 +34,19 @@ TEST(ResultsDocTest, SummarizesStoredDiagnostics) {
   EXPECT_FALSE(SummarizeDiagnostics(R"({"causal": {"r_causal": null}})").r_causal);
 }
 
-TEST(ResultsDocTest, BuildsAValidResultsDocument) {
-  v1::QueryResultsResponse resp;
+// A pre_ln row of shape 2 x 64 (aspect ratio 32), nothing else set.
+v1::ResultRow* AddPreLnRow(v1::QueryResultsResponse& resp) {
   v1::ResultRow* row = resp.add_rows();
   row->set_arch("pre_ln");
   row->set_layers(2);
   row->set_d_model(64);
   row->set_aspect_ratio(32);
+  return row;
+}
+
+TEST(ResultsDocTest, BuildsAValidResultsDocument) {
+  v1::QueryResultsResponse resp;
+  v1::ResultRow* row = AddPreLnRow(resp);
   row->set_params(1000);
   row->set_has_best(true);
   row->set_best_lr(0.002);
@@ -145,11 +151,7 @@ v1::QueryResultsResponse TwoRows() {
 
 TEST(ResultsDocTest, StrategiesShowPrunedNeverRunAndCompute) {
   v1::QueryResultsResponse resp;
-  v1::ResultRow* row = resp.add_rows();
-  row->set_arch("pre_ln");
-  row->set_layers(2);
-  row->set_d_model(64);
-  row->set_aspect_ratio(32);
+  v1::ResultRow* row = AddPreLnRow(resp);
   row->set_tokens_trained(300);
   row->set_grid_tokens(800);
   v1::LrLoss* ran = row->add_lrs();

@@ -13,15 +13,9 @@
 #include "gtest/gtest.h"
 #include "tests/common/test_util.h"
 
-namespace depthbench {
+// In depthbench::testing: the helpers of tests/common/test_util.h.
+namespace depthbench::testing {
 namespace {
-
-using ::depthbench::testing::Executable;
-using ::depthbench::testing::ReadFileOrDie;
-using ::depthbench::testing::RunCommand;
-using ::depthbench::testing::SourceDir;
-using ::depthbench::testing::TempDir;
-using ::depthbench::testing::WriteFile;
 
 constexpr char kPromtool[] = "/usr/bin/promtool";
 
@@ -242,4 +236,4 @@ TEST(DashboardsTest, ExtractQueriesScriptAgreesWithCpp) {
 }
 
 }  // namespace
-}  // namespace depthbench
+}  // namespace depthbench::testing

@@ -14,15 +14,9 @@
 #include "gtest/gtest.h"
 #include "tests/common/test_util.h"
 
-namespace depthbench {
+// In depthbench::testing: the helpers of tests/common/test_util.h.
+namespace depthbench::testing {
 namespace {
-
-using ::depthbench::testing::Executable;
-using ::depthbench::testing::ReadFileOrDie;
-using ::depthbench::testing::RunCommand;
-using ::depthbench::testing::SourceDir;
-using ::depthbench::testing::TempDir;
-using ::depthbench::testing::WriteFile;
 
 std::string DeployDir() { return SourceDir() + "/deploy"; }
 
@@ -187,4 +181,4 @@ TEST(DeployReadmeTest, DocumentsEveryFile) {
 }
 
 }  // namespace
-}  // namespace depthbench
+}  // namespace depthbench::testing

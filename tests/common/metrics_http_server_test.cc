@@ -322,6 +322,18 @@ int PromtoolCheckMetrics(const std::string& exposition, std::string* output) {
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
+// Serves `registry` on /metrics and checks the exposition with promtool
+// (no errors, no lint warnings).
+void ExpectServedMetricsPassPromtool(MetricsRegistry& registry) {
+  auto server = MetricsHttpServer::Start({}, &registry);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const Reply reply = Fetch((*server)->port(), "/metrics");
+  ASSERT_EQ(reply.status, 200);
+  std::string output;
+  EXPECT_EQ(PromtoolCheckMetrics(reply.body, &output), 0) << output;
+  EXPECT_EQ(output, "") << output;
+}
+
 TEST(PromtoolCheckMetricsTest, SchedulerEndpointPasses) {
   if (!PromtoolInstalled()) GTEST_SKIP() << "promtool not installed";
   MetricsRegistry registry;
@@ -339,13 +351,7 @@ TEST(PromtoolCheckMetricsTest, SchedulerEndpointPasses) {
   m->job_retries->WithLabelValues({"lease_expired"}).Increment();
   m->sqlite_transaction_duration->WithLabelValues({"finish_job"}).Observe(3e-4);
   m->workers_connected->Set(2);
-  auto server = MetricsHttpServer::Start({}, &registry);
-  ASSERT_TRUE(server.ok()) << server.status();
-  const Reply reply = Fetch((*server)->port(), "/metrics");
-  ASSERT_EQ(reply.status, 200);
-  std::string output;
-  EXPECT_EQ(PromtoolCheckMetrics(reply.body, &output), 0) << output;
-  EXPECT_EQ(output, "") << output;
+  ExpectServedMetricsPassPromtool(registry);
 }
 
 TEST(PromtoolCheckMetricsTest, WorkerEndpointPasses) {
@@ -359,13 +365,7 @@ TEST(PromtoolCheckMetricsTest, WorkerEndpointPasses) {
   m->RecordStep({"j2", "demo", "attnres_full"}, 3, 7.25, 999);
   m->child_restarts->Increment();
   m->relay_backlog_points->Set(12);
-  auto server = MetricsHttpServer::Start({}, &registry);
-  ASSERT_TRUE(server.ok()) << server.status();
-  const Reply reply = Fetch((*server)->port(), "/metrics");
-  ASSERT_EQ(reply.status, 200);
-  std::string output;
-  EXPECT_EQ(PromtoolCheckMetrics(reply.body, &output), 0) << output;
-  EXPECT_EQ(output, "") << output;
+  ExpectServedMetricsPassPromtool(registry);
 }
 
 TEST(PromtoolCheckMetricsTest, PromtoolRejectsABrokenExposition) {

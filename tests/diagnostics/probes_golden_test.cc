@@ -56,6 +56,82 @@ double MatrixDiff(const Matrix& got, const nlohmann::json& want, const std::stri
   return worst;
 }
 
+// d_model 32, vocab 256, 4 heads (2 KV), SwiGLU 8/3, up to 64 positions.
+ModelOptions TinyOptions(Arch arch, int64_t layers) {
+  ModelOptions o;
+  o.arch = arch;
+  o.design.shape = MakeShape(layers, 32, 256, FfnRule::kSwiGlu83, 4, 2);
+  o.design.max_seq_len = 64;
+  return o;
+}
+
+// A tiny model of the case, off the init: larger weights so that every
+// block matters, and non-zero depth-mixing queries so that which mixer runs
+// where (the AttnRes swap rule) changes the numbers.
+absl::StatusOr<LanguageModel> PerturbedModel(const ModelOptions& o, uint64_t seed) {
+  torch::manual_seed(seed);
+  auto built = BuildModel(o);
+  if (!built.ok()) return built.status();
+  LanguageModel m = *built;
+  torch::NoGradGuard no_grad;
+  for (auto& p : m->named_parameters()) {
+    const bool query = p.key().find("query") != std::string::npos;
+    p.value().add_(torch::randn_like(p.value()) * (query ? 1.0 : 0.05));
+  }
+  return m;
+}
+
+// Writes the model's parameters under dir/<arch>/ and returns its entry in
+// the reference's index.json.
+nlohmann::json ExportModel(const std::filesystem::path& dir, const ModelOptions& o,
+                           LanguageModel& m) {
+  const std::string name(ArchName(o.arch));
+  std::filesystem::create_directories(dir / name);
+  nlohmann::json entry;
+  const ModelShape& s = o.design.shape;
+  entry["arch"] = name;
+  entry["hc_code_form"] = false;
+  entry["shape"] = {{"layers", s.layers}, {"d_model", s.d_model}, {"d_ff", s.d_ff},
+                    {"heads", s.heads},   {"kv_heads", s.kv_heads}, {"vocab", s.vocab},
+                    {"streams", o.design.hc_streams}};
+  for (auto& item : m->named_parameters()) {
+    WriteF32((dir / name / (item.key() + ".f32")).string(), item.value());
+    entry["params"].push_back({{"name", item.key()}, {"shape", item.value().sizes().vec()}});
+  }
+  return entry;
+}
+
+// One model's probes in one causal form against the reference's `w`
+// (states.f32 under dir/<name>/).
+void ExpectProbesMatch(LanguageModelImpl& model, const torch::Tensor& tokens, int64_t L,
+                       CausalForm form, const nlohmann::json& w,
+                       const std::filesystem::path& states_f32) {
+  RunOptions options;
+  options.kinds = {"causal", "permutation", "pruning"};
+  options.micro_batch = 2;  // two micro-batches: the prefix cache per batch
+  options.causal_form = form;
+  auto r = RunDiagnostics(model, tokens, options);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const std::string key = std::string("causal_") + CausalFormName(form);
+  EXPECT_LT(MatrixDiff(r->causal, w.at(key), key), kTol) << key;
+  if (form == CausalForm::kRatioOfMeans) return;
+  EXPECT_NEAR(r->base_loss, w.at("base_loss").get<double>(), kTol);
+  EXPECT_LT(MatrixDiff(r->permutation, w.at("permutation"), "permutation"), kTol);
+  ASSERT_EQ(r->pruning_loss.size(), static_cast<size_t>(L));
+  for (int64_t s = 0; s < L; ++s) {
+    EXPECT_NEAR(r->pruning_loss[s], w.at("pruning_loss")[s].get<double>(), kTol) << s;
+  }
+  torch::Tensor states = torch::stack(r->states).to(torch::kFloat32);
+  torch::Tensor ref = ReadF32(states_f32.string(), states.sizes());
+  // (states.f32 holds the reference rounded to float32.)
+  EXPECT_LT((states - ref).abs().max().item<double>(),
+            kTol * std::max(1.0, ref.abs().max().item<double>()));
+  // The reference is sensitive: the swaps and skips all change the loss.
+  for (int64_t s = 0; s < L; ++s) {
+    EXPECT_GT(std::fabs(r->pruning_loss[s] - r->base_loss), 1e-4) << "skip " << s;
+  }
+}
+
 TEST(ProbesGoldenTest, CausalPermutationAndSkipSwapRulesMatchPyTorch) {
   if (!golden::PythonHasTorch()) {
     GTEST_SKIP() << kPython << " lacks torch/numpy (Debian python3-torch); golden check skipped";
@@ -78,43 +154,15 @@ TEST(ProbesGoldenTest, CausalPermutationAndSkipSwapRulesMatchPyTorch) {
   index["seq_len"] = kT;
   std::vector<LanguageModel> models;
   for (size_t i = 0; i < cases.size(); ++i) {
-    torch::manual_seed(200 + i);
-    ModelOptions o;
-    o.arch = cases[i].arch;
-    o.design.shape = MakeShape(cases[i].layers, 32, 256, FfnRule::kSwiGlu83, 4, 2);
-    o.design.max_seq_len = 64;
-    auto built = BuildModel(o);
-    ASSERT_TRUE(built.ok()) << built.status();
-    LanguageModel m = *built;
-    {
-      // Off the init: larger weights so that every block matters, and
-      // non-zero depth-mixing queries so that which mixer runs where (the
-      // AttnRes swap rule) changes the numbers.
-      torch::NoGradGuard no_grad;
-      for (auto& p : m->named_parameters()) {
-        const bool query = p.key().find("query") != std::string::npos;
-        p.value().add_(torch::randn_like(p.value()) * (query ? 1.0 : 0.05));
-      }
-    }
-    const std::string name(ArchName(o.arch));
-    std::filesystem::create_directories(dir / name);
-    nlohmann::json entry;
-    const ModelShape& s = o.design.shape;
-    entry["arch"] = name;
-    entry["hc_code_form"] = false;
-    entry["shape"] = {{"layers", s.layers}, {"d_model", s.d_model}, {"d_ff", s.d_ff},
-                      {"heads", s.heads},   {"kv_heads", s.kv_heads}, {"vocab", s.vocab},
-                      {"streams", o.design.hc_streams}};
-    for (auto& item : m->named_parameters()) {
-      WriteF32((dir / name / (item.key() + ".f32")).string(), item.value());
-      entry["params"].push_back({{"name", item.key()}, {"shape", item.value().sizes().vec()}});
-    }
-    index["models"][name] = entry;
+    const ModelOptions o = TinyOptions(cases[i].arch, cases[i].layers);
+    auto m = PerturbedModel(o, 200 + i);
+    ASSERT_TRUE(m.ok()) << m.status();
+    index["models"][std::string(ArchName(o.arch))] = ExportModel(dir, o, *m);
     // The comparison runs in float64 (the exported float32 values exactly):
     // the per-token causal form divides by each token's |D_l|, which is
     // small for a few tokens, so float32 rounding would be amplified there.
-    m->to(torch::kFloat64);
-    models.push_back(m);
+    (*m)->to(torch::kFloat64);
+    models.push_back(*m);
   }
   std::ofstream(dir / "index.json") << index.dump();
   const std::string cmd = std::string(kPython) + " " + DEPTHBENCH_GOLDEN_DIR +
@@ -126,33 +174,9 @@ TEST(ProbesGoldenTest, CausalPermutationAndSkipSwapRulesMatchPyTorch) {
   for (size_t i = 0; i < cases.size(); ++i) {
     const std::string name(ArchName(cases[i].arch));
     SCOPED_TRACE(name);
-    const int64_t L = cases[i].layers;
-    const nlohmann::json& w = want.at(name);
     for (CausalForm form : {CausalForm::kPerToken, CausalForm::kRatioOfMeans}) {
-      RunOptions options;
-      options.kinds = {"causal", "permutation", "pruning"};
-      options.micro_batch = 2;  // two micro-batches: the prefix cache per batch
-      options.causal_form = form;
-      auto r = RunDiagnostics(*models[i], tokens, options);
-      ASSERT_TRUE(r.ok()) << r.status();
-      const std::string key = std::string("causal_") + CausalFormName(form);
-      EXPECT_LT(MatrixDiff(r->causal, w.at(key), key), kTol) << key;
-      if (form == CausalForm::kRatioOfMeans) continue;
-      EXPECT_NEAR(r->base_loss, w.at("base_loss").get<double>(), kTol);
-      EXPECT_LT(MatrixDiff(r->permutation, w.at("permutation"), "permutation"), kTol);
-      ASSERT_EQ(r->pruning_loss.size(), static_cast<size_t>(L));
-      for (int64_t s = 0; s < L; ++s) {
-        EXPECT_NEAR(r->pruning_loss[s], w.at("pruning_loss")[s].get<double>(), kTol) << s;
-      }
-      torch::Tensor states = torch::stack(r->states).to(torch::kFloat32);
-      torch::Tensor ref = ReadF32((dir / name / "states.f32").string(), states.sizes());
-      // (states.f32 holds the reference rounded to float32.)
-      EXPECT_LT((states - ref).abs().max().item<double>(),
-                kTol * std::max(1.0, ref.abs().max().item<double>()));
-      // The reference is sensitive: the swaps and skips all change the loss.
-      for (int64_t s = 0; s < L; ++s) {
-        EXPECT_GT(std::fabs(r->pruning_loss[s] - r->base_loss), 1e-4) << "skip " << s;
-      }
+      ASSERT_NO_FATAL_FAILURE(ExpectProbesMatch(*models[i], tokens, cases[i].layers, form,
+                                                want.at(name), dir / name / "states.f32"));
     }
   }
   std::filesystem::remove_all(dir);
@@ -163,20 +187,9 @@ TEST(ProbesGoldenTest, CausalPermutationAndSkipSwapRulesMatchPyTorch) {
 constexpr int64_t kRuleLayers = 4;
 
 LanguageModel RuleModel(Arch arch, uint64_t seed, int64_t layers = kRuleLayers) {
-  torch::manual_seed(seed);
-  ModelOptions o;
-  o.arch = arch;
-  o.design.shape = MakeShape(layers, 32, 256, FfnRule::kSwiGlu83, 4, 2);
-  o.design.max_seq_len = 64;
-  auto built = BuildModel(o);
-  EXPECT_TRUE(built.ok()) << built.status();
-  LanguageModel m = *built;
-  torch::NoGradGuard no_grad;
-  for (auto& p : m->named_parameters()) {
-    const bool query = p.key().find("query") != std::string::npos;
-    p.value().add_(torch::randn_like(p.value()) * (query ? 1.0 : 0.05));
-  }
-  return m;
+  auto m = PerturbedModel(TinyOptions(arch, layers), seed);
+  EXPECT_TRUE(m.ok()) << m.status();
+  return *m;
 }
 
 // A second model of the same design whose parameters are the first one's,

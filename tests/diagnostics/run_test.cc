@@ -320,38 +320,70 @@ TEST(DeffSampleSizeTest, SmallNIsBiasedAndTheDefaultIsNot) {
   EXPECT_GT(big.deff, 2.0 * small.deff);
 }
 
-// Trains 5 steps into a temp dir, then runs `depthbench-train diagnose` on
-// the checkpoint: every kind is reported and finite where applicable.
-TEST(DiagnoseJobTest, CheckpointRoundTrip) {
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() / ("diag_run_test_" + std::to_string(::getpid()));
-  std::filesystem::remove_all(dir);
+// Trains a 5-step pre_ln model into dir/run; returns its config.
+TrainConfig TrainTinyCheckpoint(const std::filesystem::path& dir) {
   auto config = TrainConfigFromJson({{"arch", "pre_ln"}, {"layers", 4}, {"d_model", 32},
                                      {"heads", 4}, {"lr", 0.003}, {"steps", 5},
                                      {"seq_len", 32}, {"batch", 4}, {"threads", 2},
                                      {"eval_batches", 1}});
-  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config.ok()) << config.status();
+  if (!config.ok()) return TrainConfig{};
   Trainer trainer(*config, TrainerOptions{(dir / "run").string(), false, ""},
                   [](const nlohmann::json&) {});
   auto run = trainer.Run();
-  ASSERT_TRUE(run.ok()) << run.status();
-  ASSERT_EQ(run->status, RunStatus::kSucceeded);
-
-  // The scheduler's diagnose config: the train config plus checkpoint/kinds.
-  nlohmann::json job = config->ToJson();
-  job["checkpoint"] = (dir / "run").string();
-  job["num_sequences"] = 6;
-  job["allow_small_n"] = true;  // 6 < d_model = 32: a smoke test, not a measurement
-  {
-    std::ofstream out(dir / "job.json");
-    out << job.dump();
+  EXPECT_TRUE(run.ok()) << run.status();
+  if (run.ok()) {
+    EXPECT_EQ(run->status, RunStatus::kSucceeded);
   }
-  const std::string cmd = std::string(DEPTHBENCH_TRAIN_BIN) + " diagnose --config " +
-                          (dir / "job.json").string() + " --out " + (dir / "diag").string() +
-                          " > " + (dir / "events.jsonl").string();
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  return *config;
+}
 
-  std::ifstream events(dir / "events.jsonl");
+void WriteJsonFile(const std::filesystem::path& path, const nlohmann::json& j) {
+  std::ofstream out(path);
+  out << j.dump();
+}
+
+// `depthbench-train diagnose --config CONFIG --out OUT REDIRECTS`: the shell
+// command line.
+std::string DiagnoseCommand(const std::filesystem::path& config, const std::filesystem::path& out,
+                            const std::string& redirects) {
+  return std::string(DEPTHBENCH_TRAIN_BIN) + " diagnose --config " + config.string() +
+         " --out " + out.string() + " " + redirects;
+}
+
+// The per-kind checks on one diagnostics event's data (4 layers).
+void ExpectKindDataSane(const std::string& kind, const nlohmann::json& d) {
+  if (kind == "causal") {
+    ASSERT_TRUE(d["r_causal"].is_number());
+    EXPECT_EQ(d["matrix"].size(), 4u);
+    for (int s = 0; s < 3; ++s) {
+      for (int l = s + 1; l < 4; ++l) EXPECT_TRUE(d["matrix"][s][l].is_number()) << s << l;
+    }
+    EXPECT_TRUE(d["matrix"][3][3].is_null());  // NaN -> null
+  }
+  if (kind == "permutation") {
+    EXPECT_TRUE(d["r_perm"].is_number());
+  }
+  if (kind == "deff") {
+    EXPECT_TRUE(d["deff_over_l"].is_number());
+    EXPECT_GT(d["deff"].get<double>(), 0.0);
+  }
+  if (kind == "pruning") {
+    for (const auto& v : d["loss"]) EXPECT_TRUE(v.is_number() && std::isfinite(v.get<double>()));
+  }
+  if (kind == "logit_lens") {
+    EXPECT_EQ(d["kl"].size(), 5u);
+    for (const auto& v : d["kl"]) EXPECT_TRUE(v.is_number());
+  }
+  if (kind == "cost") {
+    EXPECT_GT(d["params"]["total"].get<int64_t>(), 0);
+  }
+}
+
+// Every kind is reported once as a diagnostics event, all before a
+// succeeded done event.
+void ExpectEventsCoverEveryKind(const std::filesystem::path& path) {
+  std::ifstream events(path);
   std::string line;
   std::set<std::string> kinds;
   bool done = false;
@@ -365,37 +397,14 @@ TEST(DiagnoseJobTest, CheckpointRoundTrip) {
     ASSERT_EQ(e["event"], "diagnostics") << line;
     ASSERT_FALSE(done) << "diagnostics after done";
     kinds.insert(e["kind"].get<std::string>());
-    const nlohmann::json& d = e["data"];
-    if (e["kind"] == "causal") {
-      ASSERT_TRUE(d["r_causal"].is_number());
-      EXPECT_EQ(d["matrix"].size(), 4u);
-      for (int s = 0; s < 3; ++s) {
-        for (int l = s + 1; l < 4; ++l) EXPECT_TRUE(d["matrix"][s][l].is_number()) << s << l;
-      }
-      EXPECT_TRUE(d["matrix"][3][3].is_null());  // NaN -> null
-    }
-    if (e["kind"] == "permutation") {
-      EXPECT_TRUE(d["r_perm"].is_number());
-    }
-    if (e["kind"] == "deff") {
-      EXPECT_TRUE(d["deff_over_l"].is_number());
-      EXPECT_GT(d["deff"].get<double>(), 0.0);
-    }
-    if (e["kind"] == "pruning") {
-      for (const auto& v : d["loss"]) EXPECT_TRUE(v.is_number() && std::isfinite(v.get<double>()));
-    }
-    if (e["kind"] == "logit_lens") {
-      EXPECT_EQ(d["kl"].size(), 5u);
-      for (const auto& v : d["kl"]) EXPECT_TRUE(v.is_number());
-    }
-    if (e["kind"] == "cost") {
-      EXPECT_GT(d["params"]["total"].get<int64_t>(), 0);
-    }
+    ASSERT_NO_FATAL_FAILURE(ExpectKindDataSane(e["kind"].get<std::string>(), e["data"]));
   }
   EXPECT_TRUE(done);
   EXPECT_EQ(kinds, std::set<std::string>(AllKinds().begin(), AllKinds().end()));
+}
 
-  std::ifstream doc_in(dir / "diag" / "diagnostics.json");
+void ExpectDiagnosticsDocument(const std::filesystem::path& path) {
+  std::ifstream doc_in(path);
   nlohmann::json doc = nlohmann::json::parse(doc_in);
   EXPECT_EQ(doc["schema"], "depthbench.diagnostics.v1");
   EXPECT_EQ(doc["kinds"].size(), AllKinds().size());
@@ -404,17 +413,37 @@ TEST(DiagnoseJobTest, CheckpointRoundTrip) {
   EXPECT_EQ(doc["causal_form"], "per_token");
   EXPECT_EQ(doc["kinds"]["causal"]["form"], "per_token");
   EXPECT_EQ(doc["kinds"]["deff"]["num_sequences"], 6);
+}
+
+// Trains 5 steps into a temp dir, then runs `depthbench-train diagnose` on
+// the checkpoint: every kind is reported and finite where applicable.
+TEST(DiagnoseJobTest, CheckpointRoundTrip) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("diag_run_test_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  const TrainConfig config = TrainTinyCheckpoint(dir);
+  ASSERT_FALSE(HasFailure()) << "training the checkpoint failed";
+
+  // The scheduler's diagnose config: the train config plus checkpoint/kinds.
+  nlohmann::json job = config.ToJson();
+  job["checkpoint"] = (dir / "run").string();
+  job["num_sequences"] = 6;
+  job["allow_small_n"] = true;  // 6 < d_model = 32: a smoke test, not a measurement
+  WriteJsonFile(dir / "job.json", job);
+  const std::string cmd =
+      DiagnoseCommand(dir / "job.json", dir / "diag", "> " + (dir / "events.jsonl").string());
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+
+  ASSERT_NO_FATAL_FAILURE(ExpectEventsCoverEveryKind(dir / "events.jsonl"));
+  ExpectDiagnosticsDocument(dir / "diag" / "diagnostics.json");
 
   // An explicit N below d_model without allow_small_n is a config error (2).
   job.erase("allow_small_n");
-  {
-    std::ofstream out(dir / "small.json");
-    out << job.dump();
-  }
-  EXPECT_EQ(WEXITSTATUS(std::system((std::string(DEPTHBENCH_TRAIN_BIN) + " diagnose --config " +
-                                     (dir / "small.json").string() + " --out " +
-                                     (dir / "small").string() + " >/dev/null 2>" +
-                                     (dir / "small.err").string()).c_str())), 2);
+  WriteJsonFile(dir / "small.json", job);
+  EXPECT_EQ(WEXITSTATUS(std::system(DiagnoseCommand(dir / "small.json", dir / "small",
+                                                    ">/dev/null 2>" + (dir / "small.err").string())
+                                        .c_str())),
+            2);
   std::ifstream err_in(dir / "small.err");
   const std::string err((std::istreambuf_iterator<char>(err_in)), std::istreambuf_iterator<char>());
   EXPECT_NE(err.find("config.num_sequences:"), std::string::npos) << err;

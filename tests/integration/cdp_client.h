@@ -54,6 +54,26 @@ struct HttpResult {
   std::string content_type;
 };
 
+namespace cdp_detail {
+// One GET of `target` on a connected stream (plain TCP or TLS); throws on
+// I/O errors.
+template <class Stream>
+HttpResult GetOn(Stream& stream, const std::string& target, const std::string& authorization) {
+  http::request<http::empty_body> req{http::verb::get, target, 11};
+  req.set(http::field::host, "127.0.0.1");
+  if (!authorization.empty()) req.set(http::field::authorization, authorization);
+  http::write(stream, req);
+  beast::flat_buffer buffer;
+  http::response<http::string_body> res;
+  http::read(stream, buffer, res);
+  HttpResult out;
+  out.status = static_cast<int>(res.result_int());
+  out.body = res.body();
+  out.content_type = std::string(res[http::field::content_type]);
+  return out;
+}
+}  // namespace cdp_detail
+
 // GET http://127.0.0.1:PORT/TARGET with an optional Authorization header.
 inline HttpResult HttpGet(int port, const std::string& target,
                           const std::string& authorization = "") {
@@ -64,16 +84,7 @@ inline HttpResult HttpGet(int port, const std::string& target,
     tcp::resolver resolver(ioc);
     beast::tcp_stream stream(ioc);
     stream.connect(resolver.resolve("127.0.0.1", std::to_string(port)));
-    http::request<http::empty_body> req{http::verb::get, target, 11};
-    req.set(http::field::host, "127.0.0.1");
-    if (!authorization.empty()) req.set(http::field::authorization, authorization);
-    http::write(stream, req);
-    beast::flat_buffer buffer;
-    http::response<http::string_body> res;
-    http::read(stream, buffer, res);
-    out.status = static_cast<int>(res.result_int());
-    out.body = res.body();
-    out.content_type = std::string(res[http::field::content_type]);
+    out = cdp_detail::GetOn(stream, target, authorization);
     beast::error_code ec;
     stream.socket().shutdown(tcp::socket::shutdown_both, ec);
   } catch (const std::exception& e) {
@@ -99,16 +110,7 @@ inline HttpResult HttpsGet(int port, const std::string& target, const std::strin
     tcp::resolver resolver(ioc);
     beast::get_lowest_layer(stream).connect(resolver.resolve("127.0.0.1", std::to_string(port)));
     stream.handshake(ssl::stream_base::client);
-    http::request<http::empty_body> req{http::verb::get, target, 11};
-    req.set(http::field::host, "127.0.0.1");
-    if (!authorization.empty()) req.set(http::field::authorization, authorization);
-    http::write(stream, req);
-    beast::flat_buffer buffer;
-    http::response<http::string_body> res;
-    http::read(stream, buffer, res);
-    out.status = static_cast<int>(res.result_int());
-    out.body = res.body();
-    out.content_type = std::string(res[http::field::content_type]);
+    out = cdp_detail::GetOn(stream, target, authorization);
   } catch (const std::exception& e) {
     out.body = e.what();
   }

@@ -29,6 +29,7 @@
 #include <iostream>
 #include <set>
 #include <sstream>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -227,13 +228,12 @@ std::string DaemonOf(const std::string& metric, const std::string& expr) {
   return "any";
 }
 
-// Splits `expr` at top-level (outside (), {}, [] and strings) occurrences of
-// the binary operator `or`.
-std::vector<std::string> SplitTopLevelOr(const std::string& expr) {
-  std::vector<std::string> parts;
+// The first index of `expr` outside strings and (), {}, [] at which
+// `at(i)` is true (std::string::npos if none); `at` sees every such index in
+// order.
+size_t FindTopLevel(const std::string& expr, const std::function<bool(size_t)>& at) {
   int depth = 0;
   char quote = 0;
-  size_t start = 0;
   for (size_t i = 0; i < expr.size(); ++i) {
     char c = expr[i];
     if (quote != 0) {
@@ -244,13 +244,25 @@ std::vector<std::string> SplitTopLevelOr(const std::string& expr) {
     if (c == '"' || c == '\'' || c == '`') quote = c;
     else if (c == '(' || c == '{' || c == '[') ++depth;
     else if (c == ')' || c == '}' || c == ']') --depth;
-    else if (depth == 0 && expr.compare(i, 2, "or") == 0 && i > 0 &&
-             std::isspace(static_cast<unsigned char>(expr[i - 1])) && i + 2 < expr.size() &&
-             std::isspace(static_cast<unsigned char>(expr[i + 2]))) {
+    else if (depth == 0 && at(i)) return i;
+  }
+  return std::string::npos;
+}
+
+// Splits `expr` at top-level (outside (), {}, [] and strings) occurrences of
+// the binary operator `or`.
+std::vector<std::string> SplitTopLevelOr(const std::string& expr) {
+  std::vector<std::string> parts;
+  size_t start = 0;
+  FindTopLevel(expr, [&](size_t i) {
+    if (expr.compare(i, 2, "or") == 0 && i > 0 &&
+        std::isspace(static_cast<unsigned char>(expr[i - 1])) && i + 2 < expr.size() &&
+        std::isspace(static_cast<unsigned char>(expr[i + 2]))) {
       parts.push_back(expr.substr(start, i - start));
       start = i + 2;
     }
-  }
+    return false;
+  });
   parts.push_back(expr.substr(start));
   return parts;
 }
@@ -264,25 +276,12 @@ std::string Trim(const std::string& s) {
 // `expr` up to its first top-level comparison operator (the whole of it if
 // it has none).
 std::string StripComparison(const std::string& expr) {
-  int depth = 0;
-  char quote = 0;
-  for (size_t i = 0; i < expr.size(); ++i) {
-    char c = expr[i];
-    if (quote != 0) {
-      if (c == '\\') ++i;
-      else if (c == quote) quote = 0;
-      continue;
-    }
-    if (c == '"' || c == '\'' || c == '`') quote = c;
-    else if (c == '(' || c == '{' || c == '[') ++depth;
-    else if (c == ')' || c == '}' || c == ']') --depth;
-    else if (depth == 0 && (c == '>' || c == '<' ||
-                            ((c == '=' || c == '!') && i + 1 < expr.size() &&
-                             expr[i + 1] == '='))) {
-      return Trim(expr.substr(0, i));
-    }
-  }
-  return Trim(expr);
+  const size_t op = FindTopLevel(expr, [&](size_t i) {
+    const char c = expr[i];
+    return c == '>' || c == '<' ||
+           ((c == '=' || c == '!') && i + 1 < expr.size() && expr[i + 1] == '=');
+  });
+  return Trim(op == std::string::npos ? expr : expr.substr(0, op));
 }
 
 // The expressions that must return data for `e` to count as "has data":

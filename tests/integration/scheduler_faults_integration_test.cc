@@ -81,6 +81,18 @@ void ExpectHostileFilesRefused(const std::string& address, const std::string& di
       << utf8.text;
 }
 
+// Registers worker "w1" and leases it a job (which there must be).
+void RegisterAndLease(v1::WorkerService::Stub* workers, v1::AcquireJobResponse* lease) {
+  v1::RegisterWorkerRequest reg;
+  reg.set_name("w1");
+  v1::RegisterWorkerResponse reg_resp;
+  ASSERT_TRUE(workers->RegisterWorker(Ctx().get(), reg, &reg_resp).ok());
+  v1::AcquireJobRequest acq;
+  acq.set_worker_id("w1");
+  ASSERT_TRUE(workers->AcquireJob(Ctx().get(), acq, lease).ok());
+  ASSERT_TRUE(lease->has_job());
+}
+
 TEST(SchedulerFaultsIntegrationTest, BoundedSpecsListsDeleteAndCliErrors) {
   std::string dir = MakeTempDir("faults");
   SchedulerProcess server(dir + "/s.db", dir);
@@ -126,15 +138,8 @@ TEST(SchedulerFaultsIntegrationTest, BoundedSpecsListsDeleteAndCliErrors) {
   // `depthbench delete`: refused while a job of the sweep is leased...
   auto workers = v1::WorkerService::NewStub(
       grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-  v1::RegisterWorkerRequest reg;
-  reg.set_name("w1");
-  v1::RegisterWorkerResponse reg_resp;
-  ASSERT_TRUE(workers->RegisterWorker(Ctx().get(), reg, &reg_resp).ok());
-  v1::AcquireJobRequest acq;
-  acq.set_worker_id("w1");
   v1::AcquireJobResponse lease;
-  ASSERT_TRUE(workers->AcquireJob(Ctx().get(), acq, &lease).ok());
-  ASSERT_TRUE(lease.has_job());
+  ASSERT_NO_FATAL_FAILURE(RegisterAndLease(workers.get(), &lease));
   ASSERT_EQ(lease.sweep_name(), "one");
   Output busy = Cli(address, "delete one");
   EXPECT_EQ(busy.code, 1) << busy.text;
@@ -196,15 +201,8 @@ TEST(SchedulerFaultsIntegrationTest, LiveWatchersGetEveryPointThenTheFinalState)
   submit.mutable_spec()->mutable_training()->set_steps(5);
   v1::SubmitSweepResponse created;
   ASSERT_TRUE(sweeps->SubmitSweep(Ctx().get(), submit, &created).ok());
-  v1::RegisterWorkerRequest reg;
-  reg.set_name("w1");
-  v1::RegisterWorkerResponse reg_resp;
-  ASSERT_TRUE(workers->RegisterWorker(Ctx().get(), reg, &reg_resp).ok());
-  v1::AcquireJobRequest acq;
-  acq.set_worker_id("w1");
   v1::AcquireJobResponse lease;
-  ASSERT_TRUE(workers->AcquireJob(Ctx().get(), acq, &lease).ok());
-  ASSERT_TRUE(lease.has_job());
+  ASSERT_NO_FATAL_FAILURE(RegisterAndLease(workers.get(), &lease));
 
   constexpr int kWatchers = 8;
   constexpr int kSteps = 3000;

@@ -21,6 +21,7 @@
 #include "depthbench/v1/worker_service.grpc.pb.h"
 #include "tests/integration/metrics_scrape.h"
 #include "tests/integration/scheduler_process.h"
+#include "tests/integration/sweep_fixture.h"
 #include "tests/integration/worker_process.h"
 
 namespace depthbench::testing {
@@ -110,18 +111,6 @@ class SchedulerTlsTest : public ::testing::Test {
   std::string dir_, cert_, other_cert_, token_file_, cert_pem_;
   std::unique_ptr<SchedulerProcess> scheduler_;
 };
-
-v1::SweepSpec OneJobSpec(const std::string& name) {
-  v1::SweepSpec spec;
-  spec.set_name(name);
-  spec.add_architectures("pre_ln");
-  (*spec.mutable_lr_grids())["pre_ln"].add_lrs(1e-3);
-  auto* shape = spec.mutable_shapes()->add_explicit_shapes();
-  shape->set_layers(2);
-  shape->set_d_model(64);
-  spec.mutable_training()->set_steps(1);
-  return spec;
-}
 
 TEST_F(SchedulerTlsTest, TlsClientTrustingTheCertificateWithTheTokenSucceeds) {
   auto sweeps = v1::SweepService::NewStub(TlsChannel(cert_pem_));

@@ -1,5 +1,5 @@
 // The fixture the worker integration tests share (worker_integration_test,
-// worker_faults_test): a temp dir with a checkpoint root, the real
+// worker_faults_test; scheduler_tls_test takes OneJobSpec): a temp dir with a checkpoint root, the real
 // depthbench-scheduler on a loopback port over a SQLite file there, and the
 // SweepService calls the tests make against it.
 #ifndef DEPTHBENCH_TESTS_INTEGRATION_SWEEP_FIXTURE_H_
@@ -19,6 +19,19 @@
 #include "tests/integration/scheduler_process.h"
 
 namespace depthbench::testing {
+
+// A sweep of one job: pre_ln, 2 x 64, lr 1e-3, 1 step.
+inline ::depthbench::v1::SweepSpec OneJobSpec(const std::string& name) {
+  ::depthbench::v1::SweepSpec spec;
+  spec.set_name(name);
+  spec.add_architectures("pre_ln");
+  (*spec.mutable_lr_grids())["pre_ln"].add_lrs(1e-3);
+  auto* shape = spec.mutable_shapes()->add_explicit_shapes();
+  shape->set_layers(2);
+  shape->set_d_model(64);
+  spec.mutable_training()->set_steps(1);
+  return spec;
+}
 
 class SweepFixture : public ::testing::Test {
  protected:

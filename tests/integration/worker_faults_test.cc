@@ -135,13 +135,8 @@ bool GrpcAnswers(const std::string& address, int timeout_ms = 3000) {
 
 v1::SweepSpec FakeSpec(const std::string& name, int max_attempts,
                        std::vector<std::string> diagnostics = {}) {
-  v1::SweepSpec spec;
-  spec.set_name(name);
-  spec.add_architectures("pre_ln");
-  (*spec.mutable_lr_grids())["pre_ln"].add_lrs(1e-3);
-  auto* shape = spec.mutable_shapes()->add_explicit_shapes();
-  shape->set_layers(2);
-  shape->set_d_model(64);
+  v1::SweepSpec spec = OneJobSpec(name);
+  auto* shape = spec.mutable_shapes()->mutable_explicit_shapes(0);
   shape->set_heads(4);
   shape->set_vocab(256);
   auto* t = spec.mutable_training();
@@ -192,6 +187,19 @@ class WorkerFaultsTest : public SweepFixture {
     worker_.Start(args, worker_log());
   }
   std::string worker_log() const { return dir_ + "/worker.log"; }
+
+  // Starts `scheduler` (a real depthbench-scheduler with a metrics port)
+  // under a descriptor limit of `fds`; returns its gRPC and metrics ports
+  // (0 if it did not write one).
+  std::pair<int, int> StartSchedulerWithFdLimit(Daemon& scheduler, rlim_t fds) {
+    const std::string port_file = dir_ + "/port", mport_file = dir_ + "/mport";
+    scheduler.Start({DEPTHBENCH_SCHEDULER_BIN, "--db", dir_ + "/s.db", "--listen", "127.0.0.1:0",
+                     "--port-file", port_file, "--metrics-listen", "127.0.0.1:0",
+                     "--metrics-port-file", mport_file},
+                    dir_ + "/scheduler.log", std::pair<rlim_t, rlim_t>(fds, fds));
+    const int mport = ReadPortFile(mport_file);
+    return {ReadPortFile(port_file), mport};
+  }
 
   // Waits until a job of `sweep` (of `kind`) is in a final state.
   std::optional<v1::Job> WaitFinal(const std::string& sweep, v1::JobKind kind, int timeout_s) {
@@ -392,13 +400,7 @@ TEST_F(WorkerFaultsTest, OutputFloodIsBoundedInLogsAndMemory) {
 // listener never came back. Here with a limit of 256 and 400 connections.
 TEST_F(WorkerFaultsTest, IdleMetricsConnectionsCannotStopGrpc) {
   Daemon scheduler;
-  const std::string port_file = dir_ + "/port", mport_file = dir_ + "/mport";
-  scheduler.Start({DEPTHBENCH_SCHEDULER_BIN, "--db", dir_ + "/s.db", "--listen", "127.0.0.1:0",
-                   "--port-file", port_file, "--metrics-listen", "127.0.0.1:0",
-                   "--metrics-port-file", mport_file},
-                  dir_ + "/scheduler.log", std::pair<rlim_t, rlim_t>(256, 256));
-  const int mport = ReadPortFile(mport_file);
-  const int port = ReadPortFile(port_file);
+  const auto [port, mport] = StartSchedulerWithFdLimit(scheduler, 256);
   ASSERT_GT(mport, 0);
   ASSERT_GT(port, 0);
   const std::string address = "127.0.0.1:" + std::to_string(port);
@@ -424,13 +426,7 @@ TEST_F(WorkerFaultsTest, IdleMetricsConnectionsCannotStopGrpc) {
 // "ready".
 TEST_F(WorkerFaultsTest, ReadinessFailsWhenGrpcStopsAccepting) {
   Daemon scheduler;
-  const std::string port_file = dir_ + "/port", mport_file = dir_ + "/mport";
-  scheduler.Start({DEPTHBENCH_SCHEDULER_BIN, "--db", dir_ + "/s.db", "--listen", "127.0.0.1:0",
-                   "--port-file", port_file, "--metrics-listen", "127.0.0.1:0",
-                   "--metrics-port-file", mport_file},
-                  dir_ + "/scheduler.log", std::pair<rlim_t, rlim_t>(128, 128));
-  const int mport = ReadPortFile(mport_file);
-  const int port = ReadPortFile(port_file);
+  const auto [port, mport] = StartSchedulerWithFdLimit(scheduler, 128);
   ASSERT_GT(mport, 0);
   ASSERT_GT(port, 0);
   const std::string address = "127.0.0.1:" + std::to_string(port);

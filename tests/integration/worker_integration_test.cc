@@ -205,6 +205,44 @@ class WorkerSystemTest : public SweepFixture {
     return stored.back();
   }
 
+  // The pid of a RUNNING job's trainer (the worker's only child); 0 at the
+  // deadline or when the job pauses or is pruned before it is seen (a
+  // failure).
+  pid_t CatchTrainer(int64_t job_id, pid_t worker, Clock::time_point deadline) {
+    while (Clock::now() < deadline) {
+      v1::Job job = GetJob(job_id);
+      if (job.state() == v1::RUNNING) {
+        std::vector<pid_t> children = ChildPids(worker);
+        if (children.size() == 1 && GetJob(job_id).state() == v1::RUNNING) return children[0];
+      }
+      EXPECT_NE(job.state(), v1::PAUSED) << "paused before its trainer was seen";
+      EXPECT_NE(job.state(), v1::PRUNED) << "pruned before its trainer was seen";
+      if (job.state() == v1::PAUSED || job.state() == v1::PRUNED) return 0;
+      std::this_thread::sleep_for(milliseconds(5));
+    }
+    return 0;
+  }
+
+  // The job once it is no longer RUNNING (or as it is at the deadline).
+  v1::Job WaitWhileRunning(int64_t job_id, Clock::time_point deadline) {
+    v1::Job job;
+    while (Clock::now() < deadline) {
+      job = GetJob(job_id);
+      if (job.state() != v1::RUNNING) break;
+      std::this_thread::sleep_for(milliseconds(5));
+    }
+    return job;
+  }
+
+  // Whether the job left PENDING before the deadline.
+  bool WaitStarted(int64_t job_id, Clock::time_point deadline) {
+    while (Clock::now() < deadline) {
+      if (GetJob(job_id).state() != v1::PENDING) return true;
+      std::this_thread::sleep_for(milliseconds(20));
+    }
+    return false;
+  }
+
   std::string Cli(const std::string& args) {
     return std::string(DEPTHBENCH_CLI_BIN) + " --scheduler " + server_->address() + " " + args;
   }
@@ -623,26 +661,11 @@ TEST_F(WorkerSystemTest, PrunedRunIsStoppedWithinGraceAndItsSlotRunsTheNextJob) 
   // One worker, one slot: the jobs run one after another.
   WorkerProcess* w1 = AddWorker("w1", {"--grace-ms", std::to_string(kGraceMs)});
   // Catch the hopeless run's trainer while it runs.
-  pid_t trainer = 0;
   auto deadline = Clock::now() + std::chrono::seconds(240);
-  while (Clock::now() < deadline && trainer == 0) {
-    v1::Job job = GetJob(hopeless);
-    if (job.state() == v1::RUNNING) {
-      std::vector<pid_t> children = ChildPids(w1->pid());
-      if (children.size() == 1 && GetJob(hopeless).state() == v1::RUNNING) trainer = children[0];
-    }
-    ASSERT_NE(job.state(), v1::PAUSED) << "paused before its trainer was seen";
-    ASSERT_NE(job.state(), v1::PRUNED) << "pruned before its trainer was seen";
-    std::this_thread::sleep_for(milliseconds(5));
-  }
-  ASSERT_NE(trainer, 0) << "the hopeless run never ran";
+  const pid_t trainer = CatchTrainer(hopeless, w1->pid(), deadline);
+  ASSERT_NE(trainer, 0) << "the hopeless run's trainer was never seen running";
   // It is stopped (paused) at rung 0 (step 200) ...
-  v1::Job job;
-  while (Clock::now() < deadline) {
-    job = GetJob(hopeless);
-    if (job.state() != v1::RUNNING) break;
-    std::this_thread::sleep_for(milliseconds(5));
-  }
+  v1::Job job = WaitWhileRunning(hopeless, deadline);
   const auto stopped_at = Clock::now();
   ASSERT_EQ(job.state(), v1::PAUSED) << job.reason();
   EXPECT_NE(job.reason().find("paused at rung 0 (step 200)"), std::string::npos) << job.reason();
@@ -655,13 +678,7 @@ TEST_F(WorkerSystemTest, PrunedRunIsStoppedWithinGraceAndItsSlotRunsTheNextJob) 
   EXPECT_FALSE(ProcessAlive(trainer));
   // ... and the worker's only slot runs the next job.
   const int64_t next = jobs[2].id();
-  bool started = false;
-  while (Clock::now() < deadline && !started) {
-    v1::Job n = GetJob(next);
-    started = n.state() != v1::PENDING;
-    if (!started) std::this_thread::sleep_for(milliseconds(20));
-  }
-  EXPECT_TRUE(started);
+  EXPECT_TRUE(WaitStarted(next, deadline));
   EXPECT_EQ(GetJob(next).worker_id().empty() ? std::string("w1") : GetJob(next).worker_id(), "w1");
   ASSERT_TRUE(WaitSweepDone("halving", 240));
   // Never a failure, never retried: the hopeless runs are pruned once rung

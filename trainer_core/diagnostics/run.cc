@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/run_protocol.h"
 #include "common/status_macros.h"
 #include "trainer_core/batcher.h"
 #include "trainer_core/checkpoint.h"
@@ -222,13 +223,8 @@ nlohmann::json DeffJson(const EffectiveDepthResult& r, int64_t sequences) {
   return out;
 }
 
-absl::StatusOr<RunReport> RunDiagnosticsImpl(LanguageModelImpl& model,
-                                             const torch::Tensor& tokens,
-                                             const RunOptions& options) {
-  const std::vector<std::string>& requested =
-      options.kinds.empty() ? AllKinds() : options.kinds;
-  RETURN_IF_ERROR(ValidateKinds(requested));
-  const std::set<std::string> kinds(requested.begin(), requested.end());
+absl::Status ValidateRunInputs(const std::set<std::string>& kinds, const torch::Tensor& tokens,
+                               const RunOptions& options) {
   if (options.micro_batch < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("micro_batch: must be >= 1, got ", options.micro_batch));
@@ -240,127 +236,167 @@ absl::StatusOr<RunReport> RunDiagnosticsImpl(LanguageModelImpl& model,
   if (Wants(kinds, "deff") && tokens.size(0) < 2) {
     return absl::InvalidArgumentError("deff: needs at least 2 sequences");
   }
+  return absl::OkStatus();
+}
+
+// The skip passes: one per block, feeding both the causal rows and the
+// pruning losses.
+absl::Status RunSkipPasses(Runner& runner, bool want_causal, CausalForm form,
+                           RunReport& report) {
+  const int64_t L = runner.num_layers();
+  const std::vector<torch::Tensor>& h = report.states;
+  const auto start = Clock::now();
+  const int64_t before = runner.layer_forwards();
+  report.causal.assign(L, std::vector<double>(L, std::nan("")));
+  report.pruning_loss.assign(L, 0.0);
+  for (int64_t s = 0; s < L; ++s) {
+    // Skipping the last block changes no later block: its causal row is
+    // undefined, but its pruning loss is still measured.
+    const bool rows = want_causal && s + 1 < L;
+    std::vector<torch::Tensor> skipped;
+    RETURN_IF_ERROR(runner.SkipPass(s, rows ? &skipped : nullptr, &report.pruning_loss[s]));
+    if (rows) {
+      ASSIGN_OR_RETURN(report.causal[s], CausalScoreRow(h, skipped, s, form));
+    }
+  }
+  report.skip_layer_forwards = runner.layer_forwards() - before;
+  report.skip_seconds = SecondsSince(start);
+  if (!want_causal) report.causal.clear();
+  return absl::OkStatus();
+}
+
+absl::Status RunPermutationPasses(Runner& runner, RunReport& report) {
+  const auto start = Clock::now();
+  const int64_t before = runner.layer_forwards();
+  ASSIGN_OR_RETURN(report.permutation,
+                   PermutationScoreMatrix(runner.num_layers(), report.base_loss,
+                                          [&runner](int64_t l1, int64_t l2) -> absl::StatusOr<double> {
+                                            return runner.SwapLoss(l1, l2);
+                                          }));
+  report.permutation_layer_forwards = runner.layer_forwards() - before;
+  report.permutation_seconds = SecondsSince(start);
+  return absl::OkStatus();
+}
+
+nlohmann::json CostJson(LanguageModelImpl& model, int64_t T, int64_t layer_forwards,
+                        double seconds) {
+  const DesignOptions& d = model.options().design;
+  const FlopsBreakdown f = ForwardFlops(model.options().arch, d.shape, T, d.hc_streams);
+  const int64_t total = model.ParameterCount();
+  const int64_t pre_ln = TotalParams(d.shape);
+  return {{"params", {{"total", total}, {"pre_ln_total", pre_ln}, {"extra", total - pre_ln}}},
+          {"seq_len", T},
+          {"flops",
+           {{"body", f.body},
+            {"design", f.design},
+            {"head_all_positions", f.head_all_positions},
+            {"total_all_positions", f.total_all_positions},
+            {"per_token", f.total_all_positions / static_cast<double>(T)}}},
+          {"kv_cache_bytes", f.kv_cache_bytes},
+          {"diagnostic_layer_forwards", layer_forwards},
+          {"diagnostic_seconds", seconds}};
+}
+
+// What the kinds' result documents are built from, besides the report.
+struct KindInputs {
+  LanguageModelImpl& model;
+  const Runner& runner;
+  const RunOptions& options;
+  int64_t num_sequences;
+  int64_t T;
+  Clock::time_point all_start;
+  std::vector<torch::Tensor> maps;
+  std::vector<MixingRecord> mixing;
+};
+
+absl::StatusOr<nlohmann::json> KindJson(const std::string& kind, const RunReport& report,
+                                        const KindInputs& in) {
+  const int64_t L = report.num_layers;
+  if (kind == "angular") {
+    return nlohmann::json{{"matrix", MatrixJson(report.angular)},
+                          {"layers", L},
+                          {"tokens", in.num_sequences * in.T}};
+  }
+  if (kind == "causal") {
+    ASSIGN_OR_RETURN(double r, RCausal(report.causal, L));
+    return nlohmann::json{{"matrix", MatrixJson(report.causal)},
+                          {"form", CausalFormName(in.options.causal_form)},
+                          {"r_causal", Num(r)},
+                          {"threshold", kCausalThreshold},
+                          {"late_start", LateStart(L)},
+                          {"layer_forwards", report.skip_layer_forwards},
+                          {"naive_layer_forwards", NaiveSkipLayerForwards(L)},
+                          {"seconds", report.skip_seconds}};
+  }
+  if (kind == "permutation") {
+    ASSIGN_OR_RETURN(double r, RPerm(report.permutation, L));
+    return nlohmann::json{{"matrix", MatrixJson(report.permutation)},
+                          {"r_perm", Num(r)},
+                          {"threshold", kPermThreshold},
+                          {"late_start", LateStart(L)},
+                          {"base_loss", Num(report.base_loss)},
+                          {"layer_forwards", report.permutation_layer_forwards},
+                          {"naive_layer_forwards", NaivePermutationLayerForwards(L)},
+                          {"seconds", report.permutation_seconds}};
+  }
+  if (kind == "logit_lens") return nlohmann::json{{"kl", VectorJson(report.logit_lens_kl)}};
+  if (kind == "pruning") {
+    std::vector<double> delta;
+    for (double v : report.pruning_loss) delta.push_back(v - report.base_loss);
+    return nlohmann::json{{"base_loss", Num(report.base_loss)},
+                          {"loss", VectorJson(report.pruning_loss)},
+                          {"delta", VectorJson(delta)}};
+  }
+  if (kind == "deff") {
+    std::vector<torch::Tensor> outputs(report.states.begin() + 1, report.states.end());
+    ASSIGN_OR_RETURN(EffectiveDepthResult r, EffectiveDepth(outputs));
+    return DeffJson(r, in.num_sequences);
+  }
+  if (kind == "transport") return TransportSummary(in.maps);
+  if (kind == "block_alpha") return BlockAlphaSummary(in.mixing);
+  if (kind == "cost") {
+    return CostJson(in.model, in.T, in.runner.layer_forwards(), SecondsSince(in.all_start));
+  }
+  return absl::InternalError(absl::StrCat("diagnostics: no result builder for kind ", kind));
+}
+
+absl::StatusOr<RunReport> RunDiagnosticsImpl(LanguageModelImpl& model,
+                                             const torch::Tensor& tokens,
+                                             const RunOptions& options) {
+  const std::vector<std::string>& requested =
+      options.kinds.empty() ? AllKinds() : options.kinds;
+  RETURN_IF_ERROR(ValidateKinds(requested));
+  const std::set<std::string> kinds(requested.begin(), requested.end());
+  RETURN_IF_ERROR(ValidateRunInputs(kinds, tokens, options));
   torch::NoGradGuard no_grad;
   model.eval();
   Runner runner(model, tokens, options.micro_batch, options.reuse_prefix);
-  const int64_t L = runner.num_layers();
-  const int64_t T = tokens.size(1) - 1;
   RunReport report;
-  report.num_layers = L;
-  const auto all_start = Clock::now();
+  report.num_layers = runner.num_layers();
+  KindInputs in{model, runner, options, tokens.size(0), tokens.size(1) - 1, Clock::now(), {}, {}};
 
-  auto start = Clock::now();
+  const auto start = Clock::now();
   RETURN_IF_ERROR(runner.BasePass(Wants(kinds, "logit_lens"), &report.logit_lens_kl));
   report.base_loss = runner.base_loss();
   report.base_layer_forwards = runner.layer_forwards();
   report.base_seconds = SecondsSince(start);
   report.states = runner.base_states();
-  const std::vector<torch::Tensor>& h = report.states;
 
   if (Wants(kinds, "angular")) {
-    ASSIGN_OR_RETURN(report.angular, AngularDistanceMatrix(h));
+    ASSIGN_OR_RETURN(report.angular, AngularDistanceMatrix(report.states));
   }
-
-  const bool want_causal = Wants(kinds, "causal");
-  if (want_causal || Wants(kinds, "pruning")) {
-    start = Clock::now();
-    const int64_t before = runner.layer_forwards();
-    report.causal.assign(L, std::vector<double>(L, std::nan("")));
-    report.pruning_loss.assign(L, 0.0);
-    for (int64_t s = 0; s < L; ++s) {
-      // Skipping the last block changes no later block: its causal row is
-      // undefined, but its pruning loss is still measured.
-      const bool rows = want_causal && s + 1 < L;
-      std::vector<torch::Tensor> skipped;
-      RETURN_IF_ERROR(runner.SkipPass(s, rows ? &skipped : nullptr, &report.pruning_loss[s]));
-      if (rows) {
-        ASSIGN_OR_RETURN(report.causal[s], CausalScoreRow(h, skipped, s, options.causal_form));
-      }
-    }
-    report.skip_layer_forwards = runner.layer_forwards() - before;
-    report.skip_seconds = SecondsSince(start);
-    if (!want_causal) report.causal.clear();
+  if (Wants(kinds, "causal") || Wants(kinds, "pruning")) {
+    RETURN_IF_ERROR(RunSkipPasses(runner, Wants(kinds, "causal"), options.causal_form, report));
   }
-
-  if (Wants(kinds, "permutation")) {
-    start = Clock::now();
-    const int64_t before = runner.layer_forwards();
-    ASSIGN_OR_RETURN(report.permutation,
-                     PermutationScoreMatrix(L, report.base_loss,
-                                            [&runner](int64_t l1, int64_t l2) -> absl::StatusOr<double> {
-                                              return runner.SwapLoss(l1, l2);
-                                            }));
-    report.permutation_layer_forwards = runner.layer_forwards() - before;
-    report.permutation_seconds = SecondsSince(start);
-  }
-
-  std::vector<torch::Tensor> maps;
-  std::vector<MixingRecord> mixing;
+  if (Wants(kinds, "permutation")) RETURN_IF_ERROR(RunPermutationPasses(runner, report));
   if (Wants(kinds, "transport") || Wants(kinds, "block_alpha")) {
-    runner.RecordingPass(&maps, &mixing);
+    runner.RecordingPass(&in.maps, &in.mixing);
   }
 
   // Results in AllKinds() order.
   for (const std::string& kind : AllKinds()) {
     if (!kinds.count(kind)) continue;
-    nlohmann::json data;
-    if (kind == "angular") {
-      data = {{"matrix", MatrixJson(report.angular)},
-              {"layers", L},
-              {"tokens", tokens.size(0) * T}};
-    } else if (kind == "causal") {
-      ASSIGN_OR_RETURN(double r, RCausal(report.causal, L));
-      data = {{"matrix", MatrixJson(report.causal)},
-              {"form", CausalFormName(options.causal_form)},
-              {"r_causal", Num(r)},
-              {"threshold", kCausalThreshold},
-              {"late_start", LateStart(L)},
-              {"layer_forwards", report.skip_layer_forwards},
-              {"naive_layer_forwards", NaiveSkipLayerForwards(L)},
-              {"seconds", report.skip_seconds}};
-    } else if (kind == "permutation") {
-      ASSIGN_OR_RETURN(double r, RPerm(report.permutation, L));
-      data = {{"matrix", MatrixJson(report.permutation)},
-              {"r_perm", Num(r)},
-              {"threshold", kPermThreshold},
-              {"late_start", LateStart(L)},
-              {"base_loss", Num(report.base_loss)},
-              {"layer_forwards", report.permutation_layer_forwards},
-              {"naive_layer_forwards", NaivePermutationLayerForwards(L)},
-              {"seconds", report.permutation_seconds}};
-    } else if (kind == "logit_lens") {
-      data = {{"kl", VectorJson(report.logit_lens_kl)}};
-    } else if (kind == "pruning") {
-      std::vector<double> delta;
-      for (double v : report.pruning_loss) delta.push_back(v - report.base_loss);
-      data = {{"base_loss", Num(report.base_loss)},
-              {"loss", VectorJson(report.pruning_loss)},
-              {"delta", VectorJson(delta)}};
-    } else if (kind == "deff") {
-      std::vector<torch::Tensor> outputs(h.begin() + 1, h.end());
-      ASSIGN_OR_RETURN(EffectiveDepthResult r, EffectiveDepth(outputs));
-      data = DeffJson(r, tokens.size(0));
-    } else if (kind == "transport") {
-      ASSIGN_OR_RETURN(data, TransportSummary(maps));
-    } else if (kind == "block_alpha") {
-      ASSIGN_OR_RETURN(data, BlockAlphaSummary(mixing));
-    } else if (kind == "cost") {
-      const DesignOptions& d = model.options().design;
-      const FlopsBreakdown f = ForwardFlops(model.options().arch, d.shape, T, d.hc_streams);
-      const int64_t total = model.ParameterCount();
-      const int64_t pre_ln = TotalParams(d.shape);
-      data = {{"params", {{"total", total}, {"pre_ln_total", pre_ln}, {"extra", total - pre_ln}}},
-              {"seq_len", T},
-              {"flops",
-               {{"body", f.body},
-                {"design", f.design},
-                {"head_all_positions", f.head_all_positions},
-                {"total_all_positions", f.total_all_positions},
-                {"per_token", f.total_all_positions / static_cast<double>(T)}}},
-              {"kv_cache_bytes", f.kv_cache_bytes},
-              {"diagnostic_layer_forwards", runner.layer_forwards()},
-              {"diagnostic_seconds", SecondsSince(all_start)}};
-    }
+    ASSIGN_OR_RETURN(nlohmann::json data, KindJson(kind, report, in));
     report.results.push_back({kind, std::move(data)});
   }
   return report;
@@ -575,7 +611,7 @@ absl::StatusOr<nlohmann::json> RunDiagnoseJob(const DiagnoseConfig& config,
   doc["seq_len"] = seq_len;
   doc["kinds"] = nlohmann::json::object();
   for (const KindResult& r : report.results) {
-    if (sink) sink({{"event", "diagnostics"}, {"kind", r.kind}, {"data", r.data}});
+    if (sink) sink(run_protocol::DiagnosticsEvent(r.kind, r.data));
     doc["kinds"][r.kind] = r.data;
   }
   if (!out_dir.empty()) {

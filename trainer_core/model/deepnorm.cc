@@ -5,7 +5,7 @@
 #include <cmath>
 #include <string>
 
-#include "trainer_core/model/design.h"
+#include "trainer_core/model/single_stream.h"
 
 namespace depthbench {
 namespace {
@@ -26,19 +26,13 @@ class DeepNormBlockImpl : public torch::nn::Module {
 };
 TORCH_MODULE(DeepNormBlock);
 
-class DeepNormDesign final : public DesignImpl {
+class DeepNormDesign final : public SingleStreamDesign<DeepNormBlock> {
  public:
   explicit DeepNormDesign(const DesignOptions& options)
-      : DesignImpl(options),
+      : SingleStreamDesign(options),
         alpha_(std::pow(2.0 * options.shape.layers, 0.25)),
-        beta_(std::pow(8.0 * options.shape.layers, -0.25)) {
-    for (int64_t l = 0; l < options.shape.layers; ++l) {
-      blocks_.push_back(register_module("block_" + std::to_string(l),
-                                        DeepNormBlock(options.shape)));
-    }
-  }
+        beta_(std::pow(8.0 * options.shape.layers, -0.25)) {}
   Arch arch() const override { return Arch::kDeepNorm; }
-  DepthState Begin(const torch::Tensor& embedding) override { return DepthState({embedding}); }
   void ApplyBlock(int64_t /*position*/, int64_t weights, DepthState& s) override {
     DeepNormBlockImpl& b = *blocks_[weights];
     torch::Tensor h = s.tensors[0];
@@ -46,9 +40,6 @@ class DeepNormDesign final : public DesignImpl {
     h = b.ffn_post_norm->forward(alpha_ * h + b.ffn->forward(h));
     s.tensors[0] = h;
   }
-  torch::Tensor Finish(const DepthState& s) override { return final_norm->forward(s.tensors[0]); }
-  torch::Tensor Representation(const DepthState& s, int64_t) override { return s.tensors[0]; }
-  torch::Tensor LensHidden(const DepthState& s, int64_t) override { return s.tensors[0]; }
 
   void InitDesignParameters() override {
     torch::NoGradGuard no_grad;
@@ -67,7 +58,6 @@ class DeepNormDesign final : public DesignImpl {
  private:
   double alpha_;
   double beta_;
-  std::vector<DeepNormBlock> blocks_;
 };
 
 }  // namespace

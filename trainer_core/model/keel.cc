@@ -5,7 +5,7 @@
 // Pre-LN: d in block 0, 2d in every other block.
 #include <string>
 
-#include "trainer_core/model/design.h"
+#include "trainer_core/model/single_stream.h"
 
 namespace depthbench {
 namespace {
@@ -24,17 +24,13 @@ class KeelBlockImpl : public TransformerBlockImpl {
 };
 TORCH_MODULE(KeelBlock);
 
-class KeelDesign final : public DesignImpl {
+class KeelDesign final : public SingleStreamDesign<KeelBlock> {
  public:
   explicit KeelDesign(const DesignOptions& options)
-      : DesignImpl(options), alpha_(2.0 * options.shape.layers) {
-    for (int64_t l = 0; l < options.shape.layers; ++l) {
-      blocks_.push_back(register_module("block_" + std::to_string(l),
-                                        KeelBlock(options.shape, l == 0)));
-    }
-  }
+      : SingleStreamDesign(options,
+                           [&options](int64_t l) { return KeelBlock(options.shape, l == 0); }),
+        alpha_(2.0 * options.shape.layers) {}
   Arch arch() const override { return Arch::kKeel; }
-  DepthState Begin(const torch::Tensor& embedding) override { return DepthState({embedding}); }
   // Swap (spec section 9): the first block's structure (plain Pre-LN
   // attention, alpha = 1 FFN) belongs to slot 0, not to block 0's weights;
   // every parameter both blocks have moves, and the attention post-norm,
@@ -53,13 +49,9 @@ class KeelDesign final : public DesignImpl {
     }
     s.tensors[0] = h;
   }
-  torch::Tensor Finish(const DepthState& s) override { return final_norm->forward(s.tensors[0]); }
-  torch::Tensor Representation(const DepthState& s, int64_t) override { return s.tensors[0]; }
-  torch::Tensor LensHidden(const DepthState& s, int64_t) override { return s.tensors[0]; }
 
  private:
   double alpha_;
-  std::vector<KeelBlock> blocks_;
 };
 
 }  // namespace

@@ -5,32 +5,21 @@
 #include <cmath>
 #include <string>
 
-#include "trainer_core/model/design.h"
+#include "trainer_core/model/single_stream.h"
 
 namespace depthbench {
 namespace {
 
-class LnsDesign final : public DesignImpl {
+class LnsDesign final : public SingleStreamDesign<TransformerBlock> {
  public:
-  explicit LnsDesign(const DesignOptions& options) : DesignImpl(options) {
-    for (int64_t l = 0; l < options.shape.layers; ++l) {
-      blocks_.push_back(register_module("block_" + std::to_string(l),
-                                        TransformerBlock(options.shape)));
-    }
-  }
+  explicit LnsDesign(const DesignOptions& options) : SingleStreamDesign(options) {}
   Arch arch() const override { return Arch::kLns; }
-  DepthState Begin(const torch::Tensor& embedding) override { return DepthState({embedding}); }
   void ApplyBlock(int64_t position, int64_t weights, DepthState& s) override {
     (void)position;
     const double scale = 1.0 / std::sqrt(static_cast<double>(weights + 1));
     s.tensors[0] = PreNormBlockForward(*blocks_[weights], s.tensors[0], rope(), scale);
   }
-  torch::Tensor Finish(const DepthState& s) override { return final_norm->forward(s.tensors[0]); }
-  torch::Tensor Representation(const DepthState& s, int64_t) override { return s.tensors[0]; }
-  torch::Tensor LensHidden(const DepthState& s, int64_t) override { return s.tensors[0]; }
 
- private:
-  std::vector<TransformerBlock> blocks_;
 };
 
 }  // namespace

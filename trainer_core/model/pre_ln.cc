@@ -1,30 +1,19 @@
 // Design 1, Pre-LN: h = h + F(LN(h)) for each sub-layer.
 #include <string>
 
-#include "trainer_core/model/design.h"
+#include "trainer_core/model/single_stream.h"
 
 namespace depthbench {
 namespace {
 
-class PreLnDesign final : public DesignImpl {
+class PreLnDesign final : public SingleStreamDesign<TransformerBlock> {
  public:
-  explicit PreLnDesign(const DesignOptions& options) : DesignImpl(options) {
-    for (int64_t l = 0; l < options.shape.layers; ++l) {
-      blocks_.push_back(register_module("block_" + std::to_string(l),
-                                        TransformerBlock(options.shape)));
-    }
-  }
+  explicit PreLnDesign(const DesignOptions& options) : SingleStreamDesign(options) {}
   Arch arch() const override { return Arch::kPreLn; }
-  DepthState Begin(const torch::Tensor& embedding) override { return DepthState({embedding}); }
   void ApplyBlock(int64_t /*position*/, int64_t weights, DepthState& s) override {
     s.tensors[0] = PreNormBlockForward(*blocks_[weights], s.tensors[0], rope());
   }
-  torch::Tensor Finish(const DepthState& s) override { return final_norm->forward(s.tensors[0]); }
-  torch::Tensor Representation(const DepthState& s, int64_t) override { return s.tensors[0]; }
-  torch::Tensor LensHidden(const DepthState& s, int64_t) override { return s.tensors[0]; }
 
- private:
-  std::vector<TransformerBlock> blocks_;
 };
 
 }  // namespace

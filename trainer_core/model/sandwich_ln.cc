@@ -2,7 +2,7 @@
 // initialised to 1; +2d parameters per block.
 #include <string>
 
-#include "trainer_core/model/design.h"
+#include "trainer_core/model/single_stream.h"
 
 namespace depthbench {
 namespace {
@@ -17,16 +17,10 @@ class SandwichBlockImpl : public TransformerBlockImpl {
 };
 TORCH_MODULE(SandwichBlock);
 
-class SandwichLnDesign final : public DesignImpl {
+class SandwichLnDesign final : public SingleStreamDesign<SandwichBlock> {
  public:
-  explicit SandwichLnDesign(const DesignOptions& options) : DesignImpl(options) {
-    for (int64_t l = 0; l < options.shape.layers; ++l) {
-      blocks_.push_back(register_module("block_" + std::to_string(l),
-                                        SandwichBlock(options.shape)));
-    }
-  }
+  explicit SandwichLnDesign(const DesignOptions& options) : SingleStreamDesign(options) {}
   Arch arch() const override { return Arch::kSandwichLn; }
-  DepthState Begin(const torch::Tensor& embedding) override { return DepthState({embedding}); }
   void ApplyBlock(int64_t /*position*/, int64_t weights, DepthState& s) override {
     SandwichBlockImpl& b = *blocks_[weights];
     torch::Tensor h = s.tensors[0];
@@ -34,12 +28,7 @@ class SandwichLnDesign final : public DesignImpl {
     h = h + b.ffn_out_norm->forward(b.ffn->forward(b.ffn_norm->forward(h)));
     s.tensors[0] = h;
   }
-  torch::Tensor Finish(const DepthState& s) override { return final_norm->forward(s.tensors[0]); }
-  torch::Tensor Representation(const DepthState& s, int64_t) override { return s.tensors[0]; }
-  torch::Tensor LensHidden(const DepthState& s, int64_t) override { return s.tensors[0]; }
 
- private:
-  std::vector<SandwichBlock> blocks_;
 };
 
 }  // namespace
