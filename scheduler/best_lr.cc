@@ -6,25 +6,27 @@
 
 namespace depthbench::scheduler {
 
-bool IsTerminalState(const std::string& state) {
-  return state == "succeeded" || state == "diverged" || state == "failed" ||
-         state == "cancelled" || state == "pruned" || state == "skipped";
+namespace v1 = ::depthbench::v1;
+
+bool IsTerminalState(v1::JobState state) {
+  return state == v1::SUCCEEDED || state == v1::DIVERGED || state == v1::FAILED ||
+         state == v1::CANCELLED || state == v1::PRUNED || state == v1::SKIPPED;
 }
 
-storage::LrTally TallyOf(const std::string& state, std::optional<double> val_loss,
+storage::LrTally TallyOf(v1::JobState state, std::optional<double> val_loss,
                          int64_t job_id) {
   storage::LrTally t;
   if (!IsTerminalState(state)) return t;
   t.ended = 1;
   // Strategies (issue 15): a pruned or never-run (skipped) job has ended,
   // is no failure, and offers no final loss.
-  if (state == "pruned" || state == "skipped") return t;
-  if (state == "succeeded" && val_loss.has_value()) {
+  if (state == v1::PRUNED || state == v1::SKIPPED) return t;
+  if (state == v1::SUCCEEDED && val_loss.has_value()) {
     t.succeeded = 1;
     t.loss_sum = *val_loss;
     t.best_job_id = job_id;
     t.best_val_loss = val_loss;
-  } else if (state == "diverged") {
+  } else if (state == v1::DIVERGED) {
     t.diverged = 1;
   } else {
     t.failed = 1;  // failed, cancelled, or a success that reported no loss
@@ -89,7 +91,7 @@ int64_t DiagnosisTarget(const GroupSelection& selection,
   int64_t target = 0;
   double best = 0;
   for (const storage::GroupMember& job : jobs) {
-    if (job.lr != fixed_lr || job.state != "succeeded" || !job.val_loss.has_value()) continue;
+    if (job.lr != fixed_lr || job.state != v1::SUCCEEDED || !job.val_loss.has_value()) continue;
     if (target == 0 || *job.val_loss < best) {
       target = job.id;
       best = *job.val_loss;

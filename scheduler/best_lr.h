@@ -37,7 +37,7 @@ struct GroupSelection {
   int64_t best_job_id = 0;     // 0 when none
 };
 
-bool IsTerminalState(const std::string& state);
+bool IsTerminalState(depthbench::v1::JobState state);
 
 GroupSelection SelectBest(const std::vector<storage::GroupMember>& jobs);
 
@@ -50,7 +50,7 @@ GroupSelection SelectBestFromTallies(const std::vector<storage::LrTally>& lrs);
 // succeeded/diverged/failed after; a succeeded job with a loss also adds
 // the loss and offers itself as the LR's best run. Only the count fields,
 // loss_sum, best_job_id and best_val_loss are set.
-storage::LrTally TallyOf(const std::string& state, std::optional<double> val_loss,
+storage::LrTally TallyOf(depthbench::v1::JobState state, std::optional<double> val_loss,
                          int64_t job_id);
 
 // Adds `add`'s counts and loss to `into` and takes its best run when its

@@ -19,6 +19,7 @@
 #include "common/status_macros.h"
 #include "scheduler/best_lr.h"
 #include "scheduler/sweep_expander.h"
+#include "storage/job_text.h"
 #include "storage/migrations.h"
 #include "trainer_core/arch.h"
 #include "trainer_core/train_config.h"
@@ -30,32 +31,6 @@ using storage::AttemptRecord;
 using storage::JobRecord;
 using storage::Transaction;
 
-std::string JobStateName(v1::JobState state) {
-  switch (state) {
-    case v1::PENDING: return "pending";
-    case v1::LEASED: return "leased";
-    case v1::RUNNING: return "running";
-    case v1::SUCCEEDED: return "succeeded";
-    case v1::DIVERGED: return "diverged";
-    case v1::FAILED: return "failed";
-    case v1::CANCELLED: return "cancelled";
-    case v1::PRUNED: return "pruned";
-    case v1::HELD: return "held";
-    case v1::SKIPPED: return "skipped";
-    case v1::PAUSED: return "paused";
-    default: return "";
-  }
-}
-
-v1::JobState JobStateFromName(const std::string& name) {
-  for (v1::JobState s : {v1::PENDING, v1::LEASED, v1::RUNNING, v1::SUCCEEDED,
-                         v1::DIVERGED, v1::FAILED, v1::CANCELLED, v1::PRUNED, v1::HELD,
-                         v1::SKIPPED, v1::PAUSED}) {
-    if (JobStateName(s) == name) return s;
-  }
-  return v1::JOB_STATE_UNSPECIFIED;
-}
-
 namespace {
 
 v1::Job JobProto(const JobRecord& r, const std::string& sweep_name) {
@@ -63,8 +38,8 @@ v1::Job JobProto(const JobRecord& r, const std::string& sweep_name) {
   j.set_id(r.id);
   j.set_sweep_id(r.sweep_id);
   j.set_sweep_name(sweep_name);
-  j.set_kind(r.kind == "diagnose" ? v1::DIAGNOSE : v1::TRAIN);
-  j.set_state(JobStateFromName(r.state));
+  j.set_kind(r.kind);
+  j.set_state(r.state);
   j.set_arch(r.arch);
   j.set_layers(r.layers);
   j.set_d_model(r.d_model);
@@ -152,7 +127,7 @@ v1::RunSummary RunSummaryProto(const storage::RunRecord& job) {
   run.set_d_model(job.d_model);
   run.set_lr(job.lr);
   run.set_seed(job.seed);
-  run.set_state(JobStateFromName(job.state));
+  run.set_state(job.state);
   run.set_has_val_loss(job.val_loss.has_value());
   run.set_final_val_loss(job.val_loss.value_or(0));
   run.set_final_step(job.final_step);
@@ -200,7 +175,7 @@ absl::StatusOr<v1::Sweep> SweepProtoFrom(storage::Database* db, const storage::S
   ASSIGN_OR_RETURN(auto counts, jobs.CountByState(s.id));
   int64_t total = 0, done = 0;
   for (const auto& [state, n] : counts) {
-    (*out.mutable_job_counts())[state] = n;
+    (*out.mutable_job_counts())[storage::JobStateText(state)] = n;
     total += n;
     if (IsTerminalState(state)) done += n;
   }
@@ -400,11 +375,11 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Open(
 }
 
 absl::Status Scheduler::LoadLeases() {
-  ASSIGN_OR_RETURN(std::vector<JobRecord> active, jobs_.ListInStates({"leased", "running"}));
+  ASSIGN_OR_RETURN(std::vector<JobRecord> active, jobs_.ListInStates({v1::LEASED, v1::RUNNING}));
   int64_t now = clock_->NowMonotonicMs();
   for (const JobRecord& job : active) {
     leases_.Grant(job.id, job.current_attempt_id, job.worker_id, now,
-                  job.state == "running");
+                  job.state == v1::RUNNING);
   }
   counters_.active_leases = static_cast<int64_t>(leases_.size());
   return absl::OkStatus();
@@ -501,8 +476,8 @@ absl::StatusOr<v1::SubmitSweepResponse> Scheduler::SubmitSweep(const v1::SweepSp
   for (const PlannedJob& planned : expanded.jobs) {
     JobRecord job;
     job.sweep_id = sweep.id;
-    job.kind = "train";
-    job.state = planned.held ? "held" : "pending";
+    job.kind = v1::TRAIN;
+    job.state = planned.held ? v1::HELD : v1::PENDING;
     job.arch = planned.arch;
     job.layers = planned.shape.layers;
     job.d_model = planned.shape.d_model;
@@ -612,7 +587,7 @@ absl::StatusOr<v1::DeleteSweepResponse> Scheduler::DeleteSweep(
   ASSIGN_OR_RETURN(std::vector<JobRecord> jobs, jobs_.ListBySweep(sweep.id));
   std::vector<int64_t> active;
   for (const JobRecord& job : jobs) {
-    if (job.state == "leased" || job.state == "running") active.push_back(job.id);
+    if (job.state == v1::LEASED || job.state == v1::RUNNING) active.push_back(job.id);
   }
   if (!active.empty() && !request.force()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -626,7 +601,7 @@ absl::StatusOr<v1::DeleteSweepResponse> Scheduler::DeleteSweep(
     for (int64_t job : active) {
       leases_.Release(job);
       counters_.jobs_cancelled++;
-      observer_->OnJobFinished("cancelled");
+      observer_->OnJobFinished(v1::CANCELLED);
     }
     spec_cache_.erase(id);
   });
@@ -646,29 +621,29 @@ absl::StatusOr<v1::CancelSweepResponse> Scheduler::CancelSweep(const std::string
   ASSIGN_OR_RETURN(TimedTransaction txn, BeginTransaction("cancel_sweep"));
   int64_t cancelled = 0;
   std::vector<int64_t> released;
-  std::vector<std::pair<size_t, std::string>> changed;  // (index, state before)
+  std::vector<std::pair<size_t, v1::JobState>> changed;  // (index, state before)
   for (size_t i = 0; i < jobs.size(); ++i) {
     JobRecord& job = jobs[i];
     if (IsTerminalState(job.state)) continue;
     changed.emplace_back(i, job.state);
-    if (job.state == "leased" || job.state == "running") {
+    if (job.state == v1::LEASED || job.state == v1::RUNNING) {
       RETURN_IF_ERROR(jobs_.EndAttempt(job.current_attempt_id, now, "cancelled",
                                        "sweep cancelled"));
       released.push_back(job.id);
     }
-    job.state = "cancelled";
+    job.state = v1::CANCELLED;
     job.reason = "sweep cancelled";
     job.updated_ms = now;
     RETURN_IF_ERROR(jobs_.Update(job));
     ++cancelled;
     AfterCommit([this] {
       counters_.jobs_cancelled++;
-      observer_->OnJobFinished("cancelled");
+      observer_->OnJobFinished(v1::CANCELLED);
     });
   }
   RETURN_IF_ERROR(sweeps_.SetCancelled(sweep.id, true));
   for (const auto& [i, from_state] : changed) {
-    if (jobs[i].kind == "train") RETURN_IF_ERROR(UpdateGroup(jobs[i], from_state));
+    if (jobs[i].kind == v1::TRAIN) RETURN_IF_ERROR(UpdateGroup(jobs[i], from_state));
   }
   RETURN_IF_ERROR(txn.Commit());
   for (int64_t id : released) leases_.Release(id);
@@ -683,8 +658,10 @@ absl::StatusOr<v1::ListJobsResponse> Scheduler::ListJobs(const v1::ListJobsReque
   ASSIGN_OR_RETURN(filter.limit, PageLimit(request.page_size()));
   ASSIGN_OR_RETURN(filter.after_id, ParsePageToken(request.page_token(), "ListJobs"));
   if (request.state() != v1::JOB_STATE_UNSPECIFIED) {
-    filter.state = JobStateName(request.state());
-    if (filter.state.empty()) return absl::InvalidArgumentError("state: unknown job state");
+    if (!v1::JobState_IsValid(request.state())) {
+      return absl::InvalidArgumentError("state: unknown job state");
+    }
+    filter.state = request.state();
   }
   if (!request.arch().empty()) {
     absl::StatusOr<Arch> arch = ParseArch(request.arch());
@@ -752,24 +729,24 @@ absl::StatusOr<v1::RetryJobResponse> Scheduler::RetryJob(const v1::RetryJobReque
   std::vector<JobRecord> targets;
   if (request.job_id() != 0) {
     ASSIGN_OR_RETURN(JobRecord job, jobs_.Get(request.job_id()));
-    if (job.state != "failed" && job.state != "cancelled") {
+    if (job.state != v1::FAILED && job.state != v1::CANCELLED) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "job ", job.id, " is ", job.state, "; only failed or cancelled jobs can be retried"));
+          "job ", job.id, " is ", storage::JobStateText(job.state), "; only failed or cancelled jobs can be retried"));
     }
     targets.push_back(job);
   } else {
     ASSIGN_OR_RETURN(storage::SweepRecord sweep, SweepByName(request.sweep()));
     ASSIGN_OR_RETURN(std::vector<JobRecord> jobs, jobs_.ListBySweep(sweep.id));
     for (const JobRecord& job : jobs) {
-      if (job.state == "failed") targets.push_back(job);
+      if (job.state == v1::FAILED) targets.push_back(job);
     }
   }
   int64_t now = clock_->NowWallMs();
   ASSIGN_OR_RETURN(TimedTransaction txn, BeginTransaction("retry_job"));
   v1::RetryJobResponse out;
   for (JobRecord& job : targets) {
-    const std::string from_state = job.state;
-    job.state = "pending";
+    const v1::JobState from_state = job.state;
+    job.state = v1::PENDING;
     job.attempts_used = 0;
     job.not_before_ms = 0;
     job.reason.clear();
@@ -777,7 +754,7 @@ absl::StatusOr<v1::RetryJobResponse> Scheduler::RetryJob(const v1::RetryJobReque
     job.updated_ms = now;
     RETURN_IF_ERROR(jobs_.Update(job));
     RETURN_IF_ERROR(sweeps_.SetCancelled(job.sweep_id, false));
-    if (job.kind == "train") RETURN_IF_ERROR(UpdateGroup(job, from_state));
+    if (job.kind == v1::TRAIN) RETURN_IF_ERROR(UpdateGroup(job, from_state));
     out.add_job_ids(job.id);
     AfterCommit([this] { observer_->OnJobRetried("manual"); });
   }
@@ -856,11 +833,11 @@ absl::StatusOr<v1::QueryResultsResponse> Scheduler::QueryResults(
           const int64_t tokens = std::clamp<int64_t>(m.final_step, 0, total_steps) * per_step;
           l->set_tokens_trained(l->tokens_trained() + tokens);
           trained += tokens;
-          if (m.state == "pruned") {
+          if (m.state == v1::PRUNED) {
             l->set_pruned_runs(l->pruned_runs() + 1);
             auto at = pruned_at.find(m.id);
             if (at != pruned_at.end()) l->set_pruned_rung(std::max(l->pruned_rung(), at->second));
-          } else if (m.state == "held" || m.state == "skipped") {
+          } else if (m.state == v1::HELD || m.state == v1::SKIPPED) {
             l->set_never_run(l->never_run() + 1);
           }
         }
@@ -903,7 +880,7 @@ absl::StatusOr<WatchBatch> Scheduler::ReadWatch(int64_t job_id, int64_t after_ro
       }
     }
     WatchBatch batch;
-    batch.state = JobStateFromName(job.state);
+    batch.state = job.state;
     batch.attempt_id = job.current_attempt_id;
     ASSIGN_OR_RETURN(batch.resumed_from_step, ResumeStepOfCurrentAttempt(jobs, job));
     ASSIGN_OR_RETURN(batch.points, storage::MetricStore(db).Read(job_id, after_row_id, from_step,
@@ -926,7 +903,7 @@ absl::StatusOr<WatchBatch> JobWatch::Next(int64_t limit, absl::Duration wait) {
       absl::MutexLock lock(&s->mu_);
       seen_epoch_ = s->hub_.state_epoch();
       ASSIGN_OR_RETURN(JobRecord job, s->jobs_.Get(job_id_));
-      batch.state = JobStateFromName(job.state);
+      batch.state = job.state;
       batch.attempt_id = job.current_attempt_id;
       ASSIGN_OR_RETURN(resumed_from_step_, ResumeStepOfCurrentAttempt(s->jobs_, job));
       batch.resumed_from_step = resumed_from_step_;
@@ -948,7 +925,7 @@ absl::StatusOr<WatchBatch> JobWatch::Next(int64_t limit, absl::Duration wait) {
       absl::MutexLock lock(&s->mu_);
       seen_epoch_ = s->hub_.state_epoch();
       ASSIGN_OR_RETURN(JobRecord job, s->jobs_.Get(job_id_));
-      state_ = JobStateFromName(job.state);
+      state_ = job.state;
       attempt_id_ = job.current_attempt_id;
       ASSIGN_OR_RETURN(resumed_from_step_, ResumeStepOfCurrentAttempt(s->jobs_, job));
     }
@@ -1030,12 +1007,12 @@ std::vector<v1::Cancellation> Scheduler::Reattach(
     absl::StatusOr<JobRecord> job = jobs_.Get(r.job_id());
     if (!job.ok()) {
       c.set_reason("unknown job");
-    } else if (job->state == "cancelled") {
+    } else if (job->state == v1::CANCELLED) {
       c.set_reason("job cancelled");
     } else if (job->current_attempt_id != r.attempt_id()) {
       c.set_reason("attempt superseded (lease expired)");
-    } else if (IsTerminalState(job->state) || job->state == "paused") {
-      c.set_reason(absl::StrCat("job already ", job->state));
+    } else if (IsTerminalState(job->state) || job->state == v1::PAUSED) {
+      c.set_reason(absl::StrCat("job already ", storage::JobStateText(job->state)));
     } else {
       c.set_reason("lease held by another worker");
     }
@@ -1115,7 +1092,7 @@ absl::StatusOr<v1::AcquireJobResponse> Scheduler::AcquireJob(const v1::AcquireJo
   attempt.worker_id = worker.id;
   attempt.start_ms = now_wall;
   ASSIGN_OR_RETURN(attempt.id, jobs_.InsertAttempt(attempt));
-  job.state = "leased";
+  job.state = v1::LEASED;
   job.attempts_used++;
   job.current_attempt_id = attempt.id;
   job.worker_id = worker.id;
@@ -1129,7 +1106,7 @@ absl::StatusOr<v1::AcquireJobResponse> Scheduler::AcquireJob(const v1::AcquireJo
   out.set_has_job(true);
   out.set_job_id(job.id);
   out.set_attempt_id(attempt.id);
-  out.set_kind(job.kind == "diagnose" ? v1::DIAGNOSE : v1::TRAIN);
+  out.set_kind(job.kind);
   out.set_config_json(job.config_json);
   out.set_checkpoint_dir(job.checkpoint_dir);
   out.set_resume(previous > 0);
@@ -1234,8 +1211,8 @@ void Scheduler::CommitReports(const std::vector<PendingReport*>& group) {
     if (!live[i].second->running) {
       absl::StatusOr<JobRecord> job = jobs_.Get(r->job_id);
       if (!job.ok()) return fail_all(job.status());
-      if (job->state == "leased") {
-        job->state = "running";
+      if (job->state == v1::LEASED) {
+        job->state = v1::RUNNING;
         job->updated_ms = now_wall;
         absl::Status updated = jobs_.Update(*job);
         if (!updated.ok()) return fail_all(updated);
@@ -1289,7 +1266,7 @@ void Scheduler::CommitReports(const std::vector<PendingReport*>& group) {
       if (stop_is_prune[i]) {
         rung_steps_.erase(r->job_id);
         counters_.jobs_pruned++;
-        observer_->OnJobFinished("pruned");
+        observer_->OnJobFinished(v1::PRUNED);
       }
     } else if (lease != nullptr) {
       lease->running = true;
@@ -1305,25 +1282,25 @@ void Scheduler::CommitReports(const std::vector<PendingReport*>& group) {
 absl::Status Scheduler::RequeueOrFail(JobRecord& job, const std::string& reason,
                                       const std::string& retry_reason) {
   int64_t now = clock_->NowWallMs();
-  const std::string from_state = job.state;
+  const v1::JobState from_state = job.state;
   job.reason = reason;
   job.worker_id.clear();
   job.updated_ms = now;
   if (job.attempts_used >= job.max_attempts) {
-    job.state = "failed";
+    job.state = v1::FAILED;
     job.reason = absl::StrCat(reason, " (attempts exhausted: ", job.attempts_used,
                               " of ", job.max_attempts, ")");
     AfterCommit([this] {
       counters_.jobs_failed++;
-      observer_->OnJobFinished("failed");
+      observer_->OnJobFinished(v1::FAILED);
     });
     RETURN_IF_ERROR(jobs_.Update(job));
-    if (job.kind == "train") RETURN_IF_ERROR(UpdateGroup(job, from_state));
+    if (job.kind == v1::TRAIN) RETURN_IF_ERROR(UpdateGroup(job, from_state));
     return absl::OkStatus();
   }
   ASSIGN_OR_RETURN(const v1::SweepSpec* spec, SpecFor(job.sweep_id));
   RetrySettings retry = RetryFromSpec(spec->retry());
-  job.state = "pending";
+  job.state = v1::PENDING;
   job.not_before_ms = now + BackoffMs(job.attempts_used, retry.initial_backoff_ms,
                                       retry.backoff_multiplier, retry.max_backoff_ms);
   AfterCommit([this, retry_reason] {
@@ -1349,7 +1326,7 @@ absl::StatusOr<v1::FinishJobResponse> Scheduler::FinishJob(const v1::FinishJobRe
     if (attempt && attempt->job_id == request.job_id() &&
         attempt->outcome == kOutcome.at(request.status())) {
       ASSIGN_OR_RETURN(JobRecord job, jobs_.Get(request.job_id()));
-      out.set_state(JobStateFromName(job.state));
+      out.set_state(job.state);
       return out;
     }
     counters_.stale_reports++;
@@ -1358,7 +1335,7 @@ absl::StatusOr<v1::FinishJobResponse> Scheduler::FinishJob(const v1::FinishJobRe
         " does not hold a lease (expired, superseded, cancelled or finished)"));
   }
   ASSIGN_OR_RETURN(JobRecord job, jobs_.Get(request.job_id()));
-  const std::string from_state = job.state;
+  const v1::JobState from_state = job.state;
   int64_t now = clock_->NowWallMs();
   ASSIGN_OR_RETURN(TimedTransaction txn, BeginTransaction("finish_job"));
   if (request.points_size() > 0 || request.has_resumed_from_step()) {
@@ -1376,7 +1353,7 @@ absl::StatusOr<v1::FinishJobResponse> Scheduler::FinishJob(const v1::FinishJobRe
     RETURN_IF_ERROR(StorePointsLocked(job.id, request.attempt_id(), resumed, points, &counts,
                                       stored.get())
                         .status());
-    if (job.kind == "train" && request.status() == v1::FINISH_SUCCEEDED) {
+    if (job.kind == v1::TRAIN && request.status() == v1::FINISH_SUCCEEDED) {
       // Rungs this run reached with its last points count for the runs
       // still to arrive there; a finished run is not stopped.
       RETURN_IF_ERROR(DecideRungs(job, *stored, /*finished=*/true).status());
@@ -1395,14 +1372,14 @@ absl::StatusOr<v1::FinishJobResponse> Scheduler::FinishJob(const v1::FinishJobRe
   switch (request.status()) {
     case v1::FINISH_SUCCEEDED:
       RETURN_IF_ERROR(jobs_.EndAttempt(request.attempt_id(), now, "succeeded", request.reason()));
-      job.state = "succeeded";
+      job.state = v1::SUCCEEDED;
       job.reason = request.reason();
       AfterCommit([this] {
         counters_.jobs_succeeded++;
-        observer_->OnJobFinished("succeeded");
+        observer_->OnJobFinished(v1::SUCCEEDED);
       });
       RETURN_IF_ERROR(jobs_.Update(job));
-      if (job.kind == "train") {
+      if (job.kind == v1::TRAIN) {
         RETURN_IF_ERROR(UpdateGroup(job, from_state));
       } else {
         RETURN_IF_ERROR(RecordDiagnostics(job, request));
@@ -1410,14 +1387,14 @@ absl::StatusOr<v1::FinishJobResponse> Scheduler::FinishJob(const v1::FinishJobRe
       break;
     case v1::FINISH_DIVERGED:
       RETURN_IF_ERROR(jobs_.EndAttempt(request.attempt_id(), now, "diverged", request.reason()));
-      job.state = "diverged";
+      job.state = v1::DIVERGED;
       job.reason = request.reason().empty() ? "diverged" : request.reason();
       AfterCommit([this] {
         counters_.jobs_diverged++;
-        observer_->OnJobFinished("diverged");
+        observer_->OnJobFinished(v1::DIVERGED);
       });
       RETURN_IF_ERROR(jobs_.Update(job));
-      if (job.kind == "train") {
+      if (job.kind == v1::TRAIN) {
         RETURN_IF_ERROR(RecordDivergedRungs(job));
         RETURN_IF_ERROR(UpdateGroup(job, from_state));
       }
@@ -1430,7 +1407,7 @@ absl::StatusOr<v1::FinishJobResponse> Scheduler::FinishJob(const v1::FinishJobRe
     }
     case v1::FINISH_INTERRUPTED:
       RETURN_IF_ERROR(jobs_.EndAttempt(request.attempt_id(), now, "interrupted", request.reason()));
-      job.state = "pending";
+      job.state = v1::PENDING;
       job.attempts_used = std::max<int64_t>(0, job.attempts_used - 1);
       job.not_before_ms = 0;
       AfterCommit([this] {
@@ -1447,7 +1424,7 @@ absl::StatusOr<v1::FinishJobResponse> Scheduler::FinishJob(const v1::FinishJobRe
   rung_steps_.erase(job.id);
   leases_.Release(job.id);
   Bump();
-  out.set_state(JobStateFromName(job.state));
+  out.set_state(job.state);
   return out;
 }
 
@@ -1494,11 +1471,11 @@ absl::Status Scheduler::RecountLr(const JobRecord& job) {
   return results_.SetLrTally(tally);
 }
 
-absl::Status Scheduler::UpdateGroup(const JobRecord& changed, const std::string& from_state) {
+absl::Status Scheduler::UpdateGroup(const JobRecord& changed, v1::JobState from_state) {
   // The run's LR tally: what its new state adds less what its old one did.
   // A success is final, so its loss never has to be taken back out; should
   // one ever be left, the LR is recounted from its jobs.
-  if (from_state == "succeeded") {
+  if (from_state == v1::SUCCEEDED) {
     RETURN_IF_ERROR(RecountLr(changed));
   } else {
     storage::LrTally delta = TallyOf(changed.state, changed.val_loss, changed.id);
@@ -1564,8 +1541,8 @@ absl::Status Scheduler::UpdateGroup(const JobRecord& changed, const std::string&
   ASSIGN_OR_RETURN(JobRecord best, jobs_.Get(target));
   JobRecord diag = best;
   diag.id = 0;
-  diag.kind = "diagnose";
-  diag.state = "pending";
+  diag.kind = v1::DIAGNOSE;
+  diag.state = v1::PENDING;
   diag.config_json = DiagnoseConfigJson(best.config_json, best.checkpoint_dir, settings);
   diag.attempts_used = 0;
   diag.max_attempts = RetryFromSpec(spec->retry()).max_attempts;
@@ -1609,7 +1586,7 @@ absl::StatusOr<int64_t> Scheduler::ExpireLeasesLocked() {
   int64_t count = 0;
   for (const Lease& lease : expired) {
     ASSIGN_OR_RETURN(JobRecord job, jobs_.Get(lease.job_id));
-    if ((job.state != "leased" && job.state != "running") ||
+    if ((job.state != v1::LEASED && job.state != v1::RUNNING) ||
         job.current_attempt_id != lease.attempt_id) {
       continue;
     }
@@ -1682,7 +1659,7 @@ absl::StatusOr<std::optional<std::string>> Scheduler::DecideRungs(
   if (pruned != nullptr) *pruned = false;
   // A paused job was stopped (by an earlier report of the same batch):
   // nothing it sent after is decided.
-  if (job.kind != "train" || IsTerminalState(job.state) || job.state == "paused") {
+  if (job.kind != v1::TRAIN || IsTerminalState(job.state) || job.state == v1::PAUSED) {
     return std::nullopt;
   }
   ASSIGN_OR_RETURN(const strategies::StrategySettings* st, StrategyFor(job.sweep_id));
@@ -1734,10 +1711,10 @@ absl::StatusOr<std::optional<std::string>> Scheduler::DecideRungs(
     }
     const bool prune = now_verdict == strategies::Verdict::kPrune;
     const std::string reason = d.Reason();
-    const std::string from_state = job.state;
+    const v1::JobState from_state = job.state;
     RETURN_IF_ERROR(
         jobs_.EndAttempt(job.current_attempt_id, now, prune ? "pruned" : "paused", reason));
-    job.state = prune ? "pruned" : "paused";
+    job.state = prune ? v1::PRUNED : v1::PAUSED;
     job.reason = reason;
     job.val_loss = rec.val_loss;
     job.final_step = d.step;
@@ -1761,7 +1738,7 @@ absl::StatusOr<std::optional<std::string>> Scheduler::DecideRungs(
 absl::Status Scheduler::ResolveGroupRungs(const JobRecord& group_of, int64_t reporting_job) {
   if (resolving_rungs_) return absl::OkStatus();
   ASSIGN_OR_RETURN(const strategies::StrategySettings* st, StrategyFor(group_of.sweep_id));
-  if (!st->successive_halving || group_of.kind != "train") return absl::OkStatus();
+  if (!st->successive_halving || group_of.kind != v1::TRAIN) return absl::OkStatus();
   absl::StatusOr<std::vector<int64_t>> steps = RungStepsFor(group_of);
   if (!steps.ok()) return absl::OkStatus();  // logged by DecideRungs
   resolving_rungs_ = true;
@@ -1780,7 +1757,7 @@ absl::Status Scheduler::ResolveGroupRungs(const JobRecord& group_of, int64_t rep
         // hold a rung open (the transfer in turn waits for the paused runs
         // to end). Released later, it is ranked on arrival against the
         // recorded runs, at a rung that is complete without it.
-        if (IsTerminalState(m.state) || m.state == "held") continue;
+        if (IsTerminalState(m.state) || m.state == v1::HELD) continue;
         // The reporting run is still "running" in the table while its own
         // prune is decided: a prune row ends it here.
         const bool pruned_row =
@@ -1799,21 +1776,21 @@ absl::Status Scheduler::ResolveGroupRungs(const JobRecord& group_of, int64_t rep
             results_.UpdateRungDecision(c.job_id, c.rung, prune ? "prune" : "promote", now));
         if (c.job_id == reporting_job) continue;  // DecideRungs acts on it
         ASSIGN_OR_RETURN(JobRecord job, jobs_.Get(c.job_id));
-        if (job.state != "paused") continue;  // e.g. cancelled meanwhile
+        if (job.state != v1::PAUSED) continue;  // e.g. cancelled meanwhile
         const std::string reason = c.Reason();
         job.reason = reason;
         job.updated_ms = now;
         if (prune) {
-          job.state = "pruned";
+          job.state = v1::PRUNED;
           if (std::isfinite(c.loss)) job.val_loss = c.loss;
           RETURN_IF_ERROR(jobs_.Update(job));
-          RETURN_IF_ERROR(UpdateGroup(job, "paused"));
+          RETURN_IF_ERROR(UpdateGroup(job, v1::PAUSED));
           counters_.jobs_pruned++;
-          observer_->OnJobFinished("pruned");
+          observer_->OnJobFinished(v1::PRUNED);
         } else {
           // Re-queued: the next attempt resumes from the checkpoint the
           // trainer wrote when it was stopped.
-          job.state = "pending";
+          job.state = v1::PENDING;
           job.not_before_ms = 0;
           RETURN_IF_ERROR(jobs_.Update(job));
         }
@@ -1855,9 +1832,9 @@ absl::Status Scheduler::ReleaseHeld(const JobRecord& group_of, const std::vector
                                    group_of.d_model));
   const int64_t now = clock_->NowWallMs();
   for (const storage::GroupMember& m : members) {
-    if (m.state != "held" || std::find(lrs.begin(), lrs.end(), m.lr) == lrs.end()) continue;
+    if (m.state != v1::HELD || std::find(lrs.begin(), lrs.end(), m.lr) == lrs.end()) continue;
     ASSIGN_OR_RETURN(JobRecord job, jobs_.Get(m.id));
-    job.state = "pending";
+    job.state = v1::PENDING;
     job.not_before_ms = 0;
     job.updated_ms = now;
     RETURN_IF_ERROR(jobs_.Update(job));
@@ -1888,7 +1865,7 @@ absl::Status Scheduler::AdvanceTransfer(const JobRecord& changed) {
   bool any_held = false, active_done = true;
   for (const storage::GroupMember& m : members) {
     if (std::find(grid.begin(), grid.end(), m.lr) == grid.end()) grid.push_back(m.lr);
-    if (m.state == "held") {
+    if (m.state == v1::HELD) {
       any_held = true;
       continue;
     }
@@ -1910,7 +1887,7 @@ absl::Status Scheduler::AdvanceTransfer(const JobRecord& changed) {
                        jobs_.ListGroup(changed.sweep_id, changed.arch, shape.layers,
                                        shape.d_model));
       if (other.empty() || std::any_of(other.begin(), other.end(),
-                                       [](const auto& m) { return m.state != "held"; })) {
+                                       [](const auto& m) { return m.state != v1::HELD; })) {
         continue;
       }
       std::vector<double> other_grid;
@@ -1939,7 +1916,7 @@ absl::Status Scheduler::AdvanceTransfer(const JobRecord& changed) {
   std::vector<double> release;
   if (!selection.best_lr) {
     for (const auto& m : members) {
-      if (m.state == "held") release.push_back(m.lr);  // nothing trained well: the full grid
+      if (m.state == v1::HELD) release.push_back(m.lr);  // nothing trained well: the full grid
     }
   } else {
     std::vector<int> active_idx;
@@ -1952,14 +1929,14 @@ absl::Status Scheduler::AdvanceTransfer(const JobRecord& changed) {
   // Decided: the LRs still held are never run.
   const int64_t now = clock_->NowWallMs();
   for (const auto& m : members) {
-    if (m.state != "held") continue;
+    if (m.state != v1::HELD) continue;
     ASSIGN_OR_RETURN(JobRecord job, jobs_.Get(m.id));
-    job.state = "skipped";
+    job.state = v1::SKIPPED;
     job.reason = absl::StrCat("lr_transfer: group decided (best lr ", *selection.best_lr,
                               ") without this LR");
     job.updated_ms = now;
     RETURN_IF_ERROR(jobs_.Update(job));
-    storage::LrTally delta = TallyOf("skipped", std::nullopt, 0);
+    storage::LrTally delta = TallyOf(v1::SKIPPED, std::nullopt, 0);
     delta.sweep_id = job.sweep_id;
     delta.arch = job.arch;
     delta.layers = job.layers;

@@ -91,7 +91,7 @@ class SchedulerObserver {
   virtual void OnJobRetried(const std::string& reason) { (void)reason; }
   // A job reached the terminal `state`: "succeeded", "diverged", "failed"
   // (attempts exhausted), "cancelled" or "pruned".
-  virtual void OnJobFinished(const std::string& state) { (void)state; }
+  virtual void OnJobFinished(depthbench::v1::JobState state) { (void)state; }
   // Metric points stored (new keys) and skipped as duplicates.
   virtual void OnMetricPoints(int64_t accepted, int64_t duplicates) {
     (void)accepted;
@@ -349,7 +349,7 @@ class Scheduler {
   // group from the group's tallies (O(LRs)), moves the best-run mark and
   // queues diagnostics once the group is complete. Caller holds a
   // transaction.
-  absl::Status UpdateGroup(const storage::JobRecord& job, const std::string& from_state)
+  absl::Status UpdateGroup(const storage::JobRecord& job, depthbench::v1::JobState from_state)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Recounts the tally of the job's (group, lr) from its jobs.
   absl::Status RecountLr(const storage::JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -470,9 +470,6 @@ class Scheduler {
   absl::CondVar change_cv_;
 };
 
-// "pending" <-> PENDING etc.
-std::string JobStateName(depthbench::v1::JobState state);
-depthbench::v1::JobState JobStateFromName(const std::string& name);
 
 }  // namespace depthbench::scheduler
 

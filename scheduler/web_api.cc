@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "scheduler/web_assets.h"
+#include "storage/job_text.h"
 
 namespace depthbench::scheduler {
 namespace {
@@ -99,8 +100,8 @@ json AttemptJson(const v1::Attempt& a) {
 json JobJson(const v1::Job& j, bool with_config) {
   json out{{"id", j.id()},
            {"sweep", j.sweep_name()},
-           {"kind", j.kind() == v1::DIAGNOSE ? "diagnose" : "train"},
-           {"state", JobStateName(j.state())},
+           {"kind", storage::JobKindText(j.kind())},
+           {"state", storage::JobStateText(j.state())},
            {"arch", j.arch()},
            {"layers", j.layers()},
            {"d_model", j.d_model()},
@@ -185,7 +186,7 @@ json RunJson(const v1::RunSummary& r) {
               {"d_model", r.d_model()},
               {"lr", r.lr()},
               {"seed", r.seed()},
-              {"state", JobStateName(r.state())},
+              {"state", storage::JobStateText(r.state())},
               {"val_loss", Maybe(r.has_val_loss(), r.final_val_loss())},
               {"final_step", r.final_step()},
               {"is_best", r.is_best()}};
@@ -431,11 +432,9 @@ WebResponse WebApi::Api(const WebRequest& request) {
     req.set_arch(Param(request, "arch"));
     const std::string state = Param(request, "state");
     if (!state.empty()) {
-      const v1::JobState s = JobStateFromName(state);
-      if (s == v1::JOB_STATE_UNSPECIFIED) {
-        return Error(400, absl::StrCat("state: unknown job state \"", state, "\""));
-      }
-      req.set_state(s);
+      absl::StatusOr<v1::JobState> s = storage::ParseJobState(state);
+      if (!s.ok()) return Error(400, absl::StrCat("state: unknown job state \"", state, "\""));
+      req.set_state(*s);
     }
     absl::StatusOr<int64_t> page_size = IntParam(request, "page_size", 100, 1, 1000);
     if (!page_size.ok()) return FromStatus(page_size.status());
@@ -487,7 +486,7 @@ WebResponse WebApi::Api(const WebRequest& request) {
       }
       const bool more = static_cast<int64_t>(batch->points.size()) >= *limit;
       return Json(200, json{{"job_id", id},
-                            {"state", JobStateName(batch->state)},
+                            {"state", storage::JobStateText(batch->state)},
                             {"series", std::move(series)},
                             {"next_since", cursor},
                             {"more", more}});

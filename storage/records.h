@@ -1,8 +1,7 @@
 // Plain rows of the scheduler's tables, as the stores read and write them.
-// States and kinds are the lowercase strings stored in SQLite ("pending",
-// "leased", "running", "succeeded", "diverged", "failed", "cancelled",
-// "pruned", "held", "skipped";
-// "train", "diagnose").
+// Job states and kinds are the proto enums; the stores convert them to and
+// from the text stored in SQLite through storage/job_text.h, and nowhere
+// else.
 //
 // Thread safety: plain values.
 #ifndef DEPTHBENCH_STORAGE_RECORDS_H_
@@ -11,6 +10,8 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+
+#include "depthbench/v1/types.pb.h"
 
 namespace depthbench::storage {
 
@@ -25,8 +26,8 @@ struct SweepRecord {
 struct JobRecord {
   int64_t id = 0;
   int64_t sweep_id = 0;
-  std::string kind = "train";
-  std::string state = "pending";
+  depthbench::v1::JobKind kind = depthbench::v1::TRAIN;
+  depthbench::v1::JobState state = depthbench::v1::PENDING;
   std::string arch;
   int64_t layers = 0;
   int64_t d_model = 0;
@@ -55,7 +56,7 @@ struct JobRecord {
 // JobStore::ListGroup); cheaper than a JobRecord, which carries the config.
 struct GroupMember {
   int64_t id = 0;
-  std::string state;
+  depthbench::v1::JobState state = depthbench::v1::JOB_STATE_UNSPECIFIED;
   double lr = 0;
   std::optional<double> val_loss;
   bool is_best = false;
@@ -143,7 +144,7 @@ struct RunRecord {
   int64_t d_model = 0;
   double lr = 0;
   int64_t seed = 0;
-  std::string state;
+  depthbench::v1::JobState state = depthbench::v1::JOB_STATE_UNSPECIFIED;
   std::optional<double> val_loss;
   int64_t final_step = 0;
   bool is_best = false;

@@ -397,7 +397,7 @@ TEST_F(SchedulerTest, FixedLrQueuesDiagnosticsOnThatLrsRun) {
 }
 
 TEST(BestLrTest, DiagnosisTargetBestOrFixedLr) {
-  auto job = [](int64_t id, double lr, const std::string& state, std::optional<double> loss) {
+  auto job = [](int64_t id, double lr, v1::JobState state, std::optional<double> loss) {
     storage::GroupMember j;
     j.id = id;
     j.lr = lr;
@@ -406,18 +406,18 @@ TEST(BestLrTest, DiagnosisTargetBestOrFixedLr) {
     return j;
   };
   std::vector<storage::GroupMember> jobs = {
-      job(1, 1e-3, "succeeded", 2.5), job(2, 2e-3, "succeeded", 2.9),
-      job(3, 2e-3, "succeeded", 2.8), job(4, 5e-3, "diverged", std::nullopt)};
+      job(1, 1e-3, v1::SUCCEEDED, 2.5), job(2, 2e-3, v1::SUCCEEDED, 2.9),
+      job(3, 2e-3, v1::SUCCEEDED, 2.8), job(4, 5e-3, v1::DIVERGED, std::nullopt)};
   GroupSelection sel = SelectBest(jobs);
   EXPECT_EQ(DiagnosisTarget(sel, jobs, 0), 1);     // the best run
   EXPECT_EQ(DiagnosisTarget(sel, jobs, 2e-3), 3);  // that LR's best seed
   EXPECT_EQ(DiagnosisTarget(sel, jobs, 5e-3), 0);  // diverged: nothing to diagnose
-  jobs.push_back(job(5, 2e-3, "running", std::nullopt));
+  jobs.push_back(job(5, 2e-3, v1::RUNNING, std::nullopt));
   EXPECT_EQ(DiagnosisTarget(SelectBest(jobs), jobs, 2e-3), 0);  // group not complete
 }
 
 TEST(BestLrTest, MeansOverSeedsAndMarksDivergedLrs) {
-  auto job = [](int64_t id, double lr, const std::string& state, std::optional<double> loss) {
+  auto job = [](int64_t id, double lr, v1::JobState state, std::optional<double> loss) {
     storage::GroupMember j;
     j.id = id;
     j.lr = lr;
@@ -425,9 +425,9 @@ TEST(BestLrTest, MeansOverSeedsAndMarksDivergedLrs) {
     j.val_loss = loss;
     return j;
   };
-  GroupSelection s = SelectBest({job(1, 1e-3, "succeeded", 3.0), job(2, 1e-3, "succeeded", 2.0),
-                                 job(3, 2e-3, "succeeded", 2.4), job(4, 2e-3, "diverged", std::nullopt),
-                                 job(5, 5e-3, "succeeded", 2.6), job(6, 5e-3, "succeeded", 2.6)});
+  GroupSelection s = SelectBest({job(1, 1e-3, v1::SUCCEEDED, 3.0), job(2, 1e-3, v1::SUCCEEDED, 2.0),
+                                 job(3, 2e-3, v1::SUCCEEDED, 2.4), job(4, 2e-3, v1::DIVERGED, std::nullopt),
+                                 job(5, 5e-3, v1::SUCCEEDED, 2.6), job(6, 5e-3, v1::SUCCEEDED, 2.6)});
   EXPECT_TRUE(s.complete);
   ASSERT_EQ(s.lrs.size(), 3u);
   EXPECT_DOUBLE_EQ(*s.lrs[0].mean_val_loss, 2.5);
@@ -436,9 +436,9 @@ TEST(BestLrTest, MeansOverSeedsAndMarksDivergedLrs) {
   EXPECT_DOUBLE_EQ(*s.best_lr, 1e-3);
   EXPECT_DOUBLE_EQ(*s.best_val_loss, 2.5);
   EXPECT_EQ(s.best_job_id, 2);  // best seed at the best LR
-  GroupSelection open = SelectBest({job(1, 1e-3, "running", std::nullopt)});
+  GroupSelection open = SelectBest({job(1, 1e-3, v1::RUNNING, std::nullopt)});
   EXPECT_FALSE(open.complete);
-  GroupSelection all_diverged = SelectBest({job(1, 1e-3, "diverged", std::nullopt)});
+  GroupSelection all_diverged = SelectBest({job(1, 1e-3, v1::DIVERGED, std::nullopt)});
   EXPECT_TRUE(all_diverged.complete);
   EXPECT_FALSE(all_diverged.best_lr.has_value());
 }
@@ -728,7 +728,7 @@ TEST_F(SchedulerTest, IncrementalResultsEqualARecountOfTheJobs) {
 TEST(SchedulerReadTest, ReadsAnswerWhileAStateChangeHoldsTheMutex) {
   class Hook : public SchedulerObserver {
    public:
-    void OnJobFinished(const std::string&) override {
+    void OnJobFinished(v1::JobState) override {
       if (during_finish) during_finish();
     }
     std::function<void()> during_finish;
