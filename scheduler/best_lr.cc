@@ -2,8 +2,6 @@
 
 #include <map>
 
-#include <nlohmann/json.hpp>
-
 namespace depthbench::scheduler {
 
 namespace v1 = ::depthbench::v1;
@@ -108,22 +106,6 @@ int64_t DiagnosisTargetFromTallies(const GroupSelection& selection,
     if (t.lr == fixed_lr) return t.best_job_id;
   }
   return 0;
-}
-
-std::string LrsToJson(const std::vector<LrSummary>& lrs) {
-  nlohmann::json arr = nlohmann::json::array();
-  for (const LrSummary& s : lrs) {
-    nlohmann::json j;
-    j["lr"] = s.lr;
-    j["val_loss"] = s.mean_val_loss.has_value() ? nlohmann::json(*s.mean_val_loss)
-                                                : nlohmann::json(nullptr);
-    j["diverged"] = s.diverged > 0;
-    j["succeeded"] = s.succeeded;
-    j["diverged_runs"] = s.diverged;
-    j["failed_runs"] = s.failed;
-    arr.push_back(j);
-  }
-  return arr.dump();
 }
 
 }  // namespace depthbench::scheduler

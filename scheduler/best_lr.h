@@ -21,13 +21,7 @@
 
 namespace depthbench::scheduler {
 
-struct LrSummary {
-  double lr = 0;
-  std::optional<double> mean_val_loss;
-  int succeeded = 0;
-  int diverged = 0;
-  int failed = 0;  // failed or cancelled
-};
+using storage::LrSummary;
 
 struct GroupSelection {
   std::vector<LrSummary> lrs;  // ascending LR
@@ -70,10 +64,6 @@ int64_t DiagnosisTarget(const GroupSelection& selection,
 // succeeded run with the lowest loss, ties to the lowest id).
 int64_t DiagnosisTargetFromTallies(const GroupSelection& selection,
                                    const std::vector<storage::LrTally>& lrs, double fixed_lr);
-
-// lrs as JSON: [{"lr":..,"val_loss":..|null,"diverged":bool,"succeeded":n,
-// "diverged_runs":n,"failed_runs":n}, ...]
-std::string LrsToJson(const std::vector<LrSummary>& lrs);
 
 }  // namespace depthbench::scheduler
 

@@ -33,6 +33,20 @@ using storage::Transaction;
 
 namespace {
 
+// A run's learning rate and seed live in jobs.lr and jobs.seed. The copies
+// inside config_json (written at submission, so the stored text stays what
+// older binaries wrote and read) are not read: every config the scheduler
+// parses or hands out passes through here and takes them from the columns.
+// A config that is not a JSON object is returned as stored, for its reader
+// to refuse with its own error.
+std::string JobConfigJson(const JobRecord& job) {
+  nlohmann::json j = nlohmann::json::parse(job.config_json, nullptr, false);
+  if (!j.is_object()) return job.config_json;
+  j["lr"] = job.lr;
+  j["seed"] = job.seed;
+  return j.dump();
+}
+
 v1::Job JobProto(const JobRecord& r, const std::string& sweep_name) {
   v1::Job j;
   j.set_id(r.id);
@@ -45,7 +59,7 @@ v1::Job JobProto(const JobRecord& r, const std::string& sweep_name) {
   j.set_d_model(r.d_model);
   j.set_lr(r.lr);
   j.set_seed(r.seed);
-  j.set_config_json(r.config_json);
+  j.set_config_json(JobConfigJson(r));
   j.set_attempts_used(static_cast<int32_t>(r.attempts_used));
   j.set_max_attempts(static_cast<int32_t>(r.max_attempts));
   j.set_current_attempt_id(r.current_attempt_id);
@@ -101,20 +115,17 @@ v1::ResultRow ResultRowProto(const storage::ResultRecord& r) {
   row.set_best_job_id(r.best_job_id);
   row.set_diagnostics_json(r.diagnostics_json);
   row.set_complete(r.complete);
-  nlohmann::json lrs = nlohmann::json::parse(r.lrs_json, nullptr, false);
-  if (lrs.is_array()) {
-    for (const auto& j : lrs) {
-      v1::LrLoss* l = row.add_lrs();
-      l->set_lr(j.value("lr", 0.0));
-      if (j.contains("val_loss") && j["val_loss"].is_number()) {
-        l->set_has_loss(true);
-        l->set_val_loss(j["val_loss"].get<double>());
-      }
-      l->set_diverged(j.value("diverged", false));
-      l->set_succeeded(j.value("succeeded", 0));
-      l->set_diverged_runs(j.value("diverged_runs", 0));
-      l->set_failed_runs(j.value("failed_runs", 0));
+  for (const storage::LrSummary& s : r.lrs) {
+    v1::LrLoss* l = row.add_lrs();
+    l->set_lr(s.lr);
+    if (s.mean_val_loss) {
+      l->set_has_loss(true);
+      l->set_val_loss(*s.mean_val_loss);
     }
+    l->set_diverged(s.diverged > 0);
+    l->set_succeeded(s.succeeded);
+    l->set_diverged_runs(s.diverged);
+    l->set_failed_runs(s.failed);
   }
   return row;
 }
@@ -521,7 +532,7 @@ absl::StatusOr<v1::SubmitSweepResponse> Scheduler::SubmitSweep(const v1::SweepSp
       lrs.push_back(s);
     }
     std::sort(lrs.begin(), lrs.end(), [](auto& a, auto& b) { return a.lr < b.lr; });
-    row.lrs_json = LrsToJson(lrs);
+    row.lrs = std::move(lrs);
     RETURN_IF_ERROR(results_.Upsert(row));
   }
   RETURN_IF_ERROR(txn.Commit());
@@ -1107,7 +1118,7 @@ absl::StatusOr<v1::AcquireJobResponse> Scheduler::AcquireJob(const v1::AcquireJo
   out.set_job_id(job.id);
   out.set_attempt_id(attempt.id);
   out.set_kind(job.kind);
-  out.set_config_json(job.config_json);
+  out.set_config_json(JobConfigJson(job));
   out.set_checkpoint_dir(job.checkpoint_dir);
   out.set_resume(previous > 0);
   out.set_attempt_number(static_cast<int32_t>(attempt.number));
@@ -1512,7 +1523,7 @@ absl::Status Scheduler::UpdateGroup(const JobRecord& changed, v1::JobState from_
   row.layers = changed.layers;
   row.d_model = changed.d_model;
   if (!existing) row.aspect_ratio = static_cast<double>(changed.d_model) / changed.layers;
-  row.lrs_json = LrsToJson(selection.lrs);
+  row.lrs = selection.lrs;
   row.complete = selection.complete;
   row.best_lr = selection.complete ? selection.best_lr : std::nullopt;
   row.best_val_loss = selection.complete ? selection.best_val_loss : std::nullopt;
@@ -1543,7 +1554,7 @@ absl::Status Scheduler::UpdateGroup(const JobRecord& changed, v1::JobState from_
   diag.id = 0;
   diag.kind = v1::DIAGNOSE;
   diag.state = v1::PENDING;
-  diag.config_json = DiagnoseConfigJson(best.config_json, best.checkpoint_dir, settings);
+  diag.config_json = DiagnoseConfigJson(JobConfigJson(best), best.checkpoint_dir, settings);
   diag.attempts_used = 0;
   diag.max_attempts = RetryFromSpec(spec->retry()).max_attempts;
   diag.current_attempt_id = 0;
@@ -1620,7 +1631,7 @@ absl::StatusOr<std::vector<int64_t>> Scheduler::RungStepsFor(const JobRecord& jo
   auto it = rung_steps_.find(job.id);
   if (it != rung_steps_.end()) return it->second;
   ASSIGN_OR_RETURN(const strategies::StrategySettings* st, StrategyFor(job.sweep_id));
-  const nlohmann::json j = nlohmann::json::parse(job.config_json, nullptr, false);
+  const nlohmann::json j = nlohmann::json::parse(JobConfigJson(job), nullptr, false);
   ASSIGN_OR_RETURN(TrainConfig config, TrainConfigFromJson(j));
   ASSIGN_OR_RETURN(std::vector<int64_t> steps,
                    strategies::RungSteps(st->rungs, ResolveTotalSteps(config),

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "depthbench/v1/types.pb.h"
 
@@ -100,6 +101,16 @@ struct MetricRecord {
   int64_t superseded_by = 0;
 };
 
+// One learning rate of a result row: how its runs ended (results.lrs_json
+// holds these as a JSON array; the store parses it once, on read).
+struct LrSummary {
+  double lr = 0;
+  std::optional<double> mean_val_loss;  // over the succeeded runs
+  int succeeded = 0;
+  int diverged = 0;
+  int failed = 0;  // failed or cancelled
+};
+
 struct ResultRecord {
   int64_t sweep_id = 0;
   std::string arch;
@@ -110,7 +121,7 @@ struct ResultRecord {
   std::optional<double> best_lr;
   std::optional<double> best_val_loss;
   int64_t best_job_id = 0;
-  std::string lrs_json = "[]";
+  std::vector<LrSummary> lrs;  // ascending LR; stored as lrs_json
   bool complete = false;
   std::string diagnostics_json = "{}";
 };

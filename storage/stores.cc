@@ -1,5 +1,7 @@
 #include "storage/stores.h"
 
+#include <nlohmann/json.hpp>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
@@ -106,7 +108,52 @@ AttemptRecord AttemptFromRow(const Query& q) {
   return a;
 }
 
-ResultRecord ResultFromRow(const Query& q) {
+// results.lrs_json: [{"lr":..,"val_loss":..|null,"diverged":bool,
+// "succeeded":n,"diverged_runs":n,"failed_runs":n}, ...]. "diverged" is
+// written for readers of the raw table; a reader here takes the counts.
+std::string LrsToJson(const std::vector<LrSummary>& lrs) {
+  nlohmann::json arr = nlohmann::json::array();
+  for (const LrSummary& s : lrs) {
+    nlohmann::json j;
+    j["lr"] = s.lr;
+    j["val_loss"] = s.mean_val_loss.has_value() ? nlohmann::json(*s.mean_val_loss)
+                                                : nlohmann::json(nullptr);
+    j["diverged"] = s.diverged > 0;
+    j["succeeded"] = s.succeeded;
+    j["diverged_runs"] = s.diverged;
+    j["failed_runs"] = s.failed;
+    arr.push_back(j);
+  }
+  return arr.dump();
+}
+
+absl::StatusOr<std::vector<LrSummary>> LrsFromJson(const std::string& text) {
+  const nlohmann::json arr = nlohmann::json::parse(text, nullptr, false);
+  if (!arr.is_array()) {
+    return absl::DataLossError(absl::StrCat("results.lrs_json: not a JSON array: ", text));
+  }
+  std::vector<LrSummary> out;
+  for (const nlohmann::json& j : arr) {
+    if (!j.is_object() || !j.contains("lr") || !j["lr"].is_number()) {
+      return absl::DataLossError(absl::StrCat("results.lrs_json: an entry has no numeric lr: ",
+                                              j.dump()));
+    }
+    LrSummary s;
+    s.lr = j["lr"].get<double>();
+    if (j.contains("val_loss") && j["val_loss"].is_number()) {
+      s.mean_val_loss = j["val_loss"].get<double>();
+    }
+    s.succeeded = j.value("succeeded", 0);
+    // Rows from before the run counts carry only the flag.
+    s.diverged = j.contains("diverged_runs") ? j.value("diverged_runs", 0)
+                                             : (j.value("diverged", false) ? 1 : 0);
+    s.failed = j.value("failed_runs", 0);
+    out.push_back(s);
+  }
+  return out;
+}
+
+absl::StatusOr<ResultRecord> ResultFromRow(const Query& q) {
   ResultRecord r;
   r.sweep_id = q.ColumnInt(0);
   r.arch = q.ColumnText(1);
@@ -117,7 +164,7 @@ ResultRecord ResultFromRow(const Query& q) {
   if (!q.ColumnIsNull(6)) r.best_lr = q.ColumnDouble(6);
   if (!q.ColumnIsNull(7)) r.best_val_loss = q.ColumnDouble(7);
   r.best_job_id = q.ColumnInt(8);
-  r.lrs_json = q.ColumnText(9);
+  ASSIGN_OR_RETURN(r.lrs, LrsFromJson(q.ColumnText(9)));
   r.complete = q.ColumnInt(10) != 0;
   r.diagnostics_json = q.ColumnText(11);
   return r;
@@ -602,7 +649,7 @@ absl::Status ResultStore::Upsert(const ResultRecord& r) {
   return q.Bind(1, r.sweep_id).Bind(2, r.arch).Bind(3, r.layers)
       .Bind(4, r.d_model).Bind(5, r.aspect_ratio).Bind(6, r.params)
       .Bind(7, r.best_lr).Bind(8, r.best_val_loss).Bind(9, r.best_job_id)
-      .Bind(10, r.lrs_json).Bind(11, static_cast<int64_t>(r.complete))
+      .Bind(10, LrsToJson(r.lrs)).Bind(11, static_cast<int64_t>(r.complete))
       .Bind(12, r.diagnostics_json).Run();
 }
 

@@ -10,6 +10,7 @@
 
 #include "scheduler/best_lr.h"
 #include "scheduler/lease_manager.h"
+#include "storage/sqlite.h"
 #include "storage/stores.h"
 #include "tests/scheduler/test_util.h"
 #include "trainer_core/shapes.h"
@@ -124,6 +125,32 @@ TEST_F(SchedulerTest, SettingTheTrainerRefusesCreatesNothing) {
   auto ok = scheduler_->SubmitSweep(spec);
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_EQ(ok->sweep().total_jobs(), 4);
+}
+
+// jobs.lr and jobs.seed are the home of a run's learning rate and seed: a
+// config_json whose copies disagree (here edited behind the scheduler's
+// back) is handed out, shown and diagnosed with the columns' values.
+TEST_F(SchedulerTest, TheLrAndSeedColumnsWinOverTheConfigCopies) {
+  ASSERT_TRUE(scheduler_->SubmitSweep(SmallSpec("s", {"pre_ln"}, {1e-3})).ok());
+  scheduler_.reset();
+  {
+    auto db = storage::Database::Open(path_);
+    ASSERT_TRUE(db.ok()) << db.status();
+    ASSERT_TRUE((*db)->Exec("UPDATE jobs SET config_json = "
+                            "json_set(config_json, '$.lr', 9.0, '$.seed', 77)").ok());
+  }
+  Reopen();
+  Register("w1");
+  auto lease = Acquire("w1");
+  ASSERT_TRUE(lease.has_job());
+  auto job = scheduler_->GetJob(lease.job_id());
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_DOUBLE_EQ(job->lr(), 1e-3);
+  for (const std::string& text : {lease.config_json(), job->config_json()}) {
+    auto config = nlohmann::json::parse(text);
+    EXPECT_DOUBLE_EQ(config["lr"].get<double>(), 1e-3) << text;
+    EXPECT_EQ(config["seed"].get<int64_t>(), job->seed()) << text;
+  }
 }
 
 TEST_F(SchedulerTest, StateMachineLeasedRunningSucceeded) {

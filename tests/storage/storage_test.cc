@@ -462,6 +462,54 @@ TEST(ResultStoreTest, UpsertUpdatesInPlaceKeepingSubmissionOrder) {
   EXPECT_FALSE((*rows)[1].best_lr.has_value());
 }
 
+// A result row's per-LR summary is parsed once, by the store: it writes the
+// same JSON text as before, reads rows from before the run counts, and
+// reports an unreadable column instead of an empty list.
+TEST(ResultStoreTest, LrSummariesRoundTripThroughLrsJson) {
+  auto db = Database::Open(":memory:");
+  ASSERT_TRUE(db.ok());
+  ASSERT_TRUE(Migrate(db->get()).ok());
+  ResultStore results(db->get());
+  ResultRecord row;
+  row.sweep_id = 1;
+  row.arch = "pre_ln";
+  row.layers = 4;
+  row.d_model = 96;
+  row.lrs = {{1e-3, 2.5, 2, 0, 1}, {2e-3, std::nullopt, 0, 3, 0}};
+  ASSERT_TRUE(results.Upsert(row).ok());
+  auto q = (*db)->Prepare("SELECT lrs_json FROM results");
+  ASSERT_TRUE(q.ok());
+  ASSERT_TRUE(*q->Step());
+  EXPECT_EQ(q->ColumnText(0),
+            R"([{"diverged":false,"diverged_runs":0,"failed_runs":1,"lr":0.001,"succeeded":2,)"
+            R"("val_loss":2.5},{"diverged":true,"diverged_runs":3,"failed_runs":0,"lr":0.002,)"
+            R"("succeeded":0,"val_loss":null}])");
+  auto read = results.Get(1, "pre_ln", 4, 96);
+  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_TRUE(read->has_value());
+  const std::vector<LrSummary>& lrs = (*read)->lrs;
+  ASSERT_EQ(lrs.size(), 2u);
+  EXPECT_DOUBLE_EQ(lrs[0].lr, 1e-3);
+  EXPECT_DOUBLE_EQ(*lrs[0].mean_val_loss, 2.5);
+  EXPECT_EQ(lrs[0].succeeded, 2);
+  EXPECT_EQ(lrs[0].failed, 1);
+  EXPECT_FALSE(lrs[1].mean_val_loss.has_value());
+  EXPECT_EQ(lrs[1].diverged, 3);
+
+  ASSERT_TRUE((*db)->Exec(
+      R"(UPDATE results SET lrs_json = '[{"lr":0.004,"val_loss":null,"diverged":true}]')").ok());
+  read = results.Get(1, "pre_ln", 4, 96);
+  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_EQ((*read)->lrs.size(), 1u);
+  EXPECT_EQ((*read)->lrs[0].diverged, 1);
+
+  ASSERT_TRUE((*db)->Exec("UPDATE results SET lrs_json = 'oops'").ok());
+  auto broken = results.List(1);
+  ASSERT_FALSE(broken.ok());
+  EXPECT_NE(broken.status().message().find("results.lrs_json"), std::string::npos)
+      << broken.status();
+}
+
 // The one conversion between job enums and stored text: every enum value
 // round-trips, the text is the lowercase name old databases hold, and an
 // unknown stored value is an error naming the column and the value.
