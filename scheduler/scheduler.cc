@@ -1326,60 +1326,83 @@ absl::StatusOr<v1::FinishJobResponse> Scheduler::FinishJob(const v1::FinishJobRe
     return absl::InvalidArgumentError("status: required");
   }
   absl::MutexLock lock(&mu_);
-  v1::FinishJobResponse out;
-  Lease* lease = leases_.Find(request.job_id(), request.attempt_id());
-  if (lease == nullptr) {
-    // A FinishJob re-sent after a lost reply is answered again, not refused.
-    ASSIGN_OR_RETURN(std::optional<AttemptRecord> attempt, jobs_.GetAttempt(request.attempt_id()));
-    static const std::map<v1::FinishStatus, std::string> kOutcome = {
-        {v1::FINISH_SUCCEEDED, "succeeded"}, {v1::FINISH_DIVERGED, "diverged"},
-        {v1::FINISH_FAILED, "failed"}, {v1::FINISH_INTERRUPTED, "interrupted"}};
-    if (attempt && attempt->job_id == request.job_id() &&
-        attempt->outcome == kOutcome.at(request.status())) {
-      ASSIGN_OR_RETURN(JobRecord job, jobs_.Get(request.job_id()));
-      out.set_state(job.state);
-      return out;
-    }
-    counters_.stale_reports++;
-    return absl::FailedPreconditionError(absl::StrCat(
-        "attempt ", request.attempt_id(), " of job ", request.job_id(),
-        " does not hold a lease (expired, superseded, cancelled or finished)"));
+  if (leases_.Find(request.job_id(), request.attempt_id()) == nullptr) {
+    return RepeatedFinish(request);
   }
   ASSIGN_OR_RETURN(JobRecord job, jobs_.Get(request.job_id()));
   const v1::JobState from_state = job.state;
   int64_t now = clock_->NowWallMs();
   ASSIGN_OR_RETURN(TimedTransaction txn, BeginTransaction("finish_job"));
   if (request.points_size() > 0 || request.has_resumed_from_step()) {
-    std::vector<storage::MetricRecord> points;
-    for (const v1::MetricPoint& p : request.points()) {
-      points.push_back({0, job.id, request.attempt_id(), p.step(), p.name(), p.value(),
-                        p.wall_ms() != 0 ? p.wall_ms() : now});
-    }
-    std::optional<int64_t> resumed;
-    if (request.has_resumed_from_step() && request.resumed_from_step() >= 0) {
-      resumed = request.resumed_from_step();
-    }
-    storage::InsertCounts counts;
-    auto stored = std::make_shared<std::vector<storage::MetricRecord>>();
-    RETURN_IF_ERROR(StorePointsLocked(job.id, request.attempt_id(), resumed, points, &counts,
-                                      stored.get())
-                        .status());
-    if (job.kind == v1::TRAIN && request.status() == v1::FINISH_SUCCEEDED) {
-      // Rungs this run reached with its last points count for the runs
-      // still to arrive there; a finished run is not stopped.
-      RETURN_IF_ERROR(DecideRungs(job, *stored, /*finished=*/true).status());
-    }
-    AfterCommit([this, counts, stored, job_id = job.id] {
-      hub_.Publish(job_id, *stored);
-      counters_.points_accepted += counts.accepted;
-      counters_.points_duplicate += counts.duplicates;
-      observer_->OnMetricPoints(counts.accepted, counts.duplicates);
-    });
+    RETURN_IF_ERROR(StoreFinalPoints(job, request, now));
   }
   job.updated_ms = now;
   job.worker_id.clear();
   if (request.has_val_loss()) job.val_loss = request.final_val_loss();
   if (request.final_step() > 0) job.final_step = request.final_step();
+  RETURN_IF_ERROR(ApplyFinish(job, from_state, request, now));
+  RETURN_IF_ERROR(txn.Commit());
+  resumed_from_.erase(request.attempt_id());
+  rung_steps_.erase(job.id);
+  leases_.Release(job.id);
+  Bump();
+  v1::FinishJobResponse out;
+  out.set_state(job.state);
+  return out;
+}
+
+absl::StatusOr<v1::FinishJobResponse> Scheduler::RepeatedFinish(
+    const v1::FinishJobRequest& request) {
+  v1::FinishJobResponse out;
+  // A FinishJob re-sent after a lost reply is answered again, not refused.
+  ASSIGN_OR_RETURN(std::optional<AttemptRecord> attempt, jobs_.GetAttempt(request.attempt_id()));
+  static const std::map<v1::FinishStatus, std::string> kOutcome = {
+      {v1::FINISH_SUCCEEDED, "succeeded"}, {v1::FINISH_DIVERGED, "diverged"},
+      {v1::FINISH_FAILED, "failed"}, {v1::FINISH_INTERRUPTED, "interrupted"}};
+  if (attempt && attempt->job_id == request.job_id() &&
+      attempt->outcome == kOutcome.at(request.status())) {
+    ASSIGN_OR_RETURN(JobRecord job, jobs_.Get(request.job_id()));
+    out.set_state(job.state);
+    return out;
+  }
+  counters_.stale_reports++;
+  return absl::FailedPreconditionError(absl::StrCat(
+      "attempt ", request.attempt_id(), " of job ", request.job_id(),
+      " does not hold a lease (expired, superseded, cancelled or finished)"));
+}
+
+absl::Status Scheduler::StoreFinalPoints(JobRecord& job, const v1::FinishJobRequest& request,
+                                         int64_t now) {
+  std::vector<storage::MetricRecord> points;
+  for (const v1::MetricPoint& p : request.points()) {
+    points.push_back({0, job.id, request.attempt_id(), p.step(), p.name(), p.value(),
+                      p.wall_ms() != 0 ? p.wall_ms() : now});
+  }
+  std::optional<int64_t> resumed;
+  if (request.has_resumed_from_step() && request.resumed_from_step() >= 0) {
+    resumed = request.resumed_from_step();
+  }
+  storage::InsertCounts counts;
+  auto stored = std::make_shared<std::vector<storage::MetricRecord>>();
+  RETURN_IF_ERROR(StorePointsLocked(job.id, request.attempt_id(), resumed, points, &counts,
+                                    stored.get())
+                      .status());
+  if (job.kind == v1::TRAIN && request.status() == v1::FINISH_SUCCEEDED) {
+    // Rungs this run reached with its last points count for the runs
+    // still to arrive there; a finished run is not stopped.
+    RETURN_IF_ERROR(DecideRungs(job, *stored, /*finished=*/true).status());
+  }
+  AfterCommit([this, counts, stored, job_id = job.id] {
+    hub_.Publish(job_id, *stored);
+    counters_.points_accepted += counts.accepted;
+    counters_.points_duplicate += counts.duplicates;
+    observer_->OnMetricPoints(counts.accepted, counts.duplicates);
+  });
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::ApplyFinish(JobRecord& job, v1::JobState from_state,
+                                    const v1::FinishJobRequest& request, int64_t now) {
   switch (request.status()) {
     case v1::FINISH_SUCCEEDED:
       RETURN_IF_ERROR(jobs_.EndAttempt(request.attempt_id(), now, "succeeded", request.reason()));
@@ -1430,13 +1453,7 @@ absl::StatusOr<v1::FinishJobResponse> Scheduler::FinishJob(const v1::FinishJobRe
     default:
       return absl::InvalidArgumentError(absl::StrCat("status: unknown value ", request.status()));
   }
-  RETURN_IF_ERROR(txn.Commit());
-  resumed_from_.erase(request.attempt_id());
-  rung_steps_.erase(job.id);
-  leases_.Release(job.id);
-  Bump();
-  out.set_state(job.state);
-  return out;
+  return absl::OkStatus();
 }
 
 absl::Status Scheduler::RecordDiagnostics(const JobRecord& job,
@@ -1482,6 +1499,17 @@ absl::Status Scheduler::RecountLr(const JobRecord& job) {
   return results_.SetLrTally(tally);
 }
 
+absl::Status Scheduler::ApplyLrDelta(const JobRecord& job, storage::LrTally delta) {
+  delta.sweep_id = job.sweep_id;
+  delta.arch = job.arch;
+  delta.layers = job.layers;
+  delta.d_model = job.d_model;
+  delta.lr = job.lr;
+  absl::Status applied = results_.ApplyLrDelta(delta);
+  if (absl::IsNotFound(applied)) applied = RecountLr(job);
+  return applied;
+}
+
 absl::Status Scheduler::UpdateGroup(const JobRecord& changed, v1::JobState from_state) {
   // The run's LR tally: what its new state adds less what its old one did.
   // A success is final, so its loss never has to be taken back out; should
@@ -1495,16 +1523,7 @@ absl::Status Scheduler::UpdateGroup(const JobRecord& changed, v1::JobState from_
     delta.succeeded -= before.succeeded;
     delta.diverged -= before.diverged;
     delta.failed -= before.failed;
-    delta.sweep_id = changed.sweep_id;
-    delta.arch = changed.arch;
-    delta.layers = changed.layers;
-    delta.d_model = changed.d_model;
-    delta.lr = changed.lr;
-    absl::Status applied = results_.ApplyLrDelta(delta);
-    if (absl::IsNotFound(applied)) {
-      applied = RecountLr(changed);
-    }
-    RETURN_IF_ERROR(applied);
+    RETURN_IF_ERROR(ApplyLrDelta(changed, delta));
   }
   RETURN_IF_ERROR(AdvanceTransfer(changed));
   // Successive halving: a run that ended (or was skipped) may complete a
@@ -1513,7 +1532,13 @@ absl::Status Scheduler::UpdateGroup(const JobRecord& changed, v1::JobState from_
   ASSIGN_OR_RETURN(std::vector<storage::LrTally> tallies,
                    results_.ListLrs(changed.sweep_id, changed.arch, changed.layers,
                                     changed.d_model));
-  GroupSelection selection = SelectBestFromTallies(tallies);
+  const GroupSelection selection = SelectBestFromTallies(tallies);
+  RETURN_IF_ERROR(WriteGroupResult(changed, selection));
+  return QueueDiagnosis(changed, selection, tallies);
+}
+
+absl::Status Scheduler::WriteGroupResult(const JobRecord& changed,
+                                         const GroupSelection& selection) {
   ASSIGN_OR_RETURN(std::optional<storage::ResultRecord> existing,
                    results_.Get(changed.sweep_id, changed.arch, changed.layers, changed.d_model));
   storage::ResultRecord row;
@@ -1537,9 +1562,14 @@ absl::Status Scheduler::UpdateGroup(const JobRecord& changed, v1::JobState from_
     if (previous_best != 0) RETURN_IF_ERROR(jobs_.SetBest(previous_best, false));
     if (best_job != 0) RETURN_IF_ERROR(jobs_.SetBest(best_job, true));
   }
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::QueueDiagnosis(const JobRecord& changed, const GroupSelection& selection,
+                                       const std::vector<storage::LrTally>& tallies) {
   // Any change to the group's runs passes through an incomplete group (best
-  // 0), which cleared the diagnostics above; so they always belong to the
-  // current target, in either mode.
+  // 0), which cleared the diagnostics (WriteGroupResult); so they always
+  // belong to the current target, in either mode.
   ASSIGN_OR_RETURN(const v1::SweepSpec* spec, SpecFor(changed.sweep_id));
   if (spec->diagnostics().kinds_size() == 0) return absl::OkStatus();
   const DiagnoseSettings settings = DiagnoseSettingsFromSpec(spec->diagnostics());
@@ -1853,6 +1883,34 @@ absl::Status Scheduler::ReleaseHeld(const JobRecord& group_of, const std::vector
   return absl::OkStatus();
 }
 
+namespace {
+
+// The distinct learning rates of a group, ascending.
+std::vector<double> LrGrid(const std::vector<storage::GroupMember>& members) {
+  std::vector<double> grid;
+  for (const storage::GroupMember& m : members) {
+    if (std::find(grid.begin(), grid.end(), m.lr) == grid.end()) grid.push_back(m.lr);
+  }
+  std::sort(grid.begin(), grid.end());
+  return grid;
+}
+
+int IndexOf(const std::vector<double>& grid, double lr) {
+  return static_cast<int>(std::lower_bound(grid.begin(), grid.end(), lr) - grid.begin());
+}
+
+// The spec's reference shape for LR transfer (validated at submit: it
+// exists; the first shape otherwise).
+ModelShape ReferenceShape(const std::vector<ModelShape>& shapes,
+                          const strategies::StrategySettings& st) {
+  for (const ModelShape& shape : shapes) {
+    if (absl::StrCat(shape.layers, "x", shape.d_model) == st.reference_shape) return shape;
+  }
+  return shapes.front();
+}
+
+}  // namespace
+
 absl::Status Scheduler::AdvanceTransfer(const JobRecord& changed) {
   ASSIGN_OR_RETURN(const strategies::StrategySettings* st, StrategyFor(changed.sweep_id));
   if (!st->lr_transfer) return absl::OkStatus();
@@ -1861,21 +1919,13 @@ absl::Status Scheduler::AdvanceTransfer(const JobRecord& changed) {
   ASSIGN_OR_RETURN(const v1::SweepSpec* spec, SpecFor(changed.sweep_id));
   ASSIGN_OR_RETURN(std::vector<ModelShape> shapes, SpecShapes(*spec));
   if (shapes.empty()) return absl::OkStatus();
-  ModelShape ref = shapes.front();  // validated at submit: it exists
-  for (const ModelShape& shape : shapes) {
-    if (absl::StrCat(shape.layers, "x", shape.d_model) == st->reference_shape) {
-      ref = shape;
-      break;
-    }
-  }
+  const ModelShape ref = ReferenceShape(shapes, *st);
   ASSIGN_OR_RETURN(std::vector<storage::GroupMember> members,
                    jobs_.ListGroup(changed.sweep_id, changed.arch, changed.layers,
                                    changed.d_model));
-  std::vector<double> grid;
   std::vector<storage::GroupMember> active;
   bool any_held = false, active_done = true;
   for (const storage::GroupMember& m : members) {
-    if (std::find(grid.begin(), grid.end(), m.lr) == grid.end()) grid.push_back(m.lr);
     if (m.state == v1::HELD) {
       any_held = true;
       continue;
@@ -1883,47 +1933,13 @@ absl::Status Scheduler::AdvanceTransfer(const JobRecord& changed) {
     active.push_back(m);
     if (!IsTerminalState(m.state)) active_done = false;
   }
-  std::sort(grid.begin(), grid.end());
   if (!active_done || active.empty()) return absl::OkStatus();
   const GroupSelection selection = SelectBest(active);
-  auto index_of = [](const std::vector<double>& g, double lr) {
-    return static_cast<int>(std::lower_bound(g.begin(), g.end(), lr) - g.begin());
-  };
   if (changed.layers == ref.layers && changed.d_model == ref.d_model) {
-    // The reference group is decided: start every other shape of the design
-    // that is still wholly held on the best LR's neighbourhood.
-    for (const ModelShape& shape : shapes) {
-      if (shape.layers == ref.layers && shape.d_model == ref.d_model) continue;
-      ASSIGN_OR_RETURN(std::vector<storage::GroupMember> other,
-                       jobs_.ListGroup(changed.sweep_id, changed.arch, shape.layers,
-                                       shape.d_model));
-      if (other.empty() || std::any_of(other.begin(), other.end(),
-                                       [](const auto& m) { return m.state != v1::HELD; })) {
-        continue;
-      }
-      std::vector<double> other_grid;
-      for (const auto& m : other) {
-        if (std::find(other_grid.begin(), other_grid.end(), m.lr) == other_grid.end()) {
-          other_grid.push_back(m.lr);
-        }
-      }
-      std::sort(other_grid.begin(), other_grid.end());
-      std::vector<double> lrs = other_grid;  // no best LR: the full grid
-      if (selection.best_lr) {
-        lrs.clear();
-        for (int i : strategies::TransferSubGrid(static_cast<int>(other_grid.size()),
-                                                  index_of(other_grid, *selection.best_lr))) {
-          lrs.push_back(other_grid[i]);
-        }
-      }
-      JobRecord key = changed;
-      key.layers = shape.layers;
-      key.d_model = shape.d_model;
-      RETURN_IF_ERROR(ReleaseHeld(key, lrs));
-    }
-    return absl::OkStatus();
+    return StartTransferredShapes(changed, shapes, ref, selection);
   }
   if (!any_held) return absl::OkStatus();
+  const std::vector<double> grid = LrGrid(members);
   std::vector<double> release;
   if (!selection.best_lr) {
     for (const auto& m : members) {
@@ -1931,31 +1947,60 @@ absl::Status Scheduler::AdvanceTransfer(const JobRecord& changed) {
     }
   } else {
     std::vector<int> active_idx;
-    for (const auto& m : active) active_idx.push_back(index_of(grid, m.lr));
+    for (const auto& m : active) active_idx.push_back(IndexOf(grid, m.lr));
     std::optional<int> widen = strategies::WidenIndex(
-        active_idx, index_of(grid, *selection.best_lr), static_cast<int>(grid.size()));
+        active_idx, IndexOf(grid, *selection.best_lr), static_cast<int>(grid.size()));
     if (widen) release.push_back(grid[*widen]);
   }
   if (!release.empty()) return ReleaseHeld(changed, release);
+  return SkipHeld(members, *selection.best_lr);
+}
+
+absl::Status Scheduler::StartTransferredShapes(const JobRecord& changed,
+                                               const std::vector<ModelShape>& shapes,
+                                               const ModelShape& ref,
+                                               const GroupSelection& selection) {
+  // The reference group is decided: start every other shape of the design
+  // that is still wholly held on the best LR's neighbourhood.
+  for (const ModelShape& shape : shapes) {
+    if (shape.layers == ref.layers && shape.d_model == ref.d_model) continue;
+    ASSIGN_OR_RETURN(std::vector<storage::GroupMember> other,
+                     jobs_.ListGroup(changed.sweep_id, changed.arch, shape.layers,
+                                     shape.d_model));
+    if (other.empty() || std::any_of(other.begin(), other.end(),
+                                     [](const auto& m) { return m.state != v1::HELD; })) {
+      continue;
+    }
+    const std::vector<double> other_grid = LrGrid(other);
+    std::vector<double> lrs = other_grid;  // no best LR: the full grid
+    if (selection.best_lr) {
+      lrs.clear();
+      for (int i : strategies::TransferSubGrid(static_cast<int>(other_grid.size()),
+                                                IndexOf(other_grid, *selection.best_lr))) {
+        lrs.push_back(other_grid[i]);
+      }
+    }
+    JobRecord key = changed;
+    key.layers = shape.layers;
+    key.d_model = shape.d_model;
+    RETURN_IF_ERROR(ReleaseHeld(key, lrs));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::SkipHeld(const std::vector<storage::GroupMember>& members,
+                                 double best_lr) {
   // Decided: the LRs still held are never run.
   const int64_t now = clock_->NowWallMs();
   for (const auto& m : members) {
     if (m.state != v1::HELD) continue;
     ASSIGN_OR_RETURN(JobRecord job, jobs_.Get(m.id));
     job.state = v1::SKIPPED;
-    job.reason = absl::StrCat("lr_transfer: group decided (best lr ", *selection.best_lr,
+    job.reason = absl::StrCat("lr_transfer: group decided (best lr ", best_lr,
                               ") without this LR");
     job.updated_ms = now;
     RETURN_IF_ERROR(jobs_.Update(job));
-    storage::LrTally delta = TallyOf(v1::SKIPPED, std::nullopt, 0);
-    delta.sweep_id = job.sweep_id;
-    delta.arch = job.arch;
-    delta.layers = job.layers;
-    delta.d_model = job.d_model;
-    delta.lr = job.lr;
-    absl::Status applied = results_.ApplyLrDelta(delta);
-    if (absl::IsNotFound(applied)) applied = RecountLr(job);
-    RETURN_IF_ERROR(applied);
+    RETURN_IF_ERROR(ApplyLrDelta(job, TallyOf(v1::SKIPPED, std::nullopt, 0)));
   }
   return absl::OkStatus();
 }

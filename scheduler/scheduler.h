@@ -60,12 +60,14 @@
 #include "common/clock.h"
 #include "depthbench/v1/sweep_service.pb.h"
 #include "depthbench/v1/worker_service.pb.h"
+#include "scheduler/best_lr.h"
 #include "scheduler/lease_manager.h"
 #include "scheduler/strategies/asha.h"
 #include "scheduler/watch_hub.h"
 #include "storage/reader_pool.h"
 #include "storage/sqlite.h"
 #include "storage/stores.h"
+#include "trainer_core/shapes.h"
 
 namespace depthbench::scheduler {
 
@@ -352,7 +354,30 @@ class Scheduler {
   absl::Status UpdateGroup(const storage::JobRecord& job, depthbench::v1::JobState from_state)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Recounts the tally of the job's (group, lr) from its jobs.
+  // FinishJob's steps: the answer to a re-sent FinishJob (or its refusal);
+  // the request's last points (and the rungs they decide); the job's new
+  // state from the request's status. The caller holds a transaction.
+  absl::StatusOr<depthbench::v1::FinishJobResponse> RepeatedFinish(
+      const depthbench::v1::FinishJobRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status StoreFinalPoints(storage::JobRecord& job,
+                                const depthbench::v1::FinishJobRequest& request, int64_t now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ApplyFinish(storage::JobRecord& job, depthbench::v1::JobState from_state,
+                           const depthbench::v1::FinishJobRequest& request, int64_t now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status RecountLr(const storage::JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds `delta` (its group key filled from `job`) to job's LR tally;
+  // recounts the LR from its jobs when it has no tally row yet.
+  absl::Status ApplyLrDelta(const storage::JobRecord& job, storage::LrTally delta)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // UpdateGroup's steps: the group's results row (and the best-run mark)
+  // from `selection`, then the diagnose job of the group's target, if due.
+  absl::Status WriteGroupResult(const storage::JobRecord& changed,
+                                const GroupSelection& selection)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status QueueDiagnosis(const storage::JobRecord& changed, const GroupSelection& selection,
+                              const std::vector<storage::LrTally>& tallies)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status RecordDiagnostics(const storage::JobRecord& job,
                                  const depthbench::v1::FinishJobRequest& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -398,6 +423,14 @@ class Scheduler {
   // group whose best LR is on an edge of its sub-grid, and marks the LRs a
   // decided group never needs as skipped. Caller holds a transaction.
   absl::Status AdvanceTransfer(const storage::JobRecord& changed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // AdvanceTransfer's steps: the decided reference group releases the other
+  // shapes' sub-grids; a decided group skips the LRs it still holds.
+  absl::Status StartTransferredShapes(const storage::JobRecord& changed,
+                                      const std::vector<ModelShape>& shapes,
+                                      const ModelShape& ref, const GroupSelection& selection)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status SkipHeld(const std::vector<storage::GroupMember>& members, double best_lr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Held jobs of the group at `lrs` -> pending.
   absl::Status ReleaseHeld(const storage::JobRecord& group_of, const std::vector<double>& lrs)
