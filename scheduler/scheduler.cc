@@ -482,6 +482,21 @@ absl::StatusOr<v1::SubmitSweepResponse> Scheduler::SubmitSweep(const v1::SweepSp
   spec.SerializeToString(&sweep.spec);
   sweep.created_ms = now;
   ASSIGN_OR_RETURN(sweep.id, sweeps_.Insert(sweep));
+  RETURN_IF_ERROR(InsertPlannedJobs(sweep, spec, expanded, now));
+  RETURN_IF_ERROR(InsertPlannedResults(sweep.id, expanded));
+  RETURN_IF_ERROR(txn.Commit());
+  spec_cache_[sweep.id] = spec;
+  counters_.sweeps_submitted++;
+  counters_.jobs_created += static_cast<int64_t>(expanded.jobs.size());
+  ASSIGN_OR_RETURN(*response.mutable_sweep(), SweepProto(sweep));
+  response.set_created(true);
+  Bump();
+  return response;
+}
+
+absl::Status Scheduler::InsertPlannedJobs(const storage::SweepRecord& sweep,
+                                          const v1::SweepSpec& spec,
+                                          const ExpandedSweep& expanded, int64_t now) {
   std::string labels = LabelsJson(spec.resources().labels());
   ASSIGN_OR_RETURN(int64_t next_id, jobs_.MaxId());
   for (const PlannedJob& planned : expanded.jobs) {
@@ -507,19 +522,23 @@ absl::StatusOr<v1::SubmitSweepResponse> Scheduler::SubmitSweep(const v1::SweepSp
     job.checkpoint_dir = absl::StrCat(sweep.name, "/", job.id);
     RETURN_IF_ERROR(jobs_.Insert(job).status());
   }
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::InsertPlannedResults(int64_t sweep_id, const ExpandedSweep& expanded) {
   std::map<std::tuple<std::string, int64_t, int64_t, double>, int64_t> per_lr;
   for (const PlannedJob& planned : expanded.jobs) {
     ++per_lr[{planned.arch, planned.shape.layers, planned.shape.d_model, planned.lr}];
   }
   for (const auto& [key, count] : per_lr) {
     storage::LrTally tally;
-    tally.sweep_id = sweep.id;
+    tally.sweep_id = sweep_id;
     std::tie(tally.arch, tally.layers, tally.d_model, tally.lr) = key;
     RETURN_IF_ERROR(results_.AddLrJobs(tally, count));
   }
   for (const PlannedGroup& group : expanded.groups) {
     storage::ResultRecord row;
-    row.sweep_id = sweep.id;
+    row.sweep_id = sweep_id;
     row.arch = group.arch;
     row.layers = group.shape.layers;
     row.d_model = group.shape.d_model;
@@ -535,14 +554,7 @@ absl::StatusOr<v1::SubmitSweepResponse> Scheduler::SubmitSweep(const v1::SweepSp
     row.lrs = std::move(lrs);
     RETURN_IF_ERROR(results_.Upsert(row));
   }
-  RETURN_IF_ERROR(txn.Commit());
-  spec_cache_[sweep.id] = spec;
-  counters_.sweeps_submitted++;
-  counters_.jobs_created += static_cast<int64_t>(expanded.jobs.size());
-  ASSIGN_OR_RETURN(*response.mutable_sweep(), SweepProto(sweep));
-  response.set_created(true);
-  Bump();
-  return response;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<v1::Sweep> Scheduler::GetSweep(const std::string& name) {
@@ -780,6 +792,98 @@ absl::StatusOr<v1::QueryResultsResponse> Scheduler::QueryResults(const std::stri
   return QueryResults(request);
 }
 
+namespace {
+
+// The row's token budget from its group's config (the same for every run
+// of a group: one config per group, O(groups) not O(jobs)); nullopt when
+// the config does not parse.
+absl::StatusOr<std::optional<TrainConfig>> SetBudget(storage::JobStore& jobs,
+                                                     const storage::ResultRecord& r,
+                                                     v1::ResultRow* row) {
+  ASSIGN_OR_RETURN(std::string config_text,
+                   jobs.GroupConfig(r.sweep_id, r.arch, r.layers, r.d_model));
+  const nlohmann::json config_json = nlohmann::json::parse(config_text, nullptr, false);
+  absl::StatusOr<TrainConfig> config = TrainConfigFromJson(config_json);
+  if (!config.ok()) return std::optional<TrainConfig>();
+  // Jobs submitted before budget_params existed trained on the design's
+  // own count, which the row's params is.
+  if (!config_json.contains("budget_params") && r.params > 0) {
+    config->budget_params = r.params;
+  }
+  const TokenBudget budget = ResolveTokenBudget(*config);
+  row->set_budget_params(budget.params);
+  row->set_budget_tokens(budget.tokens);
+  row->set_budget_steps(budget.steps);
+  return std::optional<TrainConfig>(*config);
+}
+
+// Strategies (issue 15): per LR, runs pruned (and the highest rung one was
+// pruned at), never run, and tokens trained; per group, tokens trained
+// against the full grid's (every run to the end).
+absl::Status SetStrategyColumns(storage::JobStore& jobs, storage::ResultStore& results,
+                                const v1::SweepSpec& spec, const storage::ResultRecord& r,
+                                int64_t per_step, v1::ResultRow* row) {
+  ASSIGN_OR_RETURN(std::vector<storage::GroupMember> members,
+                   jobs.ListGroup(r.sweep_id, r.arch, r.layers, r.d_model));
+  std::vector<storage::RungRecord> rungs;
+  if (spec.strategy().kind().find("successive_halving") != std::string::npos) {
+    ASSIGN_OR_RETURN(rungs, results.ListGroupRungs(r.sweep_id, r.arch, r.layers, r.d_model));
+  }
+  std::map<int64_t, int> pruned_at;
+  for (const storage::RungRecord& rung : rungs) {
+    if (rung.decision == "prune") pruned_at[rung.job_id] = rung.rung;
+  }
+  const int64_t total_steps = row->budget_steps();
+  std::map<double, v1::LrLoss*> by_lr;
+  for (v1::LrLoss& l : *row->mutable_lrs()) {
+    l.set_pruned_rung(-1);
+    by_lr[l.lr()] = &l;
+  }
+  int64_t trained = 0;
+  for (const storage::GroupMember& m : members) {
+    v1::LrLoss*& l = by_lr[m.lr];
+    if (l == nullptr) {
+      l = row->add_lrs();
+      l->set_lr(m.lr);
+      l->set_pruned_rung(-1);
+    }
+    const int64_t tokens = std::clamp<int64_t>(m.final_step, 0, total_steps) * per_step;
+    l->set_tokens_trained(l->tokens_trained() + tokens);
+    trained += tokens;
+    if (m.state == v1::PRUNED) {
+      l->set_pruned_runs(l->pruned_runs() + 1);
+      auto at = pruned_at.find(m.id);
+      if (at != pruned_at.end()) l->set_pruned_rung(std::max(l->pruned_rung(), at->second));
+    } else if (m.state == v1::HELD || m.state == v1::SKIPPED) {
+      l->set_never_run(l->never_run() + 1);
+    }
+  }
+  row->set_tokens_trained(trained);
+  row->set_grid_tokens(static_cast<int64_t>(members.size()) * total_steps * per_step);
+  return absl::OkStatus();
+}
+
+// One results row as QueryResults shows it.
+absl::StatusOr<v1::ResultRow> ResultRowFor(storage::Database* db, const v1::SweepSpec& spec,
+                                           const storage::ResultRecord& r) {
+  storage::ResultStore results(db);
+  storage::JobStore jobs(db);
+  v1::ResultRow row = ResultRowProto(r);
+  ASSIGN_OR_RETURN(std::optional<TrainConfig> config, SetBudget(jobs, r, &row));
+  const int64_t per_step = config ? config->batch * config->seq_len : 0;
+  RETURN_IF_ERROR(SetStrategyColumns(jobs, results, spec, r, per_step, &row));
+  ASSIGN_OR_RETURN(std::vector<storage::LrTally> tallies,
+                   results.ListLrs(r.sweep_id, r.arch, r.layers, r.d_model));
+  const double fixed_lr = spec.diagnostics().fixed_lr();
+  const GroupSelection selection = SelectBestFromTallies(tallies);
+  const int64_t target = DiagnosisTargetFromTallies(selection, tallies, fixed_lr);
+  row.set_diagnosed_job_id(target);
+  if (target != 0) row.set_diagnosed_lr(fixed_lr > 0 ? fixed_lr : selection.best_lr.value_or(0));
+  return row;
+}
+
+}  // namespace
+
 absl::StatusOr<v1::QueryResultsResponse> Scheduler::QueryResults(
     const v1::QueryResultsRequest& request) {
   ASSIGN_OR_RETURN(int64_t limit, PageLimit(request.page_size()));
@@ -789,79 +893,10 @@ absl::StatusOr<v1::QueryResultsResponse> Scheduler::QueryResults(
     v1::QueryResultsResponse out;
     if (request.page_token().empty()) {
       ASSIGN_OR_RETURN(v1::SweepSpec spec, ParseSpec(sweep));
-      const double fixed_lr = spec.diagnostics().fixed_lr();
-      storage::ResultStore results(db);
-      storage::JobStore jobs(db);
-      ASSIGN_OR_RETURN(std::vector<storage::ResultRecord> rows, results.List(sweep.id));
+      ASSIGN_OR_RETURN(std::vector<storage::ResultRecord> rows,
+                       storage::ResultStore(db).List(sweep.id));
       for (const storage::ResultRecord& r : rows) {
-        v1::ResultRow* row = out.add_rows();
-        *row = ResultRowProto(r);
-        // The token budget is the same for every run of a group: one
-        // config per group (O(groups), not O(jobs)).
-        ASSIGN_OR_RETURN(std::string config_text,
-                         jobs.GroupConfig(sweep.id, r.arch, r.layers, r.d_model));
-        const nlohmann::json config_json = nlohmann::json::parse(config_text, nullptr, false);
-        absl::StatusOr<TrainConfig> config = TrainConfigFromJson(config_json);
-        if (config.ok()) {
-          // Jobs submitted before budget_params existed trained on the
-          // design's own count, which the row's params is.
-          if (!config_json.contains("budget_params") && r.params > 0) {
-            config->budget_params = r.params;
-          }
-          const TokenBudget budget = ResolveTokenBudget(*config);
-          row->set_budget_params(budget.params);
-          row->set_budget_tokens(budget.tokens);
-          row->set_budget_steps(budget.steps);
-        }
-        // Strategies (issue 15): per LR, runs pruned (and the highest rung
-        // one was pruned at), never run, and tokens trained; per group,
-        // tokens trained against the full grid's (every run to the end).
-        ASSIGN_OR_RETURN(std::vector<storage::GroupMember> members,
-                         jobs.ListGroup(sweep.id, r.arch, r.layers, r.d_model));
-        std::vector<storage::RungRecord> rungs;
-        if (spec.strategy().kind().find("successive_halving") != std::string::npos) {
-          ASSIGN_OR_RETURN(rungs, results.ListGroupRungs(sweep.id, r.arch, r.layers, r.d_model));
-        }
-        std::map<int64_t, int> pruned_at;
-        for (const storage::RungRecord& rung : rungs) {
-          if (rung.decision == "prune") pruned_at[rung.job_id] = rung.rung;
-        }
-        const int64_t per_step = config.ok() ? config->batch * config->seq_len : 0;
-        const int64_t total_steps = row->budget_steps();
-        std::map<double, v1::LrLoss*> by_lr;
-        for (v1::LrLoss& l : *row->mutable_lrs()) {
-          l.set_pruned_rung(-1);
-          by_lr[l.lr()] = &l;
-        }
-        int64_t trained = 0;
-        for (const storage::GroupMember& m : members) {
-          v1::LrLoss*& l = by_lr[m.lr];
-          if (l == nullptr) {
-            l = row->add_lrs();
-            l->set_lr(m.lr);
-            l->set_pruned_rung(-1);
-          }
-          const int64_t tokens = std::clamp<int64_t>(m.final_step, 0, total_steps) * per_step;
-          l->set_tokens_trained(l->tokens_trained() + tokens);
-          trained += tokens;
-          if (m.state == v1::PRUNED) {
-            l->set_pruned_runs(l->pruned_runs() + 1);
-            auto at = pruned_at.find(m.id);
-            if (at != pruned_at.end()) l->set_pruned_rung(std::max(l->pruned_rung(), at->second));
-          } else if (m.state == v1::HELD || m.state == v1::SKIPPED) {
-            l->set_never_run(l->never_run() + 1);
-          }
-        }
-        row->set_tokens_trained(trained);
-        row->set_grid_tokens(static_cast<int64_t>(members.size()) * total_steps * per_step);
-        ASSIGN_OR_RETURN(std::vector<storage::LrTally> tallies,
-                         results.ListLrs(sweep.id, r.arch, r.layers, r.d_model));
-        const GroupSelection selection = SelectBestFromTallies(tallies);
-        const int64_t target = DiagnosisTargetFromTallies(selection, tallies, fixed_lr);
-        row->set_diagnosed_job_id(target);
-        if (target != 0) {
-          row->set_diagnosed_lr(fixed_lr > 0 ? fixed_lr : selection.best_lr.value_or(0));
-        }
+        ASSIGN_OR_RETURN(*out.add_rows(), ResultRowFor(db, spec, r));
       }
     }
     // One extra row tells whether another page exists.
@@ -1186,6 +1221,43 @@ absl::StatusOr<v1::ReportMetricsResponse> Scheduler::ReportMetrics(
 
 void Scheduler::CommitReports(const std::vector<PendingReport*>& group) {
   absl::MutexLock lock(&mu_);
+  std::vector<std::pair<PendingReport*, Lease*>> live = LiveReports(group);
+  if (live.empty()) return;
+  auto fail_all = [&live](const absl::Status& status) {
+    for (auto& [r, lease] : live) r->result = status;
+  };
+  absl::StatusOr<TimedTransaction> txn = BeginTransaction("report_metrics");
+  if (!txn.ok()) return fail_all(txn.status());
+  const int64_t now_wall = clock_->NowWallMs();
+  std::vector<ReportOutcome> outcomes(live.size());
+  bool state_changed = false;
+  for (size_t i = 0; i < live.size(); ++i) {
+    absl::Status stored =
+        StoreReport(*live[i].first, *live[i].second, now_wall, &outcomes[i], &state_changed);
+    if (!stored.ok()) return fail_all(stored);  // rolls back
+  }
+  absl::Status committed = txn->Commit();
+  if (!committed.ok()) return fail_all(committed);
+  int64_t accepted = 0, duplicates = 0;
+  const bool any_stopped = std::any_of(outcomes.begin(), outcomes.end(),
+                                       [](const auto& o) { return o.stopped.has_value(); });
+  for (size_t i = 0; i < live.size(); ++i) {
+    auto& [r, lease] = live[i];
+    // A prune released its job's lease: a later report of the same attempt
+    // in this group must not touch the released entry.
+    if (any_stopped) lease = leases_.Find(r->job_id, r->attempt_id);
+    accepted += outcomes[i].counts.accepted;
+    duplicates += outcomes[i].counts.duplicates;
+    AnswerReport(*r, lease, outcomes[i]);
+  }
+  counters_.points_accepted += accepted;
+  counters_.points_duplicate += duplicates;
+  observer_->OnMetricPoints(accepted, duplicates);
+  Bump(/*state_changed=*/state_changed);
+}
+
+std::vector<std::pair<Scheduler::PendingReport*, Lease*>> Scheduler::LiveReports(
+    const std::vector<PendingReport*>& group) {
   std::vector<std::pair<PendingReport*, Lease*>> live;
   const int64_t now_mono = clock_->NowMonotonicMs();
   for (PendingReport* r : group) {
@@ -1200,94 +1272,61 @@ void Scheduler::CommitReports(const std::vector<PendingReport*>& group) {
     leases_.Renew(r->job_id, r->attempt_id, now_mono);
     live.emplace_back(r, lease);
   }
-  if (live.empty()) return;
-  auto fail_all = [&live](const absl::Status& status) {
-    for (auto& [r, lease] : live) r->result = status;
-  };
-  absl::StatusOr<TimedTransaction> txn = BeginTransaction("report_metrics");
-  if (!txn.ok()) return fail_all(txn.status());
-  const int64_t now_wall = clock_->NowWallMs();
-  std::vector<storage::InsertCounts> counts(live.size());
-  std::vector<std::vector<storage::MetricRecord>> stored(live.size());
-  std::vector<int64_t> replay_through(live.size(), -1);
-  std::vector<std::optional<std::string>> stopped(live.size());  // paused/pruned: why
-  std::vector<bool> stop_is_prune(live.size(), false);
-  bool became_running = false;
-  for (size_t i = 0; i < live.size(); ++i) {
-    PendingReport* r = live[i].first;
-    absl::StatusOr<int64_t> replay = StorePointsLocked(r->job_id, r->attempt_id, r->resumed,
-                                                       r->points, &counts[i], &stored[i]);
-    if (!replay.ok()) return fail_all(replay.status());  // rolls back
-    replay_through[i] = *replay;
-    if (!live[i].second->running) {
-      absl::StatusOr<JobRecord> job = jobs_.Get(r->job_id);
-      if (!job.ok()) return fail_all(job.status());
-      if (job->state == v1::LEASED) {
-        job->state = v1::RUNNING;
-        job->updated_ms = now_wall;
-        absl::Status updated = jobs_.Update(*job);
-        if (!updated.ok()) return fail_all(updated);
-        became_running = true;
-      }
-    }
-    // Successive halving: a validation loss at a rung step is decided in
-    // this transaction (job reads only when such a point came).
-    const bool has_val = std::any_of(stored[i].begin(), stored[i].end(),
-                                     [](const storage::MetricRecord& p) {
-                                       return p.name == "val_loss";
-                                     });
-    if (has_val) {
-      absl::StatusOr<JobRecord> job = jobs_.Get(r->job_id);
-      if (!job.ok()) return fail_all(job.status());
-      rungs_changed_ = false;
-      bool is_prune = false;
-      absl::StatusOr<std::optional<std::string>> stop =
-          DecideRungs(*job, stored[i], /*finished=*/false, &is_prune);
-      if (!stop.ok()) return fail_all(stop.status());
-      stopped[i] = *stop;
-      stop_is_prune[i] = is_prune;
-      if (stopped[i] || rungs_changed_) became_running = true;  // a state change
+  return live;
+}
+
+absl::Status Scheduler::StoreReport(const PendingReport& r, const Lease& lease, int64_t now_wall,
+                                    ReportOutcome* out, bool* state_changed) {
+  ASSIGN_OR_RETURN(out->replay_through,
+                   StorePointsLocked(r.job_id, r.attempt_id, r.resumed, r.points, &out->counts,
+                                     &out->stored));
+  if (!lease.running) {
+    ASSIGN_OR_RETURN(JobRecord job, jobs_.Get(r.job_id));
+    if (job.state == v1::LEASED) {
+      job.state = v1::RUNNING;
+      job.updated_ms = now_wall;
+      RETURN_IF_ERROR(jobs_.Update(job));
+      *state_changed = true;
     }
   }
-  absl::Status committed = txn->Commit();
-  if (!committed.ok()) return fail_all(committed);
-  int64_t accepted = 0, duplicates = 0;
-  const bool any_stopped =
-      std::any_of(stopped.begin(), stopped.end(), [](const auto& s) { return s.has_value(); });
-  for (size_t i = 0; i < live.size(); ++i) {
-    auto& [r, lease] = live[i];
-    // A prune released its job's lease: a later report of the same attempt
-    // in this group must not touch the released entry.
-    if (any_stopped) lease = leases_.Find(r->job_id, r->attempt_id);
-    if (r->resumed) resumed_from_[r->attempt_id] = replay_through[i];
-    accepted += counts[i].accepted;
-    duplicates += counts[i].duplicates;
-    hub_.Publish(r->job_id, stored[i]);  // one copy; wakes this job's watchers only
-    v1::ReportMetricsResponse out;
-    out.set_accepted(counts[i].accepted);
-    out.set_duplicates(counts[i].duplicates);
-    if (stopped[i]) {
-      // Paused or pruned: the lease goes now (its slot is free); the
-      // worker stops the trainer (which writes its checkpoint) on this
-      // answer, or on its next heartbeat's cancellation, or when its next
-      // report is refused. A paused job is re-queued when promoted.
-      out.set_stop_reason(*stopped[i]);
-      leases_.ReleaseAttempt(r->job_id, r->attempt_id);
-      resumed_from_.erase(r->attempt_id);
-      if (stop_is_prune[i]) {
-        rung_steps_.erase(r->job_id);
-        counters_.jobs_pruned++;
-        observer_->OnJobFinished(v1::PRUNED);
-      }
-    } else if (lease != nullptr) {
-      lease->running = true;
+  // Successive halving: a validation loss at a rung step is decided in
+  // this transaction (job reads only when such a point came).
+  const bool has_val = std::any_of(out->stored.begin(), out->stored.end(),
+                                   [](const storage::MetricRecord& p) {
+                                     return p.name == "val_loss";
+                                   });
+  if (!has_val) return absl::OkStatus();
+  ASSIGN_OR_RETURN(JobRecord job, jobs_.Get(r.job_id));
+  rungs_changed_ = false;
+  ASSIGN_OR_RETURN(out->stopped,
+                   DecideRungs(job, out->stored, /*finished=*/false, &out->stop_is_prune));
+  if (out->stopped || rungs_changed_) *state_changed = true;
+  return absl::OkStatus();
+}
+
+void Scheduler::AnswerReport(PendingReport& r, Lease* lease, ReportOutcome& outcome) {
+  if (r.resumed) resumed_from_[r.attempt_id] = outcome.replay_through;
+  hub_.Publish(r.job_id, outcome.stored);  // one copy; wakes this job's watchers only
+  v1::ReportMetricsResponse out;
+  out.set_accepted(outcome.counts.accepted);
+  out.set_duplicates(outcome.counts.duplicates);
+  if (outcome.stopped) {
+    // Paused or pruned: the lease goes now (its slot is free); the
+    // worker stops the trainer (which writes its checkpoint) on this
+    // answer, or on its next heartbeat's cancellation, or when its next
+    // report is refused. A paused job is re-queued when promoted.
+    out.set_stop_reason(*outcome.stopped);
+    leases_.ReleaseAttempt(r.job_id, r.attempt_id);
+    resumed_from_.erase(r.attempt_id);
+    if (outcome.stop_is_prune) {
+      rung_steps_.erase(r.job_id);
+      counters_.jobs_pruned++;
+      observer_->OnJobFinished(v1::PRUNED);
     }
-    r->result = std::move(out);
+  } else if (lease != nullptr) {
+    lease->running = true;
   }
-  counters_.points_accepted += accepted;
-  counters_.points_duplicate += duplicates;
-  observer_->OnMetricPoints(accepted, duplicates);
-  Bump(/*state_changed=*/became_running);
+  r.result = std::move(out);
 }
 
 absl::Status Scheduler::RequeueOrFail(JobRecord& job, const std::string& reason,

@@ -63,6 +63,7 @@
 #include "scheduler/best_lr.h"
 #include "scheduler/lease_manager.h"
 #include "scheduler/strategies/asha.h"
+#include "scheduler/sweep_expander.h"
 #include "scheduler/watch_hub.h"
 #include "storage/reader_pool.h"
 #include "storage/sqlite.h"
@@ -365,6 +366,14 @@ class Scheduler {
   absl::Status ApplyFinish(storage::JobRecord& job, depthbench::v1::JobState from_state,
                            const depthbench::v1::FinishJobRequest& request, int64_t now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // SubmitSweep's steps, in its transaction: the planned jobs (ids chosen
+  // here), then each LR's job count and each group's empty results row.
+  absl::Status InsertPlannedJobs(const storage::SweepRecord& sweep,
+                                 const depthbench::v1::SweepSpec& spec,
+                                 const ExpandedSweep& expanded, int64_t now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status InsertPlannedResults(int64_t sweep_id, const ExpandedSweep& expanded)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status RecountLr(const storage::JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds `delta` (its group key filled from `job`) to job's LR tally;
   // recounts the LR from its jobs when it has no tally row yet.
@@ -445,6 +454,23 @@ class Scheduler {
   // result (the group-commit leader calls it, without ingest_mu_).
   struct PendingReport;
   void CommitReports(const std::vector<PendingReport*>& group) ABSL_LOCKS_EXCLUDED(mu_);
+  // CommitReports' steps: the reports whose attempt holds a lease (the
+  // others are refused, the live leases renewed); one report's points and
+  // state changes in the group's transaction; its answer once committed.
+  struct ReportOutcome {
+    storage::InsertCounts counts;
+    std::vector<storage::MetricRecord> stored;
+    int64_t replay_through = -1;
+    std::optional<std::string> stopped;  // paused/pruned: why
+    bool stop_is_prune = false;
+  };
+  std::vector<std::pair<PendingReport*, Lease*>> LiveReports(
+      const std::vector<PendingReport*>& group) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status StoreReport(const PendingReport& r, const Lease& lease, int64_t now_wall,
+                           ReportOutcome* out, bool* state_changed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AnswerReport(PendingReport& r, Lease* lease, ReportOutcome& outcome)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The step `attempt_id` resumed from, -1 when not yet reported (cached).
   absl::StatusOr<int64_t> ResumedFromLocked(int64_t attempt_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
