@@ -1791,28 +1791,34 @@ absl::StatusOr<std::optional<std::string>> Scheduler::DecideRungs(
     }
     const bool prune = now_verdict == strategies::Verdict::kPrune;
     const std::string reason = d.Reason();
-    const v1::JobState from_state = job.state;
-    RETURN_IF_ERROR(
-        jobs_.EndAttempt(job.current_attempt_id, now, prune ? "pruned" : "paused", reason));
-    job.state = prune ? v1::PRUNED : v1::PAUSED;
-    job.reason = reason;
-    job.val_loss = rec.val_loss;
-    job.final_step = d.step;
-    job.worker_id.clear();
-    job.updated_ms = now;
-    if (!prune) {
-      // A pause is no failed attempt: it does not count against
-      // max_attempts (as an interruption does not).
-      job.attempts_used = std::max<int64_t>(0, job.attempts_used - 1);
-      job.val_loss.reset();
-    }
-    RETURN_IF_ERROR(jobs_.Update(job));
-    if (prune) RETURN_IF_ERROR(UpdateGroup(job, from_state));
-    spdlog::info("job {}: {}", job.id, reason);
+    RETURN_IF_ERROR(StopAtRung(job, prune, reason, rec.val_loss, d.step, now));
     if (pruned != nullptr) *pruned = prune;
     return reason;
   }
   return std::nullopt;
+}
+
+absl::Status Scheduler::StopAtRung(JobRecord& job, bool prune, const std::string& reason,
+                                   std::optional<double> val_loss, int64_t step, int64_t now) {
+  const v1::JobState from_state = job.state;
+  RETURN_IF_ERROR(
+      jobs_.EndAttempt(job.current_attempt_id, now, prune ? "pruned" : "paused", reason));
+  job.state = prune ? v1::PRUNED : v1::PAUSED;
+  job.reason = reason;
+  job.val_loss = val_loss;
+  job.final_step = step;
+  job.worker_id.clear();
+  job.updated_ms = now;
+  if (!prune) {
+    // A pause is no failed attempt: it does not count against
+    // max_attempts (as an interruption does not).
+    job.attempts_used = std::max<int64_t>(0, job.attempts_used - 1);
+    job.val_loss.reset();
+  }
+  RETURN_IF_ERROR(jobs_.Update(job));
+  if (prune) RETURN_IF_ERROR(UpdateGroup(job, from_state));
+  spdlog::info("job {}: {}", job.id, reason);
+  return absl::OkStatus();
 }
 
 absl::Status Scheduler::ResolveGroupRungs(const JobRecord& group_of, int64_t reporting_job) {

@@ -374,6 +374,11 @@ class Scheduler {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status InsertPlannedResults(int64_t sweep_id, const ExpandedSweep& expanded)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // DecideRungs' last step: `job` pruned (terminal; its group updated) or
+  // paused at the rung reached at `step`, with `reason`.
+  absl::Status StopAtRung(storage::JobRecord& job, bool prune, const std::string& reason,
+                          std::optional<double> val_loss, int64_t step, int64_t now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status RecountLr(const storage::JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds `delta` (its group key filled from `job`) to job's LR tally;
   // recounts the LR from its jobs when it has no tally row yet.
