@@ -2,29 +2,29 @@
 
 #include <map>
 
-#include <nlohmann/json.hpp>
-
 namespace depthbench::scheduler {
 
-bool IsTerminalState(const std::string& state) {
-  return state == "succeeded" || state == "diverged" || state == "failed" ||
-         state == "cancelled" || state == "pruned" || state == "skipped";
+namespace v1 = ::depthbench::v1;
+
+bool IsTerminalState(v1::JobState state) {
+  return state == v1::SUCCEEDED || state == v1::DIVERGED || state == v1::FAILED ||
+         state == v1::CANCELLED || state == v1::PRUNED || state == v1::SKIPPED;
 }
 
-storage::LrTally TallyOf(const std::string& state, std::optional<double> val_loss,
+storage::LrTally TallyOf(v1::JobState state, std::optional<double> val_loss,
                          int64_t job_id) {
   storage::LrTally t;
   if (!IsTerminalState(state)) return t;
   t.ended = 1;
   // Strategies (issue 15): a pruned or never-run (skipped) job has ended,
   // is no failure, and offers no final loss.
-  if (state == "pruned" || state == "skipped") return t;
-  if (state == "succeeded" && val_loss.has_value()) {
+  if (state == v1::PRUNED || state == v1::SKIPPED) return t;
+  if (state == v1::SUCCEEDED && val_loss.has_value()) {
     t.succeeded = 1;
     t.loss_sum = *val_loss;
     t.best_job_id = job_id;
     t.best_val_loss = val_loss;
-  } else if (state == "diverged") {
+  } else if (state == v1::DIVERGED) {
     t.diverged = 1;
   } else {
     t.failed = 1;  // failed, cancelled, or a success that reported no loss
@@ -89,7 +89,7 @@ int64_t DiagnosisTarget(const GroupSelection& selection,
   int64_t target = 0;
   double best = 0;
   for (const storage::GroupMember& job : jobs) {
-    if (job.lr != fixed_lr || job.state != "succeeded" || !job.val_loss.has_value()) continue;
+    if (job.lr != fixed_lr || job.state != v1::SUCCEEDED || !job.val_loss.has_value()) continue;
     if (target == 0 || *job.val_loss < best) {
       target = job.id;
       best = *job.val_loss;
@@ -106,22 +106,6 @@ int64_t DiagnosisTargetFromTallies(const GroupSelection& selection,
     if (t.lr == fixed_lr) return t.best_job_id;
   }
   return 0;
-}
-
-std::string LrsToJson(const std::vector<LrSummary>& lrs) {
-  nlohmann::json arr = nlohmann::json::array();
-  for (const LrSummary& s : lrs) {
-    nlohmann::json j;
-    j["lr"] = s.lr;
-    j["val_loss"] = s.mean_val_loss.has_value() ? nlohmann::json(*s.mean_val_loss)
-                                                : nlohmann::json(nullptr);
-    j["diverged"] = s.diverged > 0;
-    j["succeeded"] = s.succeeded;
-    j["diverged_runs"] = s.diverged;
-    j["failed_runs"] = s.failed;
-    arr.push_back(j);
-  }
-  return arr.dump();
 }
 
 }  // namespace depthbench::scheduler

@@ -21,13 +21,7 @@
 
 namespace depthbench::scheduler {
 
-struct LrSummary {
-  double lr = 0;
-  std::optional<double> mean_val_loss;
-  int succeeded = 0;
-  int diverged = 0;
-  int failed = 0;  // failed or cancelled
-};
+using storage::LrSummary;
 
 struct GroupSelection {
   std::vector<LrSummary> lrs;  // ascending LR
@@ -37,7 +31,7 @@ struct GroupSelection {
   int64_t best_job_id = 0;     // 0 when none
 };
 
-bool IsTerminalState(const std::string& state);
+bool IsTerminalState(depthbench::v1::JobState state);
 
 GroupSelection SelectBest(const std::vector<storage::GroupMember>& jobs);
 
@@ -50,7 +44,7 @@ GroupSelection SelectBestFromTallies(const std::vector<storage::LrTally>& lrs);
 // succeeded/diverged/failed after; a succeeded job with a loss also adds
 // the loss and offers itself as the LR's best run. Only the count fields,
 // loss_sum, best_job_id and best_val_loss are set.
-storage::LrTally TallyOf(const std::string& state, std::optional<double> val_loss,
+storage::LrTally TallyOf(depthbench::v1::JobState state, std::optional<double> val_loss,
                          int64_t job_id);
 
 // Adds `add`'s counts and loss to `into` and takes its best run when its
@@ -70,10 +64,6 @@ int64_t DiagnosisTarget(const GroupSelection& selection,
 // succeeded run with the lowest loss, ties to the lowest id).
 int64_t DiagnosisTargetFromTallies(const GroupSelection& selection,
                                    const std::vector<storage::LrTally>& lrs, double fixed_lr);
-
-// lrs as JSON: [{"lr":..,"val_loss":..|null,"diverged":bool,"succeeded":n,
-// "diverged_runs":n,"failed_runs":n}, ...]
-std::string LrsToJson(const std::vector<LrSummary>& lrs);
 
 }  // namespace depthbench::scheduler
 

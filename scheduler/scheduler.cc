@@ -19,6 +19,7 @@
 #include "common/status_macros.h"
 #include "scheduler/best_lr.h"
 #include "scheduler/sweep_expander.h"
+#include "storage/job_text.h"
 #include "storage/migrations.h"
 #include "trainer_core/arch.h"
 #include "trainer_core/train_config.h"
@@ -30,47 +31,35 @@ using storage::AttemptRecord;
 using storage::JobRecord;
 using storage::Transaction;
 
-std::string JobStateName(v1::JobState state) {
-  switch (state) {
-    case v1::PENDING: return "pending";
-    case v1::LEASED: return "leased";
-    case v1::RUNNING: return "running";
-    case v1::SUCCEEDED: return "succeeded";
-    case v1::DIVERGED: return "diverged";
-    case v1::FAILED: return "failed";
-    case v1::CANCELLED: return "cancelled";
-    case v1::PRUNED: return "pruned";
-    case v1::HELD: return "held";
-    case v1::SKIPPED: return "skipped";
-    case v1::PAUSED: return "paused";
-    default: return "";
-  }
-}
-
-v1::JobState JobStateFromName(const std::string& name) {
-  for (v1::JobState s : {v1::PENDING, v1::LEASED, v1::RUNNING, v1::SUCCEEDED,
-                         v1::DIVERGED, v1::FAILED, v1::CANCELLED, v1::PRUNED, v1::HELD,
-                         v1::SKIPPED, v1::PAUSED}) {
-    if (JobStateName(s) == name) return s;
-  }
-  return v1::JOB_STATE_UNSPECIFIED;
-}
-
 namespace {
+
+// A run's learning rate and seed live in jobs.lr and jobs.seed. The copies
+// inside config_json (written at submission, so the stored text stays what
+// older binaries wrote and read) are not read: every config the scheduler
+// parses or hands out passes through here and takes them from the columns.
+// A config that is not a JSON object is returned as stored, for its reader
+// to refuse with its own error.
+std::string JobConfigJson(const JobRecord& job) {
+  nlohmann::json j = nlohmann::json::parse(job.config_json, nullptr, false);
+  if (!j.is_object()) return job.config_json;
+  j["lr"] = job.lr;
+  j["seed"] = job.seed;
+  return j.dump();
+}
 
 v1::Job JobProto(const JobRecord& r, const std::string& sweep_name) {
   v1::Job j;
   j.set_id(r.id);
   j.set_sweep_id(r.sweep_id);
   j.set_sweep_name(sweep_name);
-  j.set_kind(r.kind == "diagnose" ? v1::DIAGNOSE : v1::TRAIN);
-  j.set_state(JobStateFromName(r.state));
+  j.set_kind(r.kind);
+  j.set_state(r.state);
   j.set_arch(r.arch);
   j.set_layers(r.layers);
   j.set_d_model(r.d_model);
   j.set_lr(r.lr);
   j.set_seed(r.seed);
-  j.set_config_json(r.config_json);
+  j.set_config_json(JobConfigJson(r));
   j.set_attempts_used(static_cast<int32_t>(r.attempts_used));
   j.set_max_attempts(static_cast<int32_t>(r.max_attempts));
   j.set_current_attempt_id(r.current_attempt_id);
@@ -126,20 +115,17 @@ v1::ResultRow ResultRowProto(const storage::ResultRecord& r) {
   row.set_best_job_id(r.best_job_id);
   row.set_diagnostics_json(r.diagnostics_json);
   row.set_complete(r.complete);
-  nlohmann::json lrs = nlohmann::json::parse(r.lrs_json, nullptr, false);
-  if (lrs.is_array()) {
-    for (const auto& j : lrs) {
-      v1::LrLoss* l = row.add_lrs();
-      l->set_lr(j.value("lr", 0.0));
-      if (j.contains("val_loss") && j["val_loss"].is_number()) {
-        l->set_has_loss(true);
-        l->set_val_loss(j["val_loss"].get<double>());
-      }
-      l->set_diverged(j.value("diverged", false));
-      l->set_succeeded(j.value("succeeded", 0));
-      l->set_diverged_runs(j.value("diverged_runs", 0));
-      l->set_failed_runs(j.value("failed_runs", 0));
+  for (const storage::LrSummary& s : r.lrs) {
+    v1::LrLoss* l = row.add_lrs();
+    l->set_lr(s.lr);
+    if (s.mean_val_loss) {
+      l->set_has_loss(true);
+      l->set_val_loss(*s.mean_val_loss);
     }
+    l->set_diverged(s.diverged > 0);
+    l->set_succeeded(s.succeeded);
+    l->set_diverged_runs(s.diverged);
+    l->set_failed_runs(s.failed);
   }
   return row;
 }
@@ -152,7 +138,7 @@ v1::RunSummary RunSummaryProto(const storage::RunRecord& job) {
   run.set_d_model(job.d_model);
   run.set_lr(job.lr);
   run.set_seed(job.seed);
-  run.set_state(JobStateFromName(job.state));
+  run.set_state(job.state);
   run.set_has_val_loss(job.val_loss.has_value());
   run.set_final_val_loss(job.val_loss.value_or(0));
   run.set_final_step(job.final_step);
@@ -200,7 +186,7 @@ absl::StatusOr<v1::Sweep> SweepProtoFrom(storage::Database* db, const storage::S
   ASSIGN_OR_RETURN(auto counts, jobs.CountByState(s.id));
   int64_t total = 0, done = 0;
   for (const auto& [state, n] : counts) {
-    (*out.mutable_job_counts())[state] = n;
+    (*out.mutable_job_counts())[storage::JobStateText(state)] = n;
     total += n;
     if (IsTerminalState(state)) done += n;
   }
@@ -400,11 +386,11 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Open(
 }
 
 absl::Status Scheduler::LoadLeases() {
-  ASSIGN_OR_RETURN(std::vector<JobRecord> active, jobs_.ListInStates({"leased", "running"}));
+  ASSIGN_OR_RETURN(std::vector<JobRecord> active, jobs_.ListInStates({v1::LEASED, v1::RUNNING}));
   int64_t now = clock_->NowMonotonicMs();
   for (const JobRecord& job : active) {
     leases_.Grant(job.id, job.current_attempt_id, job.worker_id, now,
-                  job.state == "running");
+                  job.state == v1::RUNNING);
   }
   counters_.active_leases = static_cast<int64_t>(leases_.size());
   return absl::OkStatus();
@@ -496,13 +482,28 @@ absl::StatusOr<v1::SubmitSweepResponse> Scheduler::SubmitSweep(const v1::SweepSp
   spec.SerializeToString(&sweep.spec);
   sweep.created_ms = now;
   ASSIGN_OR_RETURN(sweep.id, sweeps_.Insert(sweep));
+  RETURN_IF_ERROR(InsertPlannedJobs(sweep, spec, expanded, now));
+  RETURN_IF_ERROR(InsertPlannedResults(sweep.id, expanded));
+  RETURN_IF_ERROR(txn.Commit());
+  spec_cache_[sweep.id] = spec;
+  counters_.sweeps_submitted++;
+  counters_.jobs_created += static_cast<int64_t>(expanded.jobs.size());
+  ASSIGN_OR_RETURN(*response.mutable_sweep(), SweepProto(sweep));
+  response.set_created(true);
+  Bump();
+  return response;
+}
+
+absl::Status Scheduler::InsertPlannedJobs(const storage::SweepRecord& sweep,
+                                          const v1::SweepSpec& spec,
+                                          const ExpandedSweep& expanded, int64_t now) {
   std::string labels = LabelsJson(spec.resources().labels());
   ASSIGN_OR_RETURN(int64_t next_id, jobs_.MaxId());
   for (const PlannedJob& planned : expanded.jobs) {
     JobRecord job;
     job.sweep_id = sweep.id;
-    job.kind = "train";
-    job.state = planned.held ? "held" : "pending";
+    job.kind = v1::TRAIN;
+    job.state = planned.held ? v1::HELD : v1::PENDING;
     job.arch = planned.arch;
     job.layers = planned.shape.layers;
     job.d_model = planned.shape.d_model;
@@ -521,19 +522,23 @@ absl::StatusOr<v1::SubmitSweepResponse> Scheduler::SubmitSweep(const v1::SweepSp
     job.checkpoint_dir = absl::StrCat(sweep.name, "/", job.id);
     RETURN_IF_ERROR(jobs_.Insert(job).status());
   }
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::InsertPlannedResults(int64_t sweep_id, const ExpandedSweep& expanded) {
   std::map<std::tuple<std::string, int64_t, int64_t, double>, int64_t> per_lr;
   for (const PlannedJob& planned : expanded.jobs) {
     ++per_lr[{planned.arch, planned.shape.layers, planned.shape.d_model, planned.lr}];
   }
   for (const auto& [key, count] : per_lr) {
     storage::LrTally tally;
-    tally.sweep_id = sweep.id;
+    tally.sweep_id = sweep_id;
     std::tie(tally.arch, tally.layers, tally.d_model, tally.lr) = key;
     RETURN_IF_ERROR(results_.AddLrJobs(tally, count));
   }
   for (const PlannedGroup& group : expanded.groups) {
     storage::ResultRecord row;
-    row.sweep_id = sweep.id;
+    row.sweep_id = sweep_id;
     row.arch = group.arch;
     row.layers = group.shape.layers;
     row.d_model = group.shape.d_model;
@@ -546,17 +551,10 @@ absl::StatusOr<v1::SubmitSweepResponse> Scheduler::SubmitSweep(const v1::SweepSp
       lrs.push_back(s);
     }
     std::sort(lrs.begin(), lrs.end(), [](auto& a, auto& b) { return a.lr < b.lr; });
-    row.lrs_json = LrsToJson(lrs);
+    row.lrs = std::move(lrs);
     RETURN_IF_ERROR(results_.Upsert(row));
   }
-  RETURN_IF_ERROR(txn.Commit());
-  spec_cache_[sweep.id] = spec;
-  counters_.sweeps_submitted++;
-  counters_.jobs_created += static_cast<int64_t>(expanded.jobs.size());
-  ASSIGN_OR_RETURN(*response.mutable_sweep(), SweepProto(sweep));
-  response.set_created(true);
-  Bump();
-  return response;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<v1::Sweep> Scheduler::GetSweep(const std::string& name) {
@@ -612,7 +610,7 @@ absl::StatusOr<v1::DeleteSweepResponse> Scheduler::DeleteSweep(
   ASSIGN_OR_RETURN(std::vector<JobRecord> jobs, jobs_.ListBySweep(sweep.id));
   std::vector<int64_t> active;
   for (const JobRecord& job : jobs) {
-    if (job.state == "leased" || job.state == "running") active.push_back(job.id);
+    if (job.state == v1::LEASED || job.state == v1::RUNNING) active.push_back(job.id);
   }
   if (!active.empty() && !request.force()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -626,7 +624,7 @@ absl::StatusOr<v1::DeleteSweepResponse> Scheduler::DeleteSweep(
     for (int64_t job : active) {
       leases_.Release(job);
       counters_.jobs_cancelled++;
-      observer_->OnJobFinished("cancelled");
+      observer_->OnJobFinished(v1::CANCELLED);
     }
     spec_cache_.erase(id);
   });
@@ -646,29 +644,29 @@ absl::StatusOr<v1::CancelSweepResponse> Scheduler::CancelSweep(const std::string
   ASSIGN_OR_RETURN(TimedTransaction txn, BeginTransaction("cancel_sweep"));
   int64_t cancelled = 0;
   std::vector<int64_t> released;
-  std::vector<std::pair<size_t, std::string>> changed;  // (index, state before)
+  std::vector<std::pair<size_t, v1::JobState>> changed;  // (index, state before)
   for (size_t i = 0; i < jobs.size(); ++i) {
     JobRecord& job = jobs[i];
     if (IsTerminalState(job.state)) continue;
     changed.emplace_back(i, job.state);
-    if (job.state == "leased" || job.state == "running") {
+    if (job.state == v1::LEASED || job.state == v1::RUNNING) {
       RETURN_IF_ERROR(jobs_.EndAttempt(job.current_attempt_id, now, "cancelled",
                                        "sweep cancelled"));
       released.push_back(job.id);
     }
-    job.state = "cancelled";
+    job.state = v1::CANCELLED;
     job.reason = "sweep cancelled";
     job.updated_ms = now;
     RETURN_IF_ERROR(jobs_.Update(job));
     ++cancelled;
     AfterCommit([this] {
       counters_.jobs_cancelled++;
-      observer_->OnJobFinished("cancelled");
+      observer_->OnJobFinished(v1::CANCELLED);
     });
   }
   RETURN_IF_ERROR(sweeps_.SetCancelled(sweep.id, true));
   for (const auto& [i, from_state] : changed) {
-    if (jobs[i].kind == "train") RETURN_IF_ERROR(UpdateGroup(jobs[i], from_state));
+    if (jobs[i].kind == v1::TRAIN) RETURN_IF_ERROR(UpdateGroup(jobs[i], from_state));
   }
   RETURN_IF_ERROR(txn.Commit());
   for (int64_t id : released) leases_.Release(id);
@@ -683,8 +681,10 @@ absl::StatusOr<v1::ListJobsResponse> Scheduler::ListJobs(const v1::ListJobsReque
   ASSIGN_OR_RETURN(filter.limit, PageLimit(request.page_size()));
   ASSIGN_OR_RETURN(filter.after_id, ParsePageToken(request.page_token(), "ListJobs"));
   if (request.state() != v1::JOB_STATE_UNSPECIFIED) {
-    filter.state = JobStateName(request.state());
-    if (filter.state.empty()) return absl::InvalidArgumentError("state: unknown job state");
+    if (!v1::JobState_IsValid(request.state())) {
+      return absl::InvalidArgumentError("state: unknown job state");
+    }
+    filter.state = request.state();
   }
   if (!request.arch().empty()) {
     absl::StatusOr<Arch> arch = ParseArch(request.arch());
@@ -752,24 +752,24 @@ absl::StatusOr<v1::RetryJobResponse> Scheduler::RetryJob(const v1::RetryJobReque
   std::vector<JobRecord> targets;
   if (request.job_id() != 0) {
     ASSIGN_OR_RETURN(JobRecord job, jobs_.Get(request.job_id()));
-    if (job.state != "failed" && job.state != "cancelled") {
+    if (job.state != v1::FAILED && job.state != v1::CANCELLED) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "job ", job.id, " is ", job.state, "; only failed or cancelled jobs can be retried"));
+          "job ", job.id, " is ", storage::JobStateText(job.state), "; only failed or cancelled jobs can be retried"));
     }
     targets.push_back(job);
   } else {
     ASSIGN_OR_RETURN(storage::SweepRecord sweep, SweepByName(request.sweep()));
     ASSIGN_OR_RETURN(std::vector<JobRecord> jobs, jobs_.ListBySweep(sweep.id));
     for (const JobRecord& job : jobs) {
-      if (job.state == "failed") targets.push_back(job);
+      if (job.state == v1::FAILED) targets.push_back(job);
     }
   }
   int64_t now = clock_->NowWallMs();
   ASSIGN_OR_RETURN(TimedTransaction txn, BeginTransaction("retry_job"));
   v1::RetryJobResponse out;
   for (JobRecord& job : targets) {
-    const std::string from_state = job.state;
-    job.state = "pending";
+    const v1::JobState from_state = job.state;
+    job.state = v1::PENDING;
     job.attempts_used = 0;
     job.not_before_ms = 0;
     job.reason.clear();
@@ -777,7 +777,7 @@ absl::StatusOr<v1::RetryJobResponse> Scheduler::RetryJob(const v1::RetryJobReque
     job.updated_ms = now;
     RETURN_IF_ERROR(jobs_.Update(job));
     RETURN_IF_ERROR(sweeps_.SetCancelled(job.sweep_id, false));
-    if (job.kind == "train") RETURN_IF_ERROR(UpdateGroup(job, from_state));
+    if (job.kind == v1::TRAIN) RETURN_IF_ERROR(UpdateGroup(job, from_state));
     out.add_job_ids(job.id);
     AfterCommit([this] { observer_->OnJobRetried("manual"); });
   }
@@ -792,6 +792,98 @@ absl::StatusOr<v1::QueryResultsResponse> Scheduler::QueryResults(const std::stri
   return QueryResults(request);
 }
 
+namespace {
+
+// The row's token budget from its group's config (the same for every run
+// of a group: one config per group, O(groups) not O(jobs)); nullopt when
+// the config does not parse.
+absl::StatusOr<std::optional<TrainConfig>> SetBudget(storage::JobStore& jobs,
+                                                     const storage::ResultRecord& r,
+                                                     v1::ResultRow* row) {
+  ASSIGN_OR_RETURN(std::string config_text,
+                   jobs.GroupConfig(r.sweep_id, r.arch, r.layers, r.d_model));
+  const nlohmann::json config_json = nlohmann::json::parse(config_text, nullptr, false);
+  absl::StatusOr<TrainConfig> config = TrainConfigFromJson(config_json);
+  if (!config.ok()) return std::optional<TrainConfig>();
+  // Jobs submitted before budget_params existed trained on the design's
+  // own count, which the row's params is.
+  if (!config_json.contains("budget_params") && r.params > 0) {
+    config->budget_params = r.params;
+  }
+  const TokenBudget budget = ResolveTokenBudget(*config);
+  row->set_budget_params(budget.params);
+  row->set_budget_tokens(budget.tokens);
+  row->set_budget_steps(budget.steps);
+  return std::optional<TrainConfig>(*config);
+}
+
+// Strategies (issue 15): per LR, runs pruned (and the highest rung one was
+// pruned at), never run, and tokens trained; per group, tokens trained
+// against the full grid's (every run to the end).
+absl::Status SetStrategyColumns(storage::JobStore& jobs, storage::ResultStore& results,
+                                const v1::SweepSpec& spec, const storage::ResultRecord& r,
+                                int64_t per_step, v1::ResultRow* row) {
+  ASSIGN_OR_RETURN(std::vector<storage::GroupMember> members,
+                   jobs.ListGroup(r.sweep_id, r.arch, r.layers, r.d_model));
+  std::vector<storage::RungRecord> rungs;
+  if (spec.strategy().kind().find("successive_halving") != std::string::npos) {
+    ASSIGN_OR_RETURN(rungs, results.ListGroupRungs(r.sweep_id, r.arch, r.layers, r.d_model));
+  }
+  std::map<int64_t, int> pruned_at;
+  for (const storage::RungRecord& rung : rungs) {
+    if (rung.decision == "prune") pruned_at[rung.job_id] = rung.rung;
+  }
+  const int64_t total_steps = row->budget_steps();
+  std::map<double, v1::LrLoss*> by_lr;
+  for (v1::LrLoss& l : *row->mutable_lrs()) {
+    l.set_pruned_rung(-1);
+    by_lr[l.lr()] = &l;
+  }
+  int64_t trained = 0;
+  for (const storage::GroupMember& m : members) {
+    v1::LrLoss*& l = by_lr[m.lr];
+    if (l == nullptr) {
+      l = row->add_lrs();
+      l->set_lr(m.lr);
+      l->set_pruned_rung(-1);
+    }
+    const int64_t tokens = std::clamp<int64_t>(m.final_step, 0, total_steps) * per_step;
+    l->set_tokens_trained(l->tokens_trained() + tokens);
+    trained += tokens;
+    if (m.state == v1::PRUNED) {
+      l->set_pruned_runs(l->pruned_runs() + 1);
+      auto at = pruned_at.find(m.id);
+      if (at != pruned_at.end()) l->set_pruned_rung(std::max(l->pruned_rung(), at->second));
+    } else if (m.state == v1::HELD || m.state == v1::SKIPPED) {
+      l->set_never_run(l->never_run() + 1);
+    }
+  }
+  row->set_tokens_trained(trained);
+  row->set_grid_tokens(static_cast<int64_t>(members.size()) * total_steps * per_step);
+  return absl::OkStatus();
+}
+
+// One results row as QueryResults shows it.
+absl::StatusOr<v1::ResultRow> ResultRowFor(storage::Database* db, const v1::SweepSpec& spec,
+                                           const storage::ResultRecord& r) {
+  storage::ResultStore results(db);
+  storage::JobStore jobs(db);
+  v1::ResultRow row = ResultRowProto(r);
+  ASSIGN_OR_RETURN(std::optional<TrainConfig> config, SetBudget(jobs, r, &row));
+  const int64_t per_step = config ? config->batch * config->seq_len : 0;
+  RETURN_IF_ERROR(SetStrategyColumns(jobs, results, spec, r, per_step, &row));
+  ASSIGN_OR_RETURN(std::vector<storage::LrTally> tallies,
+                   results.ListLrs(r.sweep_id, r.arch, r.layers, r.d_model));
+  const double fixed_lr = spec.diagnostics().fixed_lr();
+  const GroupSelection selection = SelectBestFromTallies(tallies);
+  const int64_t target = DiagnosisTargetFromTallies(selection, tallies, fixed_lr);
+  row.set_diagnosed_job_id(target);
+  if (target != 0) row.set_diagnosed_lr(fixed_lr > 0 ? fixed_lr : selection.best_lr.value_or(0));
+  return row;
+}
+
+}  // namespace
+
 absl::StatusOr<v1::QueryResultsResponse> Scheduler::QueryResults(
     const v1::QueryResultsRequest& request) {
   ASSIGN_OR_RETURN(int64_t limit, PageLimit(request.page_size()));
@@ -801,79 +893,10 @@ absl::StatusOr<v1::QueryResultsResponse> Scheduler::QueryResults(
     v1::QueryResultsResponse out;
     if (request.page_token().empty()) {
       ASSIGN_OR_RETURN(v1::SweepSpec spec, ParseSpec(sweep));
-      const double fixed_lr = spec.diagnostics().fixed_lr();
-      storage::ResultStore results(db);
-      storage::JobStore jobs(db);
-      ASSIGN_OR_RETURN(std::vector<storage::ResultRecord> rows, results.List(sweep.id));
+      ASSIGN_OR_RETURN(std::vector<storage::ResultRecord> rows,
+                       storage::ResultStore(db).List(sweep.id));
       for (const storage::ResultRecord& r : rows) {
-        v1::ResultRow* row = out.add_rows();
-        *row = ResultRowProto(r);
-        // The token budget is the same for every run of a group: one
-        // config per group (O(groups), not O(jobs)).
-        ASSIGN_OR_RETURN(std::string config_text,
-                         jobs.GroupConfig(sweep.id, r.arch, r.layers, r.d_model));
-        const nlohmann::json config_json = nlohmann::json::parse(config_text, nullptr, false);
-        absl::StatusOr<TrainConfig> config = TrainConfigFromJson(config_json);
-        if (config.ok()) {
-          // Jobs submitted before budget_params existed trained on the
-          // design's own count, which the row's params is.
-          if (!config_json.contains("budget_params") && r.params > 0) {
-            config->budget_params = r.params;
-          }
-          const TokenBudget budget = ResolveTokenBudget(*config);
-          row->set_budget_params(budget.params);
-          row->set_budget_tokens(budget.tokens);
-          row->set_budget_steps(budget.steps);
-        }
-        // Strategies (issue 15): per LR, runs pruned (and the highest rung
-        // one was pruned at), never run, and tokens trained; per group,
-        // tokens trained against the full grid's (every run to the end).
-        ASSIGN_OR_RETURN(std::vector<storage::GroupMember> members,
-                         jobs.ListGroup(sweep.id, r.arch, r.layers, r.d_model));
-        std::vector<storage::RungRecord> rungs;
-        if (spec.strategy().kind().find("successive_halving") != std::string::npos) {
-          ASSIGN_OR_RETURN(rungs, results.ListGroupRungs(sweep.id, r.arch, r.layers, r.d_model));
-        }
-        std::map<int64_t, int> pruned_at;
-        for (const storage::RungRecord& rung : rungs) {
-          if (rung.decision == "prune") pruned_at[rung.job_id] = rung.rung;
-        }
-        const int64_t per_step = config.ok() ? config->batch * config->seq_len : 0;
-        const int64_t total_steps = row->budget_steps();
-        std::map<double, v1::LrLoss*> by_lr;
-        for (v1::LrLoss& l : *row->mutable_lrs()) {
-          l.set_pruned_rung(-1);
-          by_lr[l.lr()] = &l;
-        }
-        int64_t trained = 0;
-        for (const storage::GroupMember& m : members) {
-          v1::LrLoss*& l = by_lr[m.lr];
-          if (l == nullptr) {
-            l = row->add_lrs();
-            l->set_lr(m.lr);
-            l->set_pruned_rung(-1);
-          }
-          const int64_t tokens = std::clamp<int64_t>(m.final_step, 0, total_steps) * per_step;
-          l->set_tokens_trained(l->tokens_trained() + tokens);
-          trained += tokens;
-          if (m.state == "pruned") {
-            l->set_pruned_runs(l->pruned_runs() + 1);
-            auto at = pruned_at.find(m.id);
-            if (at != pruned_at.end()) l->set_pruned_rung(std::max(l->pruned_rung(), at->second));
-          } else if (m.state == "held" || m.state == "skipped") {
-            l->set_never_run(l->never_run() + 1);
-          }
-        }
-        row->set_tokens_trained(trained);
-        row->set_grid_tokens(static_cast<int64_t>(members.size()) * total_steps * per_step);
-        ASSIGN_OR_RETURN(std::vector<storage::LrTally> tallies,
-                         results.ListLrs(sweep.id, r.arch, r.layers, r.d_model));
-        const GroupSelection selection = SelectBestFromTallies(tallies);
-        const int64_t target = DiagnosisTargetFromTallies(selection, tallies, fixed_lr);
-        row->set_diagnosed_job_id(target);
-        if (target != 0) {
-          row->set_diagnosed_lr(fixed_lr > 0 ? fixed_lr : selection.best_lr.value_or(0));
-        }
+        ASSIGN_OR_RETURN(*out.add_rows(), ResultRowFor(db, spec, r));
       }
     }
     // One extra row tells whether another page exists.
@@ -903,7 +926,7 @@ absl::StatusOr<WatchBatch> Scheduler::ReadWatch(int64_t job_id, int64_t after_ro
       }
     }
     WatchBatch batch;
-    batch.state = JobStateFromName(job.state);
+    batch.state = job.state;
     batch.attempt_id = job.current_attempt_id;
     ASSIGN_OR_RETURN(batch.resumed_from_step, ResumeStepOfCurrentAttempt(jobs, job));
     ASSIGN_OR_RETURN(batch.points, storage::MetricStore(db).Read(job_id, after_row_id, from_step,
@@ -926,7 +949,7 @@ absl::StatusOr<WatchBatch> JobWatch::Next(int64_t limit, absl::Duration wait) {
       absl::MutexLock lock(&s->mu_);
       seen_epoch_ = s->hub_.state_epoch();
       ASSIGN_OR_RETURN(JobRecord job, s->jobs_.Get(job_id_));
-      batch.state = JobStateFromName(job.state);
+      batch.state = job.state;
       batch.attempt_id = job.current_attempt_id;
       ASSIGN_OR_RETURN(resumed_from_step_, ResumeStepOfCurrentAttempt(s->jobs_, job));
       batch.resumed_from_step = resumed_from_step_;
@@ -948,7 +971,7 @@ absl::StatusOr<WatchBatch> JobWatch::Next(int64_t limit, absl::Duration wait) {
       absl::MutexLock lock(&s->mu_);
       seen_epoch_ = s->hub_.state_epoch();
       ASSIGN_OR_RETURN(JobRecord job, s->jobs_.Get(job_id_));
-      state_ = JobStateFromName(job.state);
+      state_ = job.state;
       attempt_id_ = job.current_attempt_id;
       ASSIGN_OR_RETURN(resumed_from_step_, ResumeStepOfCurrentAttempt(s->jobs_, job));
     }
@@ -1030,12 +1053,12 @@ std::vector<v1::Cancellation> Scheduler::Reattach(
     absl::StatusOr<JobRecord> job = jobs_.Get(r.job_id());
     if (!job.ok()) {
       c.set_reason("unknown job");
-    } else if (job->state == "cancelled") {
+    } else if (job->state == v1::CANCELLED) {
       c.set_reason("job cancelled");
     } else if (job->current_attempt_id != r.attempt_id()) {
       c.set_reason("attempt superseded (lease expired)");
-    } else if (IsTerminalState(job->state) || job->state == "paused") {
-      c.set_reason(absl::StrCat("job already ", job->state));
+    } else if (IsTerminalState(job->state) || job->state == v1::PAUSED) {
+      c.set_reason(absl::StrCat("job already ", storage::JobStateText(job->state)));
     } else {
       c.set_reason("lease held by another worker");
     }
@@ -1115,7 +1138,7 @@ absl::StatusOr<v1::AcquireJobResponse> Scheduler::AcquireJob(const v1::AcquireJo
   attempt.worker_id = worker.id;
   attempt.start_ms = now_wall;
   ASSIGN_OR_RETURN(attempt.id, jobs_.InsertAttempt(attempt));
-  job.state = "leased";
+  job.state = v1::LEASED;
   job.attempts_used++;
   job.current_attempt_id = attempt.id;
   job.worker_id = worker.id;
@@ -1129,8 +1152,8 @@ absl::StatusOr<v1::AcquireJobResponse> Scheduler::AcquireJob(const v1::AcquireJo
   out.set_has_job(true);
   out.set_job_id(job.id);
   out.set_attempt_id(attempt.id);
-  out.set_kind(job.kind == "diagnose" ? v1::DIAGNOSE : v1::TRAIN);
-  out.set_config_json(job.config_json);
+  out.set_kind(job.kind);
+  out.set_config_json(JobConfigJson(job));
   out.set_checkpoint_dir(job.checkpoint_dir);
   out.set_resume(previous > 0);
   out.set_attempt_number(static_cast<int32_t>(attempt.number));
@@ -1198,6 +1221,43 @@ absl::StatusOr<v1::ReportMetricsResponse> Scheduler::ReportMetrics(
 
 void Scheduler::CommitReports(const std::vector<PendingReport*>& group) {
   absl::MutexLock lock(&mu_);
+  std::vector<std::pair<PendingReport*, Lease*>> live = LiveReports(group);
+  if (live.empty()) return;
+  auto fail_all = [&live](const absl::Status& status) {
+    for (auto& [r, lease] : live) r->result = status;
+  };
+  absl::StatusOr<TimedTransaction> txn = BeginTransaction("report_metrics");
+  if (!txn.ok()) return fail_all(txn.status());
+  const int64_t now_wall = clock_->NowWallMs();
+  std::vector<ReportOutcome> outcomes(live.size());
+  bool state_changed = false;
+  for (size_t i = 0; i < live.size(); ++i) {
+    absl::Status stored =
+        StoreReport(*live[i].first, *live[i].second, now_wall, &outcomes[i], &state_changed);
+    if (!stored.ok()) return fail_all(stored);  // rolls back
+  }
+  absl::Status committed = txn->Commit();
+  if (!committed.ok()) return fail_all(committed);
+  int64_t accepted = 0, duplicates = 0;
+  const bool any_stopped = std::any_of(outcomes.begin(), outcomes.end(),
+                                       [](const auto& o) { return o.stopped.has_value(); });
+  for (size_t i = 0; i < live.size(); ++i) {
+    auto& [r, lease] = live[i];
+    // A prune released its job's lease: a later report of the same attempt
+    // in this group must not touch the released entry.
+    if (any_stopped) lease = leases_.Find(r->job_id, r->attempt_id);
+    accepted += outcomes[i].counts.accepted;
+    duplicates += outcomes[i].counts.duplicates;
+    AnswerReport(*r, lease, outcomes[i]);
+  }
+  counters_.points_accepted += accepted;
+  counters_.points_duplicate += duplicates;
+  observer_->OnMetricPoints(accepted, duplicates);
+  Bump(/*state_changed=*/state_changed);
+}
+
+std::vector<std::pair<Scheduler::PendingReport*, Lease*>> Scheduler::LiveReports(
+    const std::vector<PendingReport*>& group) {
   std::vector<std::pair<PendingReport*, Lease*>> live;
   const int64_t now_mono = clock_->NowMonotonicMs();
   for (PendingReport* r : group) {
@@ -1212,118 +1272,85 @@ void Scheduler::CommitReports(const std::vector<PendingReport*>& group) {
     leases_.Renew(r->job_id, r->attempt_id, now_mono);
     live.emplace_back(r, lease);
   }
-  if (live.empty()) return;
-  auto fail_all = [&live](const absl::Status& status) {
-    for (auto& [r, lease] : live) r->result = status;
-  };
-  absl::StatusOr<TimedTransaction> txn = BeginTransaction("report_metrics");
-  if (!txn.ok()) return fail_all(txn.status());
-  const int64_t now_wall = clock_->NowWallMs();
-  std::vector<storage::InsertCounts> counts(live.size());
-  std::vector<std::vector<storage::MetricRecord>> stored(live.size());
-  std::vector<int64_t> replay_through(live.size(), -1);
-  std::vector<std::optional<std::string>> stopped(live.size());  // paused/pruned: why
-  std::vector<bool> stop_is_prune(live.size(), false);
-  bool became_running = false;
-  for (size_t i = 0; i < live.size(); ++i) {
-    PendingReport* r = live[i].first;
-    absl::StatusOr<int64_t> replay = StorePointsLocked(r->job_id, r->attempt_id, r->resumed,
-                                                       r->points, &counts[i], &stored[i]);
-    if (!replay.ok()) return fail_all(replay.status());  // rolls back
-    replay_through[i] = *replay;
-    if (!live[i].second->running) {
-      absl::StatusOr<JobRecord> job = jobs_.Get(r->job_id);
-      if (!job.ok()) return fail_all(job.status());
-      if (job->state == "leased") {
-        job->state = "running";
-        job->updated_ms = now_wall;
-        absl::Status updated = jobs_.Update(*job);
-        if (!updated.ok()) return fail_all(updated);
-        became_running = true;
-      }
-    }
-    // Successive halving: a validation loss at a rung step is decided in
-    // this transaction (job reads only when such a point came).
-    const bool has_val = std::any_of(stored[i].begin(), stored[i].end(),
-                                     [](const storage::MetricRecord& p) {
-                                       return p.name == "val_loss";
-                                     });
-    if (has_val) {
-      absl::StatusOr<JobRecord> job = jobs_.Get(r->job_id);
-      if (!job.ok()) return fail_all(job.status());
-      rungs_changed_ = false;
-      bool is_prune = false;
-      absl::StatusOr<std::optional<std::string>> stop =
-          DecideRungs(*job, stored[i], /*finished=*/false, &is_prune);
-      if (!stop.ok()) return fail_all(stop.status());
-      stopped[i] = *stop;
-      stop_is_prune[i] = is_prune;
-      if (stopped[i] || rungs_changed_) became_running = true;  // a state change
+  return live;
+}
+
+absl::Status Scheduler::StoreReport(const PendingReport& r, const Lease& lease, int64_t now_wall,
+                                    ReportOutcome* out, bool* state_changed) {
+  ASSIGN_OR_RETURN(out->replay_through,
+                   StorePointsLocked(r.job_id, r.attempt_id, r.resumed, r.points, &out->counts,
+                                     &out->stored));
+  if (!lease.running) {
+    ASSIGN_OR_RETURN(JobRecord job, jobs_.Get(r.job_id));
+    if (job.state == v1::LEASED) {
+      job.state = v1::RUNNING;
+      job.updated_ms = now_wall;
+      RETURN_IF_ERROR(jobs_.Update(job));
+      *state_changed = true;
     }
   }
-  absl::Status committed = txn->Commit();
-  if (!committed.ok()) return fail_all(committed);
-  int64_t accepted = 0, duplicates = 0;
-  const bool any_stopped =
-      std::any_of(stopped.begin(), stopped.end(), [](const auto& s) { return s.has_value(); });
-  for (size_t i = 0; i < live.size(); ++i) {
-    auto& [r, lease] = live[i];
-    // A prune released its job's lease: a later report of the same attempt
-    // in this group must not touch the released entry.
-    if (any_stopped) lease = leases_.Find(r->job_id, r->attempt_id);
-    if (r->resumed) resumed_from_[r->attempt_id] = replay_through[i];
-    accepted += counts[i].accepted;
-    duplicates += counts[i].duplicates;
-    hub_.Publish(r->job_id, stored[i]);  // one copy; wakes this job's watchers only
-    v1::ReportMetricsResponse out;
-    out.set_accepted(counts[i].accepted);
-    out.set_duplicates(counts[i].duplicates);
-    if (stopped[i]) {
-      // Paused or pruned: the lease goes now (its slot is free); the
-      // worker stops the trainer (which writes its checkpoint) on this
-      // answer, or on its next heartbeat's cancellation, or when its next
-      // report is refused. A paused job is re-queued when promoted.
-      out.set_stop_reason(*stopped[i]);
-      leases_.ReleaseAttempt(r->job_id, r->attempt_id);
-      resumed_from_.erase(r->attempt_id);
-      if (stop_is_prune[i]) {
-        rung_steps_.erase(r->job_id);
-        counters_.jobs_pruned++;
-        observer_->OnJobFinished("pruned");
-      }
-    } else if (lease != nullptr) {
-      lease->running = true;
+  // Successive halving: a validation loss at a rung step is decided in
+  // this transaction (job reads only when such a point came).
+  const bool has_val = std::any_of(out->stored.begin(), out->stored.end(),
+                                   [](const storage::MetricRecord& p) {
+                                     return p.name == "val_loss";
+                                   });
+  if (!has_val) return absl::OkStatus();
+  ASSIGN_OR_RETURN(JobRecord job, jobs_.Get(r.job_id));
+  rungs_changed_ = false;
+  ASSIGN_OR_RETURN(out->stopped,
+                   DecideRungs(job, out->stored, /*finished=*/false, &out->stop_is_prune));
+  if (out->stopped || rungs_changed_) *state_changed = true;
+  return absl::OkStatus();
+}
+
+void Scheduler::AnswerReport(PendingReport& r, Lease* lease, ReportOutcome& outcome) {
+  if (r.resumed) resumed_from_[r.attempt_id] = outcome.replay_through;
+  hub_.Publish(r.job_id, outcome.stored);  // one copy; wakes this job's watchers only
+  v1::ReportMetricsResponse out;
+  out.set_accepted(outcome.counts.accepted);
+  out.set_duplicates(outcome.counts.duplicates);
+  if (outcome.stopped) {
+    // Paused or pruned: the lease goes now (its slot is free); the
+    // worker stops the trainer (which writes its checkpoint) on this
+    // answer, or on its next heartbeat's cancellation, or when its next
+    // report is refused. A paused job is re-queued when promoted.
+    out.set_stop_reason(*outcome.stopped);
+    leases_.ReleaseAttempt(r.job_id, r.attempt_id);
+    resumed_from_.erase(r.attempt_id);
+    if (outcome.stop_is_prune) {
+      rung_steps_.erase(r.job_id);
+      counters_.jobs_pruned++;
+      observer_->OnJobFinished(v1::PRUNED);
     }
-    r->result = std::move(out);
+  } else if (lease != nullptr) {
+    lease->running = true;
   }
-  counters_.points_accepted += accepted;
-  counters_.points_duplicate += duplicates;
-  observer_->OnMetricPoints(accepted, duplicates);
-  Bump(/*state_changed=*/became_running);
+  r.result = std::move(out);
 }
 
 absl::Status Scheduler::RequeueOrFail(JobRecord& job, const std::string& reason,
                                       const std::string& retry_reason) {
   int64_t now = clock_->NowWallMs();
-  const std::string from_state = job.state;
+  const v1::JobState from_state = job.state;
   job.reason = reason;
   job.worker_id.clear();
   job.updated_ms = now;
   if (job.attempts_used >= job.max_attempts) {
-    job.state = "failed";
+    job.state = v1::FAILED;
     job.reason = absl::StrCat(reason, " (attempts exhausted: ", job.attempts_used,
                               " of ", job.max_attempts, ")");
     AfterCommit([this] {
       counters_.jobs_failed++;
-      observer_->OnJobFinished("failed");
+      observer_->OnJobFinished(v1::FAILED);
     });
     RETURN_IF_ERROR(jobs_.Update(job));
-    if (job.kind == "train") RETURN_IF_ERROR(UpdateGroup(job, from_state));
+    if (job.kind == v1::TRAIN) RETURN_IF_ERROR(UpdateGroup(job, from_state));
     return absl::OkStatus();
   }
   ASSIGN_OR_RETURN(const v1::SweepSpec* spec, SpecFor(job.sweep_id));
   RetrySettings retry = RetryFromSpec(spec->retry());
-  job.state = "pending";
+  job.state = v1::PENDING;
   job.not_before_ms = now + BackoffMs(job.attempts_used, retry.initial_backoff_ms,
                                       retry.backoff_multiplier, retry.max_backoff_ms);
   AfterCommit([this, retry_reason] {
@@ -1338,71 +1365,94 @@ absl::StatusOr<v1::FinishJobResponse> Scheduler::FinishJob(const v1::FinishJobRe
     return absl::InvalidArgumentError("status: required");
   }
   absl::MutexLock lock(&mu_);
-  v1::FinishJobResponse out;
-  Lease* lease = leases_.Find(request.job_id(), request.attempt_id());
-  if (lease == nullptr) {
-    // A FinishJob re-sent after a lost reply is answered again, not refused.
-    ASSIGN_OR_RETURN(std::optional<AttemptRecord> attempt, jobs_.GetAttempt(request.attempt_id()));
-    static const std::map<v1::FinishStatus, std::string> kOutcome = {
-        {v1::FINISH_SUCCEEDED, "succeeded"}, {v1::FINISH_DIVERGED, "diverged"},
-        {v1::FINISH_FAILED, "failed"}, {v1::FINISH_INTERRUPTED, "interrupted"}};
-    if (attempt && attempt->job_id == request.job_id() &&
-        attempt->outcome == kOutcome.at(request.status())) {
-      ASSIGN_OR_RETURN(JobRecord job, jobs_.Get(request.job_id()));
-      out.set_state(JobStateFromName(job.state));
-      return out;
-    }
-    counters_.stale_reports++;
-    return absl::FailedPreconditionError(absl::StrCat(
-        "attempt ", request.attempt_id(), " of job ", request.job_id(),
-        " does not hold a lease (expired, superseded, cancelled or finished)"));
+  if (leases_.Find(request.job_id(), request.attempt_id()) == nullptr) {
+    return RepeatedFinish(request);
   }
   ASSIGN_OR_RETURN(JobRecord job, jobs_.Get(request.job_id()));
-  const std::string from_state = job.state;
+  const v1::JobState from_state = job.state;
   int64_t now = clock_->NowWallMs();
   ASSIGN_OR_RETURN(TimedTransaction txn, BeginTransaction("finish_job"));
   if (request.points_size() > 0 || request.has_resumed_from_step()) {
-    std::vector<storage::MetricRecord> points;
-    for (const v1::MetricPoint& p : request.points()) {
-      points.push_back({0, job.id, request.attempt_id(), p.step(), p.name(), p.value(),
-                        p.wall_ms() != 0 ? p.wall_ms() : now});
-    }
-    std::optional<int64_t> resumed;
-    if (request.has_resumed_from_step() && request.resumed_from_step() >= 0) {
-      resumed = request.resumed_from_step();
-    }
-    storage::InsertCounts counts;
-    auto stored = std::make_shared<std::vector<storage::MetricRecord>>();
-    RETURN_IF_ERROR(StorePointsLocked(job.id, request.attempt_id(), resumed, points, &counts,
-                                      stored.get())
-                        .status());
-    if (job.kind == "train" && request.status() == v1::FINISH_SUCCEEDED) {
-      // Rungs this run reached with its last points count for the runs
-      // still to arrive there; a finished run is not stopped.
-      RETURN_IF_ERROR(DecideRungs(job, *stored, /*finished=*/true).status());
-    }
-    AfterCommit([this, counts, stored, job_id = job.id] {
-      hub_.Publish(job_id, *stored);
-      counters_.points_accepted += counts.accepted;
-      counters_.points_duplicate += counts.duplicates;
-      observer_->OnMetricPoints(counts.accepted, counts.duplicates);
-    });
+    RETURN_IF_ERROR(StoreFinalPoints(job, request, now));
   }
   job.updated_ms = now;
   job.worker_id.clear();
   if (request.has_val_loss()) job.val_loss = request.final_val_loss();
   if (request.final_step() > 0) job.final_step = request.final_step();
+  RETURN_IF_ERROR(ApplyFinish(job, from_state, request, now));
+  RETURN_IF_ERROR(txn.Commit());
+  resumed_from_.erase(request.attempt_id());
+  rung_steps_.erase(job.id);
+  leases_.Release(job.id);
+  Bump();
+  v1::FinishJobResponse out;
+  out.set_state(job.state);
+  return out;
+}
+
+absl::StatusOr<v1::FinishJobResponse> Scheduler::RepeatedFinish(
+    const v1::FinishJobRequest& request) {
+  v1::FinishJobResponse out;
+  // A FinishJob re-sent after a lost reply is answered again, not refused.
+  ASSIGN_OR_RETURN(std::optional<AttemptRecord> attempt, jobs_.GetAttempt(request.attempt_id()));
+  static const std::map<v1::FinishStatus, std::string> kOutcome = {
+      {v1::FINISH_SUCCEEDED, "succeeded"}, {v1::FINISH_DIVERGED, "diverged"},
+      {v1::FINISH_FAILED, "failed"}, {v1::FINISH_INTERRUPTED, "interrupted"}};
+  if (attempt && attempt->job_id == request.job_id() &&
+      attempt->outcome == kOutcome.at(request.status())) {
+    ASSIGN_OR_RETURN(JobRecord job, jobs_.Get(request.job_id()));
+    out.set_state(job.state);
+    return out;
+  }
+  counters_.stale_reports++;
+  return absl::FailedPreconditionError(absl::StrCat(
+      "attempt ", request.attempt_id(), " of job ", request.job_id(),
+      " does not hold a lease (expired, superseded, cancelled or finished)"));
+}
+
+absl::Status Scheduler::StoreFinalPoints(JobRecord& job, const v1::FinishJobRequest& request,
+                                         int64_t now) {
+  std::vector<storage::MetricRecord> points;
+  for (const v1::MetricPoint& p : request.points()) {
+    points.push_back({0, job.id, request.attempt_id(), p.step(), p.name(), p.value(),
+                      p.wall_ms() != 0 ? p.wall_ms() : now});
+  }
+  std::optional<int64_t> resumed;
+  if (request.has_resumed_from_step() && request.resumed_from_step() >= 0) {
+    resumed = request.resumed_from_step();
+  }
+  storage::InsertCounts counts;
+  auto stored = std::make_shared<std::vector<storage::MetricRecord>>();
+  RETURN_IF_ERROR(StorePointsLocked(job.id, request.attempt_id(), resumed, points, &counts,
+                                    stored.get())
+                      .status());
+  if (job.kind == v1::TRAIN && request.status() == v1::FINISH_SUCCEEDED) {
+    // Rungs this run reached with its last points count for the runs
+    // still to arrive there; a finished run is not stopped.
+    RETURN_IF_ERROR(DecideRungs(job, *stored, /*finished=*/true).status());
+  }
+  AfterCommit([this, counts, stored, job_id = job.id] {
+    hub_.Publish(job_id, *stored);
+    counters_.points_accepted += counts.accepted;
+    counters_.points_duplicate += counts.duplicates;
+    observer_->OnMetricPoints(counts.accepted, counts.duplicates);
+  });
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::ApplyFinish(JobRecord& job, v1::JobState from_state,
+                                    const v1::FinishJobRequest& request, int64_t now) {
   switch (request.status()) {
     case v1::FINISH_SUCCEEDED:
       RETURN_IF_ERROR(jobs_.EndAttempt(request.attempt_id(), now, "succeeded", request.reason()));
-      job.state = "succeeded";
+      job.state = v1::SUCCEEDED;
       job.reason = request.reason();
       AfterCommit([this] {
         counters_.jobs_succeeded++;
-        observer_->OnJobFinished("succeeded");
+        observer_->OnJobFinished(v1::SUCCEEDED);
       });
       RETURN_IF_ERROR(jobs_.Update(job));
-      if (job.kind == "train") {
+      if (job.kind == v1::TRAIN) {
         RETURN_IF_ERROR(UpdateGroup(job, from_state));
       } else {
         RETURN_IF_ERROR(RecordDiagnostics(job, request));
@@ -1410,14 +1460,14 @@ absl::StatusOr<v1::FinishJobResponse> Scheduler::FinishJob(const v1::FinishJobRe
       break;
     case v1::FINISH_DIVERGED:
       RETURN_IF_ERROR(jobs_.EndAttempt(request.attempt_id(), now, "diverged", request.reason()));
-      job.state = "diverged";
+      job.state = v1::DIVERGED;
       job.reason = request.reason().empty() ? "diverged" : request.reason();
       AfterCommit([this] {
         counters_.jobs_diverged++;
-        observer_->OnJobFinished("diverged");
+        observer_->OnJobFinished(v1::DIVERGED);
       });
       RETURN_IF_ERROR(jobs_.Update(job));
-      if (job.kind == "train") {
+      if (job.kind == v1::TRAIN) {
         RETURN_IF_ERROR(RecordDivergedRungs(job));
         RETURN_IF_ERROR(UpdateGroup(job, from_state));
       }
@@ -1430,7 +1480,7 @@ absl::StatusOr<v1::FinishJobResponse> Scheduler::FinishJob(const v1::FinishJobRe
     }
     case v1::FINISH_INTERRUPTED:
       RETURN_IF_ERROR(jobs_.EndAttempt(request.attempt_id(), now, "interrupted", request.reason()));
-      job.state = "pending";
+      job.state = v1::PENDING;
       job.attempts_used = std::max<int64_t>(0, job.attempts_used - 1);
       job.not_before_ms = 0;
       AfterCommit([this] {
@@ -1442,13 +1492,7 @@ absl::StatusOr<v1::FinishJobResponse> Scheduler::FinishJob(const v1::FinishJobRe
     default:
       return absl::InvalidArgumentError(absl::StrCat("status: unknown value ", request.status()));
   }
-  RETURN_IF_ERROR(txn.Commit());
-  resumed_from_.erase(request.attempt_id());
-  rung_steps_.erase(job.id);
-  leases_.Release(job.id);
-  Bump();
-  out.set_state(JobStateFromName(job.state));
-  return out;
+  return absl::OkStatus();
 }
 
 absl::Status Scheduler::RecordDiagnostics(const JobRecord& job,
@@ -1494,11 +1538,22 @@ absl::Status Scheduler::RecountLr(const JobRecord& job) {
   return results_.SetLrTally(tally);
 }
 
-absl::Status Scheduler::UpdateGroup(const JobRecord& changed, const std::string& from_state) {
+absl::Status Scheduler::ApplyLrDelta(const JobRecord& job, storage::LrTally delta) {
+  delta.sweep_id = job.sweep_id;
+  delta.arch = job.arch;
+  delta.layers = job.layers;
+  delta.d_model = job.d_model;
+  delta.lr = job.lr;
+  absl::Status applied = results_.ApplyLrDelta(delta);
+  if (absl::IsNotFound(applied)) applied = RecountLr(job);
+  return applied;
+}
+
+absl::Status Scheduler::UpdateGroup(const JobRecord& changed, v1::JobState from_state) {
   // The run's LR tally: what its new state adds less what its old one did.
   // A success is final, so its loss never has to be taken back out; should
   // one ever be left, the LR is recounted from its jobs.
-  if (from_state == "succeeded") {
+  if (from_state == v1::SUCCEEDED) {
     RETURN_IF_ERROR(RecountLr(changed));
   } else {
     storage::LrTally delta = TallyOf(changed.state, changed.val_loss, changed.id);
@@ -1507,16 +1562,7 @@ absl::Status Scheduler::UpdateGroup(const JobRecord& changed, const std::string&
     delta.succeeded -= before.succeeded;
     delta.diverged -= before.diverged;
     delta.failed -= before.failed;
-    delta.sweep_id = changed.sweep_id;
-    delta.arch = changed.arch;
-    delta.layers = changed.layers;
-    delta.d_model = changed.d_model;
-    delta.lr = changed.lr;
-    absl::Status applied = results_.ApplyLrDelta(delta);
-    if (absl::IsNotFound(applied)) {
-      applied = RecountLr(changed);
-    }
-    RETURN_IF_ERROR(applied);
+    RETURN_IF_ERROR(ApplyLrDelta(changed, delta));
   }
   RETURN_IF_ERROR(AdvanceTransfer(changed));
   // Successive halving: a run that ended (or was skipped) may complete a
@@ -1525,7 +1571,13 @@ absl::Status Scheduler::UpdateGroup(const JobRecord& changed, const std::string&
   ASSIGN_OR_RETURN(std::vector<storage::LrTally> tallies,
                    results_.ListLrs(changed.sweep_id, changed.arch, changed.layers,
                                     changed.d_model));
-  GroupSelection selection = SelectBestFromTallies(tallies);
+  const GroupSelection selection = SelectBestFromTallies(tallies);
+  RETURN_IF_ERROR(WriteGroupResult(changed, selection));
+  return QueueDiagnosis(changed, selection, tallies);
+}
+
+absl::Status Scheduler::WriteGroupResult(const JobRecord& changed,
+                                         const GroupSelection& selection) {
   ASSIGN_OR_RETURN(std::optional<storage::ResultRecord> existing,
                    results_.Get(changed.sweep_id, changed.arch, changed.layers, changed.d_model));
   storage::ResultRecord row;
@@ -1535,7 +1587,7 @@ absl::Status Scheduler::UpdateGroup(const JobRecord& changed, const std::string&
   row.layers = changed.layers;
   row.d_model = changed.d_model;
   if (!existing) row.aspect_ratio = static_cast<double>(changed.d_model) / changed.layers;
-  row.lrs_json = LrsToJson(selection.lrs);
+  row.lrs = selection.lrs;
   row.complete = selection.complete;
   row.best_lr = selection.complete ? selection.best_lr : std::nullopt;
   row.best_val_loss = selection.complete ? selection.best_val_loss : std::nullopt;
@@ -1549,9 +1601,14 @@ absl::Status Scheduler::UpdateGroup(const JobRecord& changed, const std::string&
     if (previous_best != 0) RETURN_IF_ERROR(jobs_.SetBest(previous_best, false));
     if (best_job != 0) RETURN_IF_ERROR(jobs_.SetBest(best_job, true));
   }
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::QueueDiagnosis(const JobRecord& changed, const GroupSelection& selection,
+                                       const std::vector<storage::LrTally>& tallies) {
   // Any change to the group's runs passes through an incomplete group (best
-  // 0), which cleared the diagnostics above; so they always belong to the
-  // current target, in either mode.
+  // 0), which cleared the diagnostics (WriteGroupResult); so they always
+  // belong to the current target, in either mode.
   ASSIGN_OR_RETURN(const v1::SweepSpec* spec, SpecFor(changed.sweep_id));
   if (spec->diagnostics().kinds_size() == 0) return absl::OkStatus();
   const DiagnoseSettings settings = DiagnoseSettingsFromSpec(spec->diagnostics());
@@ -1564,9 +1621,9 @@ absl::Status Scheduler::UpdateGroup(const JobRecord& changed, const std::string&
   ASSIGN_OR_RETURN(JobRecord best, jobs_.Get(target));
   JobRecord diag = best;
   diag.id = 0;
-  diag.kind = "diagnose";
-  diag.state = "pending";
-  diag.config_json = DiagnoseConfigJson(best.config_json, best.checkpoint_dir, settings);
+  diag.kind = v1::DIAGNOSE;
+  diag.state = v1::PENDING;
+  diag.config_json = DiagnoseConfigJson(JobConfigJson(best), best.checkpoint_dir, settings);
   diag.attempts_used = 0;
   diag.max_attempts = RetryFromSpec(spec->retry()).max_attempts;
   diag.current_attempt_id = 0;
@@ -1609,7 +1666,7 @@ absl::StatusOr<int64_t> Scheduler::ExpireLeasesLocked() {
   int64_t count = 0;
   for (const Lease& lease : expired) {
     ASSIGN_OR_RETURN(JobRecord job, jobs_.Get(lease.job_id));
-    if ((job.state != "leased" && job.state != "running") ||
+    if ((job.state != v1::LEASED && job.state != v1::RUNNING) ||
         job.current_attempt_id != lease.attempt_id) {
       continue;
     }
@@ -1643,7 +1700,7 @@ absl::StatusOr<std::vector<int64_t>> Scheduler::RungStepsFor(const JobRecord& jo
   auto it = rung_steps_.find(job.id);
   if (it != rung_steps_.end()) return it->second;
   ASSIGN_OR_RETURN(const strategies::StrategySettings* st, StrategyFor(job.sweep_id));
-  const nlohmann::json j = nlohmann::json::parse(job.config_json, nullptr, false);
+  const nlohmann::json j = nlohmann::json::parse(JobConfigJson(job), nullptr, false);
   ASSIGN_OR_RETURN(TrainConfig config, TrainConfigFromJson(j));
   ASSIGN_OR_RETURN(std::vector<int64_t> steps,
                    strategies::RungSteps(st->rungs, ResolveTotalSteps(config),
@@ -1682,7 +1739,7 @@ absl::StatusOr<std::optional<std::string>> Scheduler::DecideRungs(
   if (pruned != nullptr) *pruned = false;
   // A paused job was stopped (by an earlier report of the same batch):
   // nothing it sent after is decided.
-  if (job.kind != "train" || IsTerminalState(job.state) || job.state == "paused") {
+  if (job.kind != v1::TRAIN || IsTerminalState(job.state) || job.state == v1::PAUSED) {
     return std::nullopt;
   }
   ASSIGN_OR_RETURN(const strategies::StrategySettings* st, StrategyFor(job.sweep_id));
@@ -1734,34 +1791,40 @@ absl::StatusOr<std::optional<std::string>> Scheduler::DecideRungs(
     }
     const bool prune = now_verdict == strategies::Verdict::kPrune;
     const std::string reason = d.Reason();
-    const std::string from_state = job.state;
-    RETURN_IF_ERROR(
-        jobs_.EndAttempt(job.current_attempt_id, now, prune ? "pruned" : "paused", reason));
-    job.state = prune ? "pruned" : "paused";
-    job.reason = reason;
-    job.val_loss = rec.val_loss;
-    job.final_step = d.step;
-    job.worker_id.clear();
-    job.updated_ms = now;
-    if (!prune) {
-      // A pause is no failed attempt: it does not count against
-      // max_attempts (as an interruption does not).
-      job.attempts_used = std::max<int64_t>(0, job.attempts_used - 1);
-      job.val_loss.reset();
-    }
-    RETURN_IF_ERROR(jobs_.Update(job));
-    if (prune) RETURN_IF_ERROR(UpdateGroup(job, from_state));
-    spdlog::info("job {}: {}", job.id, reason);
+    RETURN_IF_ERROR(StopAtRung(job, prune, reason, rec.val_loss, d.step, now));
     if (pruned != nullptr) *pruned = prune;
     return reason;
   }
   return std::nullopt;
 }
 
+absl::Status Scheduler::StopAtRung(JobRecord& job, bool prune, const std::string& reason,
+                                   std::optional<double> val_loss, int64_t step, int64_t now) {
+  const v1::JobState from_state = job.state;
+  RETURN_IF_ERROR(
+      jobs_.EndAttempt(job.current_attempt_id, now, prune ? "pruned" : "paused", reason));
+  job.state = prune ? v1::PRUNED : v1::PAUSED;
+  job.reason = reason;
+  job.val_loss = val_loss;
+  job.final_step = step;
+  job.worker_id.clear();
+  job.updated_ms = now;
+  if (!prune) {
+    // A pause is no failed attempt: it does not count against
+    // max_attempts (as an interruption does not).
+    job.attempts_used = std::max<int64_t>(0, job.attempts_used - 1);
+    job.val_loss.reset();
+  }
+  RETURN_IF_ERROR(jobs_.Update(job));
+  if (prune) RETURN_IF_ERROR(UpdateGroup(job, from_state));
+  spdlog::info("job {}: {}", job.id, reason);
+  return absl::OkStatus();
+}
+
 absl::Status Scheduler::ResolveGroupRungs(const JobRecord& group_of, int64_t reporting_job) {
   if (resolving_rungs_) return absl::OkStatus();
   ASSIGN_OR_RETURN(const strategies::StrategySettings* st, StrategyFor(group_of.sweep_id));
-  if (!st->successive_halving || group_of.kind != "train") return absl::OkStatus();
+  if (!st->successive_halving || group_of.kind != v1::TRAIN) return absl::OkStatus();
   absl::StatusOr<std::vector<int64_t>> steps = RungStepsFor(group_of);
   if (!steps.ok()) return absl::OkStatus();  // logged by DecideRungs
   resolving_rungs_ = true;
@@ -1780,7 +1843,7 @@ absl::Status Scheduler::ResolveGroupRungs(const JobRecord& group_of, int64_t rep
         // hold a rung open (the transfer in turn waits for the paused runs
         // to end). Released later, it is ranked on arrival against the
         // recorded runs, at a rung that is complete without it.
-        if (IsTerminalState(m.state) || m.state == "held") continue;
+        if (IsTerminalState(m.state) || m.state == v1::HELD) continue;
         // The reporting run is still "running" in the table while its own
         // prune is decided: a prune row ends it here.
         const bool pruned_row =
@@ -1799,21 +1862,21 @@ absl::Status Scheduler::ResolveGroupRungs(const JobRecord& group_of, int64_t rep
             results_.UpdateRungDecision(c.job_id, c.rung, prune ? "prune" : "promote", now));
         if (c.job_id == reporting_job) continue;  // DecideRungs acts on it
         ASSIGN_OR_RETURN(JobRecord job, jobs_.Get(c.job_id));
-        if (job.state != "paused") continue;  // e.g. cancelled meanwhile
+        if (job.state != v1::PAUSED) continue;  // e.g. cancelled meanwhile
         const std::string reason = c.Reason();
         job.reason = reason;
         job.updated_ms = now;
         if (prune) {
-          job.state = "pruned";
+          job.state = v1::PRUNED;
           if (std::isfinite(c.loss)) job.val_loss = c.loss;
           RETURN_IF_ERROR(jobs_.Update(job));
-          RETURN_IF_ERROR(UpdateGroup(job, "paused"));
+          RETURN_IF_ERROR(UpdateGroup(job, v1::PAUSED));
           counters_.jobs_pruned++;
-          observer_->OnJobFinished("pruned");
+          observer_->OnJobFinished(v1::PRUNED);
         } else {
           // Re-queued: the next attempt resumes from the checkpoint the
           // trainer wrote when it was stopped.
-          job.state = "pending";
+          job.state = v1::PENDING;
           job.not_before_ms = 0;
           RETURN_IF_ERROR(jobs_.Update(job));
         }
@@ -1855,15 +1918,43 @@ absl::Status Scheduler::ReleaseHeld(const JobRecord& group_of, const std::vector
                                    group_of.d_model));
   const int64_t now = clock_->NowWallMs();
   for (const storage::GroupMember& m : members) {
-    if (m.state != "held" || std::find(lrs.begin(), lrs.end(), m.lr) == lrs.end()) continue;
+    if (m.state != v1::HELD || std::find(lrs.begin(), lrs.end(), m.lr) == lrs.end()) continue;
     ASSIGN_OR_RETURN(JobRecord job, jobs_.Get(m.id));
-    job.state = "pending";
+    job.state = v1::PENDING;
     job.not_before_ms = 0;
     job.updated_ms = now;
     RETURN_IF_ERROR(jobs_.Update(job));
   }
   return absl::OkStatus();
 }
+
+namespace {
+
+// The distinct learning rates of a group, ascending.
+std::vector<double> LrGrid(const std::vector<storage::GroupMember>& members) {
+  std::vector<double> grid;
+  for (const storage::GroupMember& m : members) {
+    if (std::find(grid.begin(), grid.end(), m.lr) == grid.end()) grid.push_back(m.lr);
+  }
+  std::sort(grid.begin(), grid.end());
+  return grid;
+}
+
+int IndexOf(const std::vector<double>& grid, double lr) {
+  return static_cast<int>(std::lower_bound(grid.begin(), grid.end(), lr) - grid.begin());
+}
+
+// The spec's reference shape for LR transfer (validated at submit: it
+// exists; the first shape otherwise).
+ModelShape ReferenceShape(const std::vector<ModelShape>& shapes,
+                          const strategies::StrategySettings& st) {
+  for (const ModelShape& shape : shapes) {
+    if (absl::StrCat(shape.layers, "x", shape.d_model) == st.reference_shape) return shape;
+  }
+  return shapes.front();
+}
+
+}  // namespace
 
 absl::Status Scheduler::AdvanceTransfer(const JobRecord& changed) {
   ASSIGN_OR_RETURN(const strategies::StrategySettings* st, StrategyFor(changed.sweep_id));
@@ -1873,101 +1964,88 @@ absl::Status Scheduler::AdvanceTransfer(const JobRecord& changed) {
   ASSIGN_OR_RETURN(const v1::SweepSpec* spec, SpecFor(changed.sweep_id));
   ASSIGN_OR_RETURN(std::vector<ModelShape> shapes, SpecShapes(*spec));
   if (shapes.empty()) return absl::OkStatus();
-  ModelShape ref = shapes.front();  // validated at submit: it exists
-  for (const ModelShape& shape : shapes) {
-    if (absl::StrCat(shape.layers, "x", shape.d_model) == st->reference_shape) {
-      ref = shape;
-      break;
-    }
-  }
+  const ModelShape ref = ReferenceShape(shapes, *st);
   ASSIGN_OR_RETURN(std::vector<storage::GroupMember> members,
                    jobs_.ListGroup(changed.sweep_id, changed.arch, changed.layers,
                                    changed.d_model));
-  std::vector<double> grid;
   std::vector<storage::GroupMember> active;
   bool any_held = false, active_done = true;
   for (const storage::GroupMember& m : members) {
-    if (std::find(grid.begin(), grid.end(), m.lr) == grid.end()) grid.push_back(m.lr);
-    if (m.state == "held") {
+    if (m.state == v1::HELD) {
       any_held = true;
       continue;
     }
     active.push_back(m);
     if (!IsTerminalState(m.state)) active_done = false;
   }
-  std::sort(grid.begin(), grid.end());
   if (!active_done || active.empty()) return absl::OkStatus();
   const GroupSelection selection = SelectBest(active);
-  auto index_of = [](const std::vector<double>& g, double lr) {
-    return static_cast<int>(std::lower_bound(g.begin(), g.end(), lr) - g.begin());
-  };
   if (changed.layers == ref.layers && changed.d_model == ref.d_model) {
-    // The reference group is decided: start every other shape of the design
-    // that is still wholly held on the best LR's neighbourhood.
-    for (const ModelShape& shape : shapes) {
-      if (shape.layers == ref.layers && shape.d_model == ref.d_model) continue;
-      ASSIGN_OR_RETURN(std::vector<storage::GroupMember> other,
-                       jobs_.ListGroup(changed.sweep_id, changed.arch, shape.layers,
-                                       shape.d_model));
-      if (other.empty() || std::any_of(other.begin(), other.end(),
-                                       [](const auto& m) { return m.state != "held"; })) {
-        continue;
-      }
-      std::vector<double> other_grid;
-      for (const auto& m : other) {
-        if (std::find(other_grid.begin(), other_grid.end(), m.lr) == other_grid.end()) {
-          other_grid.push_back(m.lr);
-        }
-      }
-      std::sort(other_grid.begin(), other_grid.end());
-      std::vector<double> lrs = other_grid;  // no best LR: the full grid
-      if (selection.best_lr) {
-        lrs.clear();
-        for (int i : strategies::TransferSubGrid(static_cast<int>(other_grid.size()),
-                                                  index_of(other_grid, *selection.best_lr))) {
-          lrs.push_back(other_grid[i]);
-        }
-      }
-      JobRecord key = changed;
-      key.layers = shape.layers;
-      key.d_model = shape.d_model;
-      RETURN_IF_ERROR(ReleaseHeld(key, lrs));
-    }
-    return absl::OkStatus();
+    return StartTransferredShapes(changed, shapes, ref, selection);
   }
   if (!any_held) return absl::OkStatus();
+  const std::vector<double> grid = LrGrid(members);
   std::vector<double> release;
   if (!selection.best_lr) {
     for (const auto& m : members) {
-      if (m.state == "held") release.push_back(m.lr);  // nothing trained well: the full grid
+      if (m.state == v1::HELD) release.push_back(m.lr);  // nothing trained well: the full grid
     }
   } else {
     std::vector<int> active_idx;
-    for (const auto& m : active) active_idx.push_back(index_of(grid, m.lr));
+    for (const auto& m : active) active_idx.push_back(IndexOf(grid, m.lr));
     std::optional<int> widen = strategies::WidenIndex(
-        active_idx, index_of(grid, *selection.best_lr), static_cast<int>(grid.size()));
+        active_idx, IndexOf(grid, *selection.best_lr), static_cast<int>(grid.size()));
     if (widen) release.push_back(grid[*widen]);
   }
   if (!release.empty()) return ReleaseHeld(changed, release);
+  return SkipHeld(members, *selection.best_lr);
+}
+
+absl::Status Scheduler::StartTransferredShapes(const JobRecord& changed,
+                                               const std::vector<ModelShape>& shapes,
+                                               const ModelShape& ref,
+                                               const GroupSelection& selection) {
+  // The reference group is decided: start every other shape of the design
+  // that is still wholly held on the best LR's neighbourhood.
+  for (const ModelShape& shape : shapes) {
+    if (shape.layers == ref.layers && shape.d_model == ref.d_model) continue;
+    ASSIGN_OR_RETURN(std::vector<storage::GroupMember> other,
+                     jobs_.ListGroup(changed.sweep_id, changed.arch, shape.layers,
+                                     shape.d_model));
+    if (other.empty() || std::any_of(other.begin(), other.end(),
+                                     [](const auto& m) { return m.state != v1::HELD; })) {
+      continue;
+    }
+    const std::vector<double> other_grid = LrGrid(other);
+    std::vector<double> lrs = other_grid;  // no best LR: the full grid
+    if (selection.best_lr) {
+      lrs.clear();
+      for (int i : strategies::TransferSubGrid(static_cast<int>(other_grid.size()),
+                                                IndexOf(other_grid, *selection.best_lr))) {
+        lrs.push_back(other_grid[i]);
+      }
+    }
+    JobRecord key = changed;
+    key.layers = shape.layers;
+    key.d_model = shape.d_model;
+    RETURN_IF_ERROR(ReleaseHeld(key, lrs));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::SkipHeld(const std::vector<storage::GroupMember>& members,
+                                 double best_lr) {
   // Decided: the LRs still held are never run.
   const int64_t now = clock_->NowWallMs();
   for (const auto& m : members) {
-    if (m.state != "held") continue;
+    if (m.state != v1::HELD) continue;
     ASSIGN_OR_RETURN(JobRecord job, jobs_.Get(m.id));
-    job.state = "skipped";
-    job.reason = absl::StrCat("lr_transfer: group decided (best lr ", *selection.best_lr,
+    job.state = v1::SKIPPED;
+    job.reason = absl::StrCat("lr_transfer: group decided (best lr ", best_lr,
                               ") without this LR");
     job.updated_ms = now;
     RETURN_IF_ERROR(jobs_.Update(job));
-    storage::LrTally delta = TallyOf("skipped", std::nullopt, 0);
-    delta.sweep_id = job.sweep_id;
-    delta.arch = job.arch;
-    delta.layers = job.layers;
-    delta.d_model = job.d_model;
-    delta.lr = job.lr;
-    absl::Status applied = results_.ApplyLrDelta(delta);
-    if (absl::IsNotFound(applied)) applied = RecountLr(job);
-    RETURN_IF_ERROR(applied);
+    RETURN_IF_ERROR(ApplyLrDelta(job, TallyOf(v1::SKIPPED, std::nullopt, 0)));
   }
   return absl::OkStatus();
 }

@@ -60,12 +60,15 @@
 #include "common/clock.h"
 #include "depthbench/v1/sweep_service.pb.h"
 #include "depthbench/v1/worker_service.pb.h"
+#include "scheduler/best_lr.h"
 #include "scheduler/lease_manager.h"
 #include "scheduler/strategies/asha.h"
+#include "scheduler/sweep_expander.h"
 #include "scheduler/watch_hub.h"
 #include "storage/reader_pool.h"
 #include "storage/sqlite.h"
 #include "storage/stores.h"
+#include "trainer_core/shapes.h"
 
 namespace depthbench::scheduler {
 
@@ -91,7 +94,7 @@ class SchedulerObserver {
   virtual void OnJobRetried(const std::string& reason) { (void)reason; }
   // A job reached the terminal `state`: "succeeded", "diverged", "failed"
   // (attempts exhausted), "cancelled" or "pruned".
-  virtual void OnJobFinished(const std::string& state) { (void)state; }
+  virtual void OnJobFinished(depthbench::v1::JobState state) { (void)state; }
   // Metric points stored (new keys) and skipped as duplicates.
   virtual void OnMetricPoints(int64_t accepted, int64_t duplicates) {
     (void)accepted;
@@ -349,10 +352,46 @@ class Scheduler {
   // group from the group's tallies (O(LRs)), moves the best-run mark and
   // queues diagnostics once the group is complete. Caller holds a
   // transaction.
-  absl::Status UpdateGroup(const storage::JobRecord& job, const std::string& from_state)
+  absl::Status UpdateGroup(const storage::JobRecord& job, depthbench::v1::JobState from_state)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Recounts the tally of the job's (group, lr) from its jobs.
+  // FinishJob's steps: the answer to a re-sent FinishJob (or its refusal);
+  // the request's last points (and the rungs they decide); the job's new
+  // state from the request's status. The caller holds a transaction.
+  absl::StatusOr<depthbench::v1::FinishJobResponse> RepeatedFinish(
+      const depthbench::v1::FinishJobRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status StoreFinalPoints(storage::JobRecord& job,
+                                const depthbench::v1::FinishJobRequest& request, int64_t now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ApplyFinish(storage::JobRecord& job, depthbench::v1::JobState from_state,
+                           const depthbench::v1::FinishJobRequest& request, int64_t now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // SubmitSweep's steps, in its transaction: the planned jobs (ids chosen
+  // here), then each LR's job count and each group's empty results row.
+  absl::Status InsertPlannedJobs(const storage::SweepRecord& sweep,
+                                 const depthbench::v1::SweepSpec& spec,
+                                 const ExpandedSweep& expanded, int64_t now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status InsertPlannedResults(int64_t sweep_id, const ExpandedSweep& expanded)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // DecideRungs' last step: `job` pruned (terminal; its group updated) or
+  // paused at the rung reached at `step`, with `reason`.
+  absl::Status StopAtRung(storage::JobRecord& job, bool prune, const std::string& reason,
+                          std::optional<double> val_loss, int64_t step, int64_t now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status RecountLr(const storage::JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds `delta` (its group key filled from `job`) to job's LR tally;
+  // recounts the LR from its jobs when it has no tally row yet.
+  absl::Status ApplyLrDelta(const storage::JobRecord& job, storage::LrTally delta)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // UpdateGroup's steps: the group's results row (and the best-run mark)
+  // from `selection`, then the diagnose job of the group's target, if due.
+  absl::Status WriteGroupResult(const storage::JobRecord& changed,
+                                const GroupSelection& selection)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status QueueDiagnosis(const storage::JobRecord& changed, const GroupSelection& selection,
+                              const std::vector<storage::LrTally>& tallies)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status RecordDiagnostics(const storage::JobRecord& job,
                                  const depthbench::v1::FinishJobRequest& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -399,6 +438,14 @@ class Scheduler {
   // decided group never needs as skipped. Caller holds a transaction.
   absl::Status AdvanceTransfer(const storage::JobRecord& changed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // AdvanceTransfer's steps: the decided reference group releases the other
+  // shapes' sub-grids; a decided group skips the LRs it still holds.
+  absl::Status StartTransferredShapes(const storage::JobRecord& changed,
+                                      const std::vector<ModelShape>& shapes,
+                                      const ModelShape& ref, const GroupSelection& selection)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status SkipHeld(const std::vector<storage::GroupMember>& members, double best_lr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Held jobs of the group at `lrs` -> pending.
   absl::Status ReleaseHeld(const storage::JobRecord& group_of, const std::vector<double>& lrs)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -412,6 +459,23 @@ class Scheduler {
   // result (the group-commit leader calls it, without ingest_mu_).
   struct PendingReport;
   void CommitReports(const std::vector<PendingReport*>& group) ABSL_LOCKS_EXCLUDED(mu_);
+  // CommitReports' steps: the reports whose attempt holds a lease (the
+  // others are refused, the live leases renewed); one report's points and
+  // state changes in the group's transaction; its answer once committed.
+  struct ReportOutcome {
+    storage::InsertCounts counts;
+    std::vector<storage::MetricRecord> stored;
+    int64_t replay_through = -1;
+    std::optional<std::string> stopped;  // paused/pruned: why
+    bool stop_is_prune = false;
+  };
+  std::vector<std::pair<PendingReport*, Lease*>> LiveReports(
+      const std::vector<PendingReport*>& group) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status StoreReport(const PendingReport& r, const Lease& lease, int64_t now_wall,
+                           ReportOutcome* out, bool* state_changed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AnswerReport(PendingReport& r, Lease* lease, ReportOutcome& outcome)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The step `attempt_id` resumed from, -1 when not yet reported (cached).
   absl::StatusOr<int64_t> ResumedFromLocked(int64_t attempt_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -470,9 +534,6 @@ class Scheduler {
   absl::CondVar change_cv_;
 };
 
-// "pending" <-> PENDING etc.
-std::string JobStateName(depthbench::v1::JobState state);
-depthbench::v1::JobState JobStateFromName(const std::string& name);
 
 }  // namespace depthbench::scheduler
 

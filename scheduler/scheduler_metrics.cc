@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "storage/job_text.h"
 #include "storage/stores.h"
 
 namespace depthbench::scheduler {
@@ -29,8 +30,8 @@ void SchedulerMetricsObserver::OnJobRetried(const std::string& reason) {
   metrics_.job_retries->WithLabelValues({reason}).Increment();
 }
 
-void SchedulerMetricsObserver::OnJobFinished(const std::string& state) {
-  metrics_.jobs_finished->WithLabelValues({state}).Increment();
+void SchedulerMetricsObserver::OnJobFinished(depthbench::v1::JobState state) {
+  metrics_.jobs_finished->WithLabelValues({storage::JobStateText(state)}).Increment();
 }
 
 void SchedulerMetricsObserver::OnMetricPoints(int64_t accepted, int64_t duplicates) {
@@ -53,7 +54,7 @@ absl::StatusOr<std::vector<CollectedSample>> SchedulerScrapeSource::JobsBySweepA
   ASSIGN_OR_RETURN(std::vector<storage::SweepStateCount> counts,
                    scheduler->CountJobsBySweepAndState());
   std::map<std::string, std::map<std::string, int64_t>> by_sweep;
-  for (const storage::SweepStateCount& c : counts) by_sweep[c.sweep][c.state] = c.count;
+  for (const storage::SweepStateCount& c : counts) by_sweep[c.sweep][storage::JobStateText(c.state)] = c.count;
   std::vector<CollectedSample> out;
   for (const auto& [sweep, states] : by_sweep) {
     std::map<std::string, int64_t> all = states;

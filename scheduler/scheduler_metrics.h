@@ -55,7 +55,7 @@ class SchedulerMetricsObserver final : public SchedulerObserver {
   void OnLeaseGranted() override;
   void OnLeasesExpired(int64_t count) override;
   void OnJobRetried(const std::string& reason) override;
-  void OnJobFinished(const std::string& state) override;
+  void OnJobFinished(depthbench::v1::JobState state) override;
   void OnMetricPoints(int64_t accepted, int64_t duplicates) override;
   void OnTransaction(const char* txn, double seconds) override;
   void OnWorkersConnected(int64_t count) override;

@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "scheduler/web_assets.h"
+#include "storage/job_text.h"
 
 namespace depthbench::scheduler {
 namespace {
@@ -99,8 +100,8 @@ json AttemptJson(const v1::Attempt& a) {
 json JobJson(const v1::Job& j, bool with_config) {
   json out{{"id", j.id()},
            {"sweep", j.sweep_name()},
-           {"kind", j.kind() == v1::DIAGNOSE ? "diagnose" : "train"},
-           {"state", JobStateName(j.state())},
+           {"kind", storage::JobKindText(j.kind())},
+           {"state", storage::JobStateText(j.state())},
            {"arch", j.arch()},
            {"layers", j.layers()},
            {"d_model", j.d_model()},
@@ -185,7 +186,7 @@ json RunJson(const v1::RunSummary& r) {
               {"d_model", r.d_model()},
               {"lr", r.lr()},
               {"seed", r.seed()},
-              {"state", JobStateName(r.state())},
+              {"state", storage::JobStateText(r.state())},
               {"val_loss", Maybe(r.has_val_loss(), r.final_val_loss())},
               {"final_step", r.final_step()},
               {"is_best", r.is_best()}};
@@ -318,210 +319,252 @@ std::pair<double, double> WebApi::Progress(const std::string& sweep, int64_t cre
   return {rate, eta};
 }
 
-WebResponse WebApi::Api(const WebRequest& request) {
-  const std::string& path = request.path;
-  auto sweep_json = [&](const v1::Sweep& s) {
-    json counts = json::object();
-    for (const auto& [state, n] : s.job_counts()) counts[state] = n;
-    const bool running = s.state() == v1::SWEEP_RUNNING;
-    auto [rate, eta] = Progress(s.name(), s.created_ms(), s.done_jobs(), s.total_jobs(), running);
-    json archs = json::array();
-    for (const std::string& a : s.spec().architectures()) archs.push_back(a);
-    return json{{"name", s.name()},
-                {"id", s.id()},
-                {"state", SweepStateName(s.state())},
-                {"created_ms", s.created_ms()},
-                {"total_jobs", s.total_jobs()},
-                {"done_jobs", s.done_jobs()},
-                {"job_counts", std::move(counts)},
-                {"architectures", std::move(archs)},
-                {"jobs_per_minute", rate >= 0 ? json(rate * 60.0) : json(nullptr)},
-                {"eta_s", eta >= 0 ? json(eta) : json(nullptr)}};
-  };
+json WebApi::SweepJson(const v1::Sweep& s) {
+  json counts = json::object();
+  for (const auto& [state, n] : s.job_counts()) counts[state] = n;
+  const bool running = s.state() == v1::SWEEP_RUNNING;
+  auto [rate, eta] = Progress(s.name(), s.created_ms(), s.done_jobs(), s.total_jobs(), running);
+  json archs = json::array();
+  for (const std::string& a : s.spec().architectures()) archs.push_back(a);
+  return json{{"name", s.name()},
+              {"id", s.id()},
+              {"state", SweepStateName(s.state())},
+              {"created_ms", s.created_ms()},
+              {"total_jobs", s.total_jobs()},
+              {"done_jobs", s.done_jobs()},
+              {"job_counts", std::move(counts)},
+              {"architectures", std::move(archs)},
+              {"jobs_per_minute", rate >= 0 ? json(rate * 60.0) : json(nullptr)},
+              {"eta_s", eta >= 0 ? json(eta) : json(nullptr)}};
+}
 
-  if (path == "/api/sweeps") {
-    v1::ListSweepsRequest req;
-    absl::StatusOr<int64_t> page_size = IntParam(request, "page_size", 100, 1, 1000);
-    if (!page_size.ok()) return FromStatus(page_size.status());
-    req.set_page_size(static_cast<int32_t>(*page_size));
-    req.set_page_token(Param(request, "page_token"));
-    absl::StatusOr<v1::ListSweepsResponse> list = ListSweeps(req);
-    if (!list.ok()) return FromStatus(list.status());
-    json sweeps = json::array();
-    for (const v1::Sweep& s : list->sweeps()) sweeps.push_back(sweep_json(s));
-    return Json(200, json{{"sweeps", std::move(sweeps)},
-                          {"next_page_token", list->next_page_token()}});
-  }
-  if (absl::StartsWith(path, "/api/sweeps/")) {
-    std::string rest = path.substr(12);
-    std::string tail;
-    for (const char* suffix : {"/results", "/runs"}) {
-      if (absl::EndsWith(rest, suffix)) {
-        tail = suffix;
-        rest = rest.substr(0, rest.size() - tail.size());
-        break;
-      }
-    }
-    const std::string& name = rest;
-    if (name.empty()) return Error(404, "sweep: name is empty");
-    if (tail.empty()) {
-      absl::StatusOr<v1::Sweep> s = GetSweep(name);
-      if (!s.ok()) return FromStatus(s.status());
-      json out = sweep_json(*s);
-      std::string spec;
-      google::protobuf::util::JsonPrintOptions options;
-      options.preserve_proto_field_names = true;
-      if (google::protobuf::util::MessageToJsonString(s->spec(), &spec, options).ok()) {
-        out["spec"] = json::parse(spec, nullptr, false);
-      }
-      return Json(200, out);
-    }
-    v1::QueryResultsRequest req;
-    req.set_sweep(name);
-    if (tail == "/results") {
-      // Rows come on the first page; one run is the least a page holds.
-      req.set_page_size(1);
-      absl::StatusOr<v1::QueryResultsResponse> res = scheduler_->QueryResults(req);
-      if (!res.ok()) return FromStatus(res.status());
-      json rows = json::array();
-      // Figure 2: the best validation loss against aspect ratio d/L, one
-      // series per design, by aspect ratio.
-      std::map<std::string, std::vector<const v1::ResultRow*>> by_arch;
-      std::vector<double> lrs;
-      for (const v1::ResultRow& r : res->rows()) {
-        rows.push_back(RowJson(r));
-        by_arch[r.arch()].push_back(&r);
-        for (const v1::LrLoss& l : r.lrs()) {
-          if (std::find(lrs.begin(), lrs.end(), l.lr()) == lrs.end()) lrs.push_back(l.lr());
-        }
-      }
-      std::sort(lrs.begin(), lrs.end());
-      json figure = json::object();
-      for (auto& [arch, members] : by_arch) {
-        std::sort(members.begin(), members.end(), [](const auto* a, const auto* b) {
-          return a->aspect_ratio() < b->aspect_ratio();
-        });
-        json series = json::array();
-        for (const v1::ResultRow* r : members) {
-          series.push_back(json{{"aspect_ratio", r->aspect_ratio()},
-                                {"layers", r->layers()},
-                                {"d_model", r->d_model()},
-                                {"val_loss", Maybe(r->has_best(), r->best_val_loss())}});
-        }
-        figure[arch] = std::move(series);
-      }
-      return Json(200, json{{"sweep", name},
-                            {"lrs", lrs},
-                            {"rows", std::move(rows)},
-                            {"loss_vs_aspect_ratio", std::move(figure)}});
-    }
-    absl::StatusOr<int64_t> page_size = IntParam(request, "page_size", 100, 1, 1000);
-    if (!page_size.ok()) return FromStatus(page_size.status());
-    req.set_page_size(static_cast<int32_t>(*page_size));
-    req.set_page_token(Param(request, "page_token"));
-    absl::StatusOr<v1::QueryResultsResponse> res = scheduler_->QueryResults(req);
-    if (!res.ok()) return FromStatus(res.status());
-    json runs = json::array();
-    for (const v1::RunSummary& r : res->runs()) runs.push_back(RunJson(r));
-    return Json(200, json{{"runs", std::move(runs)}, {"next_page_token", res->next_page_token()}});
-  }
-  if (path == "/api/jobs") {
-    v1::ListJobsRequest req;
-    req.set_sweep(Param(request, "sweep"));
-    req.set_arch(Param(request, "arch"));
-    const std::string state = Param(request, "state");
-    if (!state.empty()) {
-      const v1::JobState s = JobStateFromName(state);
-      if (s == v1::JOB_STATE_UNSPECIFIED) {
-        return Error(400, absl::StrCat("state: unknown job state \"", state, "\""));
-      }
-      req.set_state(s);
-    }
-    absl::StatusOr<int64_t> page_size = IntParam(request, "page_size", 100, 1, 1000);
-    if (!page_size.ok()) return FromStatus(page_size.status());
-    req.set_page_size(static_cast<int32_t>(*page_size));
-    req.set_page_token(Param(request, "page_token"));
-    absl::StatusOr<v1::ListJobsResponse> list = scheduler_->ListJobs(req);
-    if (!list.ok()) return FromStatus(list.status());
-    json jobs = json::array();
-    for (const v1::Job& j : list->jobs()) jobs.push_back(JobJson(j, false));
-    return Json(200, json{{"jobs", std::move(jobs)}, {"next_page_token", list->next_page_token()}});
-  }
-  if (absl::StartsWith(path, "/api/jobs/")) {
-    int64_t id = 0;
-    std::string tail;
-    if (!SplitJobPath(path.substr(10), &id, &tail)) {
-      return Error(400, absl::StrCat("job id: \"", path.substr(10), "\" is not a positive integer"));
-    }
-    if (tail.empty()) {
-      absl::StatusOr<v1::Job> job = scheduler_->GetJob(id);
-      if (!job.ok()) return FromStatus(job.status());
-      return Json(200, JobJson(*job, true));
-    }
-    if (tail == "/points") {
-      absl::StatusOr<int64_t> since =
-          IntParam(request, "since", 0, 0, std::numeric_limits<int64_t>::max());
-      if (!since.ok()) return FromStatus(since.status());
-      absl::StatusOr<int64_t> limit = IntParam(request, "limit", kMaxPointsPerRead, 1,
-                                               kMaxPointsPerRead);
-      if (!limit.ok()) return FromStatus(limit.status());
-      absl::StatusOr<WatchBatch> batch = scheduler_->ReadWatch(id, *since, 0, *limit);
-      if (!batch.ok()) return FromStatus(batch.status());
-      // Columns per metric name: {"loss": {"step": [...], "value": [...]}}.
-      const std::string names = Param(request, "names");
-      std::vector<std::string> wanted;
-      if (!names.empty()) wanted = absl::StrSplit(names, ',');
-      json series = json::object();
-      int64_t cursor = *since;
-      for (const storage::MetricRecord& p : batch->points) {
-        cursor = std::max(cursor, p.row_id);
-        if (!wanted.empty() && std::find(wanted.begin(), wanted.end(), p.name) == wanted.end()) {
-          continue;
-        }
-        json& s = series[p.name];
-        if (s.is_null()) s = json{{"step", json::array()}, {"value", json::array()},
-                                  {"wall_ms", json::array()}};
-        s["step"].push_back(p.step);
-        s["value"].push_back(p.value);
-        s["wall_ms"].push_back(p.wall_ms);
-      }
-      const bool more = static_cast<int64_t>(batch->points.size()) >= *limit;
-      return Json(200, json{{"job_id", id},
-                            {"state", JobStateName(batch->state)},
-                            {"series", std::move(series)},
-                            {"next_since", cursor},
-                            {"more", more}});
-    }
-    if (tail == "/diagnostics") {
-      // A train job's diagnostics are those its group's results row holds
-      // when the job is the group's diagnosis target; a diagnose job shows
-      // those of the run it diagnosed.
-      absl::StatusOr<v1::Job> job = scheduler_->GetJob(id);
-      if (!job.ok()) return FromStatus(job.status());
-      const int64_t target = job->kind() == v1::DIAGNOSE ? job->parent_job_id() : id;
-      v1::QueryResultsRequest req;
-      req.set_sweep(job->sweep_name());
-      req.set_page_size(1);
-      absl::StatusOr<v1::QueryResultsResponse> res = scheduler_->QueryResults(req);
-      if (!res.ok()) return FromStatus(res.status());
-      for (const v1::ResultRow& r : res->rows()) {
-        if (r.arch() != job->arch() || r.layers() != job->layers() ||
-            r.d_model() != job->d_model()) {
-          continue;
-        }
-        if (r.diagnosed_job_id() != target) break;
-        json data = json::parse(r.diagnostics_json(), nullptr, false);
-        if (data.is_discarded()) data = json::object();
-        return Json(200, json{{"job_id", id},
-                              {"diagnosed_job_id", target},
-                              {"summary", DiagnosticsSummary(r.diagnostics_json())},
-                              {"data", std::move(data)}});
-      }
-      return Json(200, json{{"job_id", id}, {"diagnosed_job_id", nullptr},
-                            {"summary", nullptr}, {"data", json::object()}});
+// The API's routes: a path (or a path prefix, the rest handed to the
+// handler) and its handler.
+WebResponse WebApi::Api(const WebRequest& request) {
+  struct Route {
+    const char* path;
+    bool prefix;
+    WebResponse (WebApi::*handle)(const WebRequest&, const std::string& rest);
+  };
+  static constexpr Route kRoutes[] = {
+      {"/api/sweeps", false, &WebApi::ListSweepsRoute},
+      {"/api/sweeps/", true, &WebApi::SweepRoute},
+      {"/api/jobs", false, &WebApi::ListJobsRoute},
+      {"/api/jobs/", true, &WebApi::JobRoute},
+  };
+  const std::string& path = request.path;
+  for (const Route& route : kRoutes) {
+    const std::string prefix = route.path;
+    if (route.prefix ? absl::StartsWith(path, prefix) : path == prefix) {
+      return (this->*route.handle)(request, path.substr(prefix.size()));
     }
   }
+  return NoEndpoint(path);
+}
+
+WebResponse WebApi::NoEndpoint(const std::string& path) {
   return Error(404, absl::StrCat("no endpoint ", path, " (docs/WEB.md lists them)"));
+}
+
+WebResponse WebApi::ListSweepsRoute(const WebRequest& request, const std::string&) {
+  v1::ListSweepsRequest req;
+  absl::StatusOr<int64_t> page_size = IntParam(request, "page_size", 100, 1, 1000);
+  if (!page_size.ok()) return FromStatus(page_size.status());
+  req.set_page_size(static_cast<int32_t>(*page_size));
+  req.set_page_token(Param(request, "page_token"));
+  absl::StatusOr<v1::ListSweepsResponse> list = ListSweeps(req);
+  if (!list.ok()) return FromStatus(list.status());
+  json sweeps = json::array();
+  for (const v1::Sweep& s : list->sweeps()) sweeps.push_back(SweepJson(s));
+  return Json(200, json{{"sweeps", std::move(sweeps)},
+                        {"next_page_token", list->next_page_token()}});
+}
+
+// /api/sweeps/NAME, /api/sweeps/NAME/results, /api/sweeps/NAME/runs.
+WebResponse WebApi::SweepRoute(const WebRequest& request, const std::string& path_rest) {
+  std::string name = path_rest;
+  std::string tail;
+  for (const char* suffix : {"/results", "/runs"}) {
+    if (absl::EndsWith(name, suffix)) {
+      tail = suffix;
+      name = name.substr(0, name.size() - tail.size());
+      break;
+    }
+  }
+  if (name.empty()) return Error(404, "sweep: name is empty");
+  if (tail == "/results") return SweepResults(name);
+  if (tail == "/runs") return SweepRuns(request, name);
+  return SweepDetail(name);
+}
+
+WebResponse WebApi::SweepDetail(const std::string& name) {
+  absl::StatusOr<v1::Sweep> s = GetSweep(name);
+  if (!s.ok()) return FromStatus(s.status());
+  json out = SweepJson(*s);
+  std::string spec;
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  if (google::protobuf::util::MessageToJsonString(s->spec(), &spec, options).ok()) {
+    out["spec"] = json::parse(spec, nullptr, false);
+  }
+  return Json(200, out);
+}
+
+WebResponse WebApi::SweepResults(const std::string& name) {
+  v1::QueryResultsRequest req;
+  req.set_sweep(name);
+  // Rows come on the first page; one run is the least a page holds.
+  req.set_page_size(1);
+  absl::StatusOr<v1::QueryResultsResponse> res = scheduler_->QueryResults(req);
+  if (!res.ok()) return FromStatus(res.status());
+  json rows = json::array();
+  // Figure 2: the best validation loss against aspect ratio d/L, one
+  // series per design, by aspect ratio.
+  std::map<std::string, std::vector<const v1::ResultRow*>> by_arch;
+  std::vector<double> lrs;
+  for (const v1::ResultRow& r : res->rows()) {
+    rows.push_back(RowJson(r));
+    by_arch[r.arch()].push_back(&r);
+    for (const v1::LrLoss& l : r.lrs()) {
+      if (std::find(lrs.begin(), lrs.end(), l.lr()) == lrs.end()) lrs.push_back(l.lr());
+    }
+  }
+  std::sort(lrs.begin(), lrs.end());
+  json figure = json::object();
+  for (auto& [arch, members] : by_arch) {
+    std::sort(members.begin(), members.end(), [](const auto* a, const auto* b) {
+      return a->aspect_ratio() < b->aspect_ratio();
+    });
+    json series = json::array();
+    for (const v1::ResultRow* r : members) {
+      series.push_back(json{{"aspect_ratio", r->aspect_ratio()},
+                            {"layers", r->layers()},
+                            {"d_model", r->d_model()},
+                            {"val_loss", Maybe(r->has_best(), r->best_val_loss())}});
+    }
+    figure[arch] = std::move(series);
+  }
+  return Json(200, json{{"sweep", name},
+                        {"lrs", lrs},
+                        {"rows", std::move(rows)},
+                        {"loss_vs_aspect_ratio", std::move(figure)}});
+}
+
+WebResponse WebApi::SweepRuns(const WebRequest& request, const std::string& name) {
+  v1::QueryResultsRequest req;
+  req.set_sweep(name);
+  absl::StatusOr<int64_t> page_size = IntParam(request, "page_size", 100, 1, 1000);
+  if (!page_size.ok()) return FromStatus(page_size.status());
+  req.set_page_size(static_cast<int32_t>(*page_size));
+  req.set_page_token(Param(request, "page_token"));
+  absl::StatusOr<v1::QueryResultsResponse> res = scheduler_->QueryResults(req);
+  if (!res.ok()) return FromStatus(res.status());
+  json runs = json::array();
+  for (const v1::RunSummary& r : res->runs()) runs.push_back(RunJson(r));
+  return Json(200, json{{"runs", std::move(runs)}, {"next_page_token", res->next_page_token()}});
+}
+
+WebResponse WebApi::ListJobsRoute(const WebRequest& request, const std::string&) {
+  v1::ListJobsRequest req;
+  req.set_sweep(Param(request, "sweep"));
+  req.set_arch(Param(request, "arch"));
+  const std::string state = Param(request, "state");
+  if (!state.empty()) {
+    absl::StatusOr<v1::JobState> s = storage::ParseJobState(state);
+    if (!s.ok()) return Error(400, absl::StrCat("state: unknown job state \"", state, "\""));
+    req.set_state(*s);
+  }
+  absl::StatusOr<int64_t> page_size = IntParam(request, "page_size", 100, 1, 1000);
+  if (!page_size.ok()) return FromStatus(page_size.status());
+  req.set_page_size(static_cast<int32_t>(*page_size));
+  req.set_page_token(Param(request, "page_token"));
+  absl::StatusOr<v1::ListJobsResponse> list = scheduler_->ListJobs(req);
+  if (!list.ok()) return FromStatus(list.status());
+  json jobs = json::array();
+  for (const v1::Job& j : list->jobs()) jobs.push_back(JobJson(j, false));
+  return Json(200, json{{"jobs", std::move(jobs)}, {"next_page_token", list->next_page_token()}});
+}
+
+// /api/jobs/ID, /api/jobs/ID/points, /api/jobs/ID/diagnostics.
+WebResponse WebApi::JobRoute(const WebRequest& request, const std::string& path_rest) {
+  int64_t id = 0;
+  std::string tail;
+  if (!SplitJobPath(path_rest, &id, &tail)) {
+    return Error(400, absl::StrCat("job id: \"", path_rest, "\" is not a positive integer"));
+  }
+  if (tail.empty()) {
+    absl::StatusOr<v1::Job> job = scheduler_->GetJob(id);
+    if (!job.ok()) return FromStatus(job.status());
+    return Json(200, JobJson(*job, true));
+
+  }
+  if (tail == "/points") return JobPoints(request, id);
+  if (tail == "/diagnostics") return JobDiagnostics(id);
+  return NoEndpoint(request.path);
+}
+
+WebResponse WebApi::JobPoints(const WebRequest& request, int64_t id) {
+  absl::StatusOr<int64_t> since =
+      IntParam(request, "since", 0, 0, std::numeric_limits<int64_t>::max());
+  if (!since.ok()) return FromStatus(since.status());
+  absl::StatusOr<int64_t> limit = IntParam(request, "limit", kMaxPointsPerRead, 1,
+                                           kMaxPointsPerRead);
+  if (!limit.ok()) return FromStatus(limit.status());
+  absl::StatusOr<WatchBatch> batch = scheduler_->ReadWatch(id, *since, 0, *limit);
+  if (!batch.ok()) return FromStatus(batch.status());
+  // Columns per metric name: {"loss": {"step": [...], "value": [...]}}.
+  const std::string names = Param(request, "names");
+  std::vector<std::string> wanted;
+  if (!names.empty()) wanted = absl::StrSplit(names, ',');
+  json series = json::object();
+  int64_t cursor = *since;
+  for (const storage::MetricRecord& p : batch->points) {
+    cursor = std::max(cursor, p.row_id);
+    if (!wanted.empty() && std::find(wanted.begin(), wanted.end(), p.name) == wanted.end()) {
+      continue;
+    }
+    json& s = series[p.name];
+    if (s.is_null()) s = json{{"step", json::array()}, {"value", json::array()},
+                              {"wall_ms", json::array()}};
+    s["step"].push_back(p.step);
+    s["value"].push_back(p.value);
+    s["wall_ms"].push_back(p.wall_ms);
+  }
+  const bool more = static_cast<int64_t>(batch->points.size()) >= *limit;
+  return Json(200, json{{"job_id", id},
+                        {"state", storage::JobStateText(batch->state)},
+                        {"series", std::move(series)},
+                        {"next_since", cursor},
+                        {"more", more}});
+}
+
+WebResponse WebApi::JobDiagnostics(int64_t id) {
+  // A train job's diagnostics are those its group's results row holds
+  // when the job is the group's diagnosis target; a diagnose job shows
+  // those of the run it diagnosed.
+  absl::StatusOr<v1::Job> job = scheduler_->GetJob(id);
+  if (!job.ok()) return FromStatus(job.status());
+  const int64_t target = job->kind() == v1::DIAGNOSE ? job->parent_job_id() : id;
+  v1::QueryResultsRequest req;
+  req.set_sweep(job->sweep_name());
+  req.set_page_size(1);
+  absl::StatusOr<v1::QueryResultsResponse> res = scheduler_->QueryResults(req);
+  if (!res.ok()) return FromStatus(res.status());
+  for (const v1::ResultRow& r : res->rows()) {
+    if (r.arch() != job->arch() || r.layers() != job->layers() ||
+        r.d_model() != job->d_model()) {
+      continue;
+    }
+    if (r.diagnosed_job_id() != target) break;
+    json data = json::parse(r.diagnostics_json(), nullptr, false);
+    if (data.is_discarded()) data = json::object();
+    return Json(200, json{{"job_id", id},
+                          {"diagnosed_job_id", target},
+                          {"summary", DiagnosticsSummary(r.diagnostics_json())},
+                          {"data", std::move(data)}});
+  }
+  return Json(200, json{{"job_id", id}, {"diagnosed_job_id", nullptr},
+                        {"summary", nullptr}, {"data", json::object()}});
 }
 
 }  // namespace depthbench::scheduler

@@ -42,6 +42,8 @@
 #include <string>
 #include <utility>
 
+#include <nlohmann/json.hpp>
+
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
 #include "scheduler/scheduler.h"
@@ -62,6 +64,18 @@ class WebApi {
 
  private:
   WebResponse Api(const WebRequest& request);
+  // Api's routes and their steps (one per endpoint, docs/WEB.md).
+  WebResponse NoEndpoint(const std::string& path);
+  WebResponse ListSweepsRoute(const WebRequest& request, const std::string& path_rest);
+  WebResponse SweepRoute(const WebRequest& request, const std::string& path_rest);
+  WebResponse SweepDetail(const std::string& name);
+  WebResponse SweepResults(const std::string& name);
+  WebResponse SweepRuns(const WebRequest& request, const std::string& name);
+  WebResponse ListJobsRoute(const WebRequest& request, const std::string& path_rest);
+  WebResponse JobRoute(const WebRequest& request, const std::string& path_rest);
+  WebResponse JobPoints(const WebRequest& request, int64_t id);
+  WebResponse JobDiagnostics(int64_t id);
+  nlohmann::json SweepJson(const depthbench::v1::Sweep& s);
   bool Authorized(const std::string& header) const;
 
   // (throughput in jobs/s, ETA in s); negative: unknown.

@@ -10,11 +10,8 @@
 namespace depthbench::storage {
 namespace {
 
-// kMigrations[i] takes the schema from version i to i + 1.
-const std::vector<std::string>& Migrations() {
-  static const auto* migrations = new std::vector<std::string>{
-      // 1: the initial schema.
-      R"sql(
+// 1: the initial schema.
+constexpr char kV1InitialSchema[] = R"sql(
 CREATE TABLE sweeps(
   id INTEGER PRIMARY KEY,
   name TEXT NOT NULL UNIQUE,
@@ -95,38 +92,42 @@ CREATE TABLE diagnostics(
   data_json TEXT NOT NULL,
   created_ms INTEGER NOT NULL,
   PRIMARY KEY(job_id, kind));
-)sql",
-      // 2: worker labels, room for diagnostics summaries on results rows
-      // (R_causal, R_perm, D_eff/L: issue 6), and step-ordered reads of a
-      // job's points for WatchJob resume.
-      R"sql(
+)sql";
+
+// 2: worker labels, room for diagnostics summaries on results rows
+// (R_causal, R_perm, D_eff/L: issue 6), and step-ordered reads of a
+// job's points for WatchJob resume.
+constexpr char kV2LabelsAndDiagnostics[] = R"sql(
 ALTER TABLE workers ADD COLUMN labels_json TEXT NOT NULL DEFAULT '{}';
 ALTER TABLE results ADD COLUMN diagnostics_json TEXT NOT NULL DEFAULT '{}';
 CREATE INDEX metric_points_by_job_step ON metric_points(job_id, step);
-)sql",
-      // 3: group and parent lookups run on every finished job; without
-      // these they scan the whole sweep (O(jobs) per FinishJob).
-      R"sql(
+)sql";
+
+// 3: group and parent lookups run on every finished job; without
+// these they scan the whole sweep (O(jobs) per FinishJob).
+constexpr char kV3GroupAndParentIndexes[] = R"sql(
 CREATE INDEX jobs_by_group ON jobs(sweep_id, arch, layers, d_model);
 CREATE INDEX jobs_by_parent ON jobs(parent_job_id);
-)sql",
-      // 4: fewer index pages written per lease. jobs_by_state held every job,
-      // so each AcquireJob and each FinishJob moved an entry between two
-      // parts of it (two more WAL frames per commit). AcquireJob reads only
-      // pending jobs: a partial index over them is left alone by a job's
-      // later leased -> running -> finished changes, and covers AcquireJob's
-      // query (SQLite 3.40 reads the table for `state` unless it is a column).
-      R"sql(
+)sql";
+
+// 4: fewer index pages written per lease. jobs_by_state held every job,
+// so each AcquireJob and each FinishJob moved an entry between two
+// parts of it (two more WAL frames per commit). AcquireJob reads only
+// pending jobs: a partial index over them is left alone by a job's
+// later leased -> running -> finished changes, and covers AcquireJob's
+// query (SQLite 3.40 reads the table for `state` unless it is a column).
+constexpr char kV4PendingJobsIndex[] = R"sql(
 DROP INDEX jobs_by_state;
 CREATE INDEX jobs_pending
   ON jobs(state, id, not_before_ms, req_devices, req_memory_mb, req_labels)
   WHERE state = 'pending';
-)sql",
-      // 5: per-(group, LR) tallies kept up to date as each run ends, so a
-      // finished run updates its group's results row in O(LRs) instead of
-      // re-reading the group's runs (issue 14). Filled from the jobs of
-      // sweeps submitted before this version.
-      R"sql(
+)sql";
+
+// 5: per-(group, LR) tallies kept up to date as each run ends, so a
+// finished run updates its group's results row in O(LRs) instead of
+// re-reading the group's runs (issue 14). Filled from the jobs of
+// sweeps submitted before this version.
+constexpr char kV5LrTallies[] = R"sql(
 CREATE TABLE result_lrs(
   sweep_id INTEGER NOT NULL,
   arch TEXT NOT NULL,
@@ -158,30 +159,32 @@ SELECT sweep_id, arch, layers, d_model, lr, COUNT(*),
   MIN(CASE WHEN state = 'succeeded' THEN val_loss END)
 FROM jobs j WHERE kind = 'train'
 GROUP BY sweep_id, arch, layers, d_model, lr;
-)sql",
-      // 6: live points with exactly-once history (issue 19). Workers relay
-      // every point as it is logged, so a retried attempt that resumes from
-      // an earlier checkpoint re-logs steps an earlier attempt already
-      // stored. attempts.resumed_from_step is the step the attempt resumed
-      // from (NULL until its first report says); metric_points.superseded_by
-      // names the later attempt whose resume abandoned the point (0: part of
-      // the job's canonical history). Abandoned points stay readable per
-      // attempt. canonical_metric_points is the history every reader
-      // (WatchJob, reports, SQL users) should count.
-      R"sql(
+)sql";
+
+// 6: live points with exactly-once history (issue 19). Workers relay
+// every point as it is logged, so a retried attempt that resumes from
+// an earlier checkpoint re-logs steps an earlier attempt already
+// stored. attempts.resumed_from_step is the step the attempt resumed
+// from (NULL until its first report says); metric_points.superseded_by
+// names the later attempt whose resume abandoned the point (0: part of
+// the job's canonical history). Abandoned points stay readable per
+// attempt. canonical_metric_points is the history every reader
+// (WatchJob, reports, SQL users) should count.
+constexpr char kV6SupersededPoints[] = R"sql(
 ALTER TABLE attempts ADD COLUMN resumed_from_step INTEGER;
 ALTER TABLE metric_points ADD COLUMN superseded_by INTEGER NOT NULL DEFAULT 0;
 CREATE VIEW canonical_metric_points AS
   SELECT id, job_id, attempt_id, step, name, value, wall_ms
   FROM metric_points WHERE superseded_by = 0;
-)sql",
-      // 7: successive halving (issue 15). One row per decision a train run
-      // got at a rung, written in the transaction that acts on it (prunes the
-      // job, or lets it go on), so a restart neither loses nor repeats one.
-      // val_loss NULL: the run diverged (a loser at every rung it missed).
-      // decision: 'promote', 'prune', 'diverged', or (issue 15 follow-up)
-      // 'pause' until the run is promoted or pruned (the row is updated).
-      R"sql(
+)sql";
+
+// 7: successive halving (issue 15). One row per decision a train run
+// got at a rung, written in the transaction that acts on it (prunes the
+// job, or lets it go on), so a restart neither loses nor repeats one.
+// val_loss NULL: the run diverged (a loser at every rung it missed).
+// decision: 'promote', 'prune', 'diverged', or (issue 15 follow-up)
+// 'pause' until the run is promoted or pruned (the row is updated).
+constexpr char kV7RungResults[] = R"sql(
 CREATE TABLE rung_results(
   job_id INTEGER NOT NULL,
   rung INTEGER NOT NULL,
@@ -190,7 +193,19 @@ CREATE TABLE rung_results(
   decision TEXT NOT NULL,
   decided_ms INTEGER NOT NULL,
   PRIMARY KEY(job_id, rung));
-)sql",
+)sql";
+
+// Migrations()[i] takes the schema from version i to i + 1. Never edit a
+// shipped step: databases at every version must migrate alike.
+const std::vector<std::string>& Migrations() {
+  static const auto* migrations = new std::vector<std::string>{
+      kV1InitialSchema,
+      kV2LabelsAndDiagnostics,
+      kV3GroupAndParentIndexes,
+      kV4PendingJobsIndex,
+      kV5LrTallies,
+      kV6SupersededPoints,
+      kV7RungResults,
   };
   return *migrations;
 }

@@ -1,8 +1,7 @@
 // Plain rows of the scheduler's tables, as the stores read and write them.
-// States and kinds are the lowercase strings stored in SQLite ("pending",
-// "leased", "running", "succeeded", "diverged", "failed", "cancelled",
-// "pruned", "held", "skipped";
-// "train", "diagnose").
+// Job states and kinds are the proto enums; the stores convert them to and
+// from the text stored in SQLite through storage/job_text.h, and nowhere
+// else.
 //
 // Thread safety: plain values.
 #ifndef DEPTHBENCH_STORAGE_RECORDS_H_
@@ -11,6 +10,9 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
+
+#include "depthbench/v1/types.pb.h"
 
 namespace depthbench::storage {
 
@@ -25,8 +27,8 @@ struct SweepRecord {
 struct JobRecord {
   int64_t id = 0;
   int64_t sweep_id = 0;
-  std::string kind = "train";
-  std::string state = "pending";
+  depthbench::v1::JobKind kind = depthbench::v1::TRAIN;
+  depthbench::v1::JobState state = depthbench::v1::PENDING;
   std::string arch;
   int64_t layers = 0;
   int64_t d_model = 0;
@@ -55,7 +57,7 @@ struct JobRecord {
 // JobStore::ListGroup); cheaper than a JobRecord, which carries the config.
 struct GroupMember {
   int64_t id = 0;
-  std::string state;
+  depthbench::v1::JobState state = depthbench::v1::JOB_STATE_UNSPECIFIED;
   double lr = 0;
   std::optional<double> val_loss;
   bool is_best = false;
@@ -99,6 +101,16 @@ struct MetricRecord {
   int64_t superseded_by = 0;
 };
 
+// One learning rate of a result row: how its runs ended (results.lrs_json
+// holds these as a JSON array; the store parses it once, on read).
+struct LrSummary {
+  double lr = 0;
+  std::optional<double> mean_val_loss;  // over the succeeded runs
+  int succeeded = 0;
+  int diverged = 0;
+  int failed = 0;  // failed or cancelled
+};
+
 struct ResultRecord {
   int64_t sweep_id = 0;
   std::string arch;
@@ -109,7 +121,7 @@ struct ResultRecord {
   std::optional<double> best_lr;
   std::optional<double> best_val_loss;
   int64_t best_job_id = 0;
-  std::string lrs_json = "[]";
+  std::vector<LrSummary> lrs;  // ascending LR; stored as lrs_json
   bool complete = false;
   std::string diagnostics_json = "{}";
 };
@@ -143,7 +155,7 @@ struct RunRecord {
   int64_t d_model = 0;
   double lr = 0;
   int64_t seed = 0;
-  std::string state;
+  depthbench::v1::JobState state = depthbench::v1::JOB_STATE_UNSPECIFIED;
   std::optional<double> val_loss;
   int64_t final_step = 0;
   bool is_best = false;

@@ -1,8 +1,11 @@
 #include "storage/stores.h"
 
+#include <nlohmann/json.hpp>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "storage/job_text.h"
 
 namespace depthbench::storage {
 namespace {
@@ -14,12 +17,48 @@ constexpr char kJobColumns[] =
     "parent_job_id, req_devices, req_memory_mb, req_labels, created_ms, "
     "updated_ms";
 
-JobRecord JobFromRow(const Query& q) {
+namespace v1 = ::depthbench::v1;
+
+// Row mappers either cannot fail (T) or can, on a stored value outside its
+// enum (absl::StatusOr<T>); ReadOne / ReadAll take both.
+template <typename T>
+absl::StatusOr<T> AsStatusOr(T value) {
+  return value;
+}
+template <typename T>
+absl::StatusOr<T> AsStatusOr(absl::StatusOr<T> value) {
+  return value;
+}
+template <typename Mapper>
+using RowOf = typename decltype(AsStatusOr(std::declval<Mapper>()(std::declval<const Query&>())))::value_type;
+
+// The next row of `q` through `map`; nullopt when there is none.
+template <typename Mapper>
+absl::StatusOr<std::optional<RowOf<Mapper>>> ReadOne(Query& q, Mapper map) {
+  ASSIGN_OR_RETURN(bool row, q.Step());
+  if (!row) return std::optional<RowOf<Mapper>>();
+  ASSIGN_OR_RETURN(RowOf<Mapper> value, AsStatusOr(map(q)));
+  return std::optional<RowOf<Mapper>>(std::move(value));
+}
+
+// Every remaining row of `q` through `map`.
+template <typename Mapper>
+absl::StatusOr<std::vector<RowOf<Mapper>>> ReadAll(Query& q, Mapper map) {
+  std::vector<RowOf<Mapper>> out;
+  while (true) {
+    ASSIGN_OR_RETURN(std::optional<RowOf<Mapper>> value, ReadOne(q, map));
+    if (!value) break;
+    out.push_back(std::move(*value));
+  }
+  return out;
+}
+
+absl::StatusOr<JobRecord> JobFromRow(const Query& q) {
   JobRecord job;
   job.id = q.ColumnInt(0);
   job.sweep_id = q.ColumnInt(1);
-  job.kind = q.ColumnText(2);
-  job.state = q.ColumnText(3);
+  ASSIGN_OR_RETURN(job.kind, ParseJobKind(q.ColumnText(2)));
+  ASSIGN_OR_RETURN(job.state, ParseJobState(q.ColumnText(3)));
   job.arch = q.ColumnText(4);
   job.layers = q.ColumnInt(5);
   job.d_model = q.ColumnInt(6);
@@ -69,7 +108,52 @@ AttemptRecord AttemptFromRow(const Query& q) {
   return a;
 }
 
-ResultRecord ResultFromRow(const Query& q) {
+// results.lrs_json: [{"lr":..,"val_loss":..|null,"diverged":bool,
+// "succeeded":n,"diverged_runs":n,"failed_runs":n}, ...]. "diverged" is
+// written for readers of the raw table; a reader here takes the counts.
+std::string LrsToJson(const std::vector<LrSummary>& lrs) {
+  nlohmann::json arr = nlohmann::json::array();
+  for (const LrSummary& s : lrs) {
+    nlohmann::json j;
+    j["lr"] = s.lr;
+    j["val_loss"] = s.mean_val_loss.has_value() ? nlohmann::json(*s.mean_val_loss)
+                                                : nlohmann::json(nullptr);
+    j["diverged"] = s.diverged > 0;
+    j["succeeded"] = s.succeeded;
+    j["diverged_runs"] = s.diverged;
+    j["failed_runs"] = s.failed;
+    arr.push_back(j);
+  }
+  return arr.dump();
+}
+
+absl::StatusOr<std::vector<LrSummary>> LrsFromJson(const std::string& text) {
+  const nlohmann::json arr = nlohmann::json::parse(text, nullptr, false);
+  if (!arr.is_array()) {
+    return absl::DataLossError(absl::StrCat("results.lrs_json: not a JSON array: ", text));
+  }
+  std::vector<LrSummary> out;
+  for (const nlohmann::json& j : arr) {
+    if (!j.is_object() || !j.contains("lr") || !j["lr"].is_number()) {
+      return absl::DataLossError(absl::StrCat("results.lrs_json: an entry has no numeric lr: ",
+                                              j.dump()));
+    }
+    LrSummary s;
+    s.lr = j["lr"].get<double>();
+    if (j.contains("val_loss") && j["val_loss"].is_number()) {
+      s.mean_val_loss = j["val_loss"].get<double>();
+    }
+    s.succeeded = j.value("succeeded", 0);
+    // Rows from before the run counts carry only the flag.
+    s.diverged = j.contains("diverged_runs") ? j.value("diverged_runs", 0)
+                                             : (j.value("diverged", false) ? 1 : 0);
+    s.failed = j.value("failed_runs", 0);
+    out.push_back(s);
+  }
+  return out;
+}
+
+absl::StatusOr<ResultRecord> ResultFromRow(const Query& q) {
   ResultRecord r;
   r.sweep_id = q.ColumnInt(0);
   r.arch = q.ColumnText(1);
@@ -80,7 +164,7 @@ ResultRecord ResultFromRow(const Query& q) {
   if (!q.ColumnIsNull(6)) r.best_lr = q.ColumnDouble(6);
   if (!q.ColumnIsNull(7)) r.best_val_loss = q.ColumnDouble(7);
   r.best_job_id = q.ColumnInt(8);
-  r.lrs_json = q.ColumnText(9);
+  ASSIGN_OR_RETURN(r.lrs, LrsFromJson(q.ColumnText(9)));
   r.complete = q.ColumnInt(10) != 0;
   r.diagnostics_json = q.ColumnText(11);
   return r;
@@ -112,30 +196,20 @@ absl::StatusOr<std::optional<SweepRecord>> SweepStore::FindByName(
   ASSIGN_OR_RETURN(Query q, db_->Prepare(absl::StrCat(
       "SELECT ", kSweepColumns, " FROM sweeps WHERE name = ?")));
   q.Bind(1, name);
-  ASSIGN_OR_RETURN(bool row, q.Step());
-  if (!row) return std::optional<SweepRecord>();
-  return std::optional<SweepRecord>(SweepFromRow(q));
+  return ReadOne(q, SweepFromRow);
 }
 
 absl::StatusOr<std::optional<SweepRecord>> SweepStore::Get(int64_t id) {
   ASSIGN_OR_RETURN(Query q, db_->Prepare(absl::StrCat(
       "SELECT ", kSweepColumns, " FROM sweeps WHERE id = ?")));
   q.Bind(1, id);
-  ASSIGN_OR_RETURN(bool row, q.Step());
-  if (!row) return std::optional<SweepRecord>();
-  return std::optional<SweepRecord>(SweepFromRow(q));
+  return ReadOne(q, SweepFromRow);
 }
 
 absl::StatusOr<std::vector<SweepRecord>> SweepStore::List() {
   ASSIGN_OR_RETURN(Query q, db_->Prepare(absl::StrCat(
       "SELECT ", kSweepColumns, " FROM sweeps ORDER BY id")));
-  std::vector<SweepRecord> out;
-  while (true) {
-    ASSIGN_OR_RETURN(bool row, q.Step());
-    if (!row) break;
-    out.push_back(SweepFromRow(q));
-  }
-  return out;
+  return ReadAll(q, SweepFromRow);
 }
 
 absl::StatusOr<std::vector<SweepRecord>> SweepStore::ListPage(int64_t after_id,
@@ -143,13 +217,7 @@ absl::StatusOr<std::vector<SweepRecord>> SweepStore::ListPage(int64_t after_id,
   ASSIGN_OR_RETURN(Query q, db_->Prepare(absl::StrCat(
       "SELECT ", kSweepColumns, " FROM sweeps WHERE id > ? ORDER BY id LIMIT ?")));
   q.Bind(1, after_id).Bind(2, limit);
-  std::vector<SweepRecord> out;
-  while (true) {
-    ASSIGN_OR_RETURN(bool row, q.Step());
-    if (!row) break;
-    out.push_back(SweepFromRow(q));
-  }
-  return out;
+  return ReadAll(q, SweepFromRow);
 }
 
 absl::Status SweepStore::Delete(int64_t id) {
@@ -189,7 +257,8 @@ absl::StatusOr<int64_t> JobStore::Insert(const JobRecord& job) {
   } else {
     q.BindNull(26);
   }
-  q.Bind(1, job.sweep_id).Bind(2, job.kind).Bind(3, job.state).Bind(4, job.arch)
+  q.Bind(1, job.sweep_id).Bind(2, JobKindText(job.kind))
+      .Bind(3, JobStateText(job.state)).Bind(4, job.arch)
       .Bind(5, job.layers).Bind(6, job.d_model).Bind(7, job.lr).Bind(8, job.seed)
       .Bind(9, job.config_json).Bind(10, job.attempts_used)
       .Bind(11, job.max_attempts).Bind(12, job.current_attempt_id)
@@ -212,9 +281,9 @@ absl::StatusOr<JobRecord> JobStore::Get(int64_t id) {
   ASSIGN_OR_RETURN(Query q, db_->Prepare(absl::StrCat(
       "SELECT ", kJobColumns, " FROM jobs WHERE id = ?")));
   q.Bind(1, id);
-  ASSIGN_OR_RETURN(bool row, q.Step());
-  if (!row) return absl::NotFoundError(absl::StrCat("job ", id, " not found"));
-  return JobFromRow(q);
+  ASSIGN_OR_RETURN(std::optional<JobRecord> job, ReadOne(q, JobFromRow));
+  if (!job) return absl::NotFoundError(absl::StrCat("job ", id, " not found"));
+  return *std::move(job);
 }
 
 absl::Status JobStore::Update(const JobRecord& job) {
@@ -223,7 +292,7 @@ absl::Status JobStore::Update(const JobRecord& job) {
       "max_attempts = ?, current_attempt_id = ?, worker_id = ?, "
       "not_before_ms = ?, val_loss = ?, final_step = ?, reason = ?, "
       "checkpoint_dir = ?, is_best = ?, updated_ms = ? WHERE id = ?"));
-  q.Bind(1, job.state).Bind(2, job.config_json).Bind(3, job.attempts_used)
+  q.Bind(1, JobStateText(job.state)).Bind(2, job.config_json).Bind(3, job.attempts_used)
       .Bind(4, job.max_attempts).Bind(5, job.current_attempt_id)
       .Bind(6, job.worker_id).Bind(7, job.not_before_ms).Bind(8, job.val_loss)
       .Bind(9, job.final_step).Bind(10, job.reason).Bind(11, job.checkpoint_dir)
@@ -244,23 +313,19 @@ absl::Status JobStore::SetBest(int64_t id, bool is_best) {
 }
 
 absl::StatusOr<std::vector<JobRecord>> JobStore::ReadJobs(Query& q) {
-  std::vector<JobRecord> out;
-  while (true) {
-    ASSIGN_OR_RETURN(bool row, q.Step());
-    if (!row) break;
-    out.push_back(JobFromRow(q));
-  }
-  return out;
+  return ReadAll(q, JobFromRow);
 }
 
 absl::StatusOr<std::optional<int64_t>> JobStore::FindRunnable(
     int64_t now_wall_ms, int64_t devices, int64_t memory_mb,
     const std::function<bool(const std::string& req_labels)>& accept,
     int64_t scan_limit) {
-  ASSIGN_OR_RETURN(Query q, db_->Prepare(
-      "SELECT id, req_labels FROM jobs WHERE state = 'pending' AND "
+  // The state stays a literal in the SQL: the pending-jobs partial index
+  // (schema v4) is only used when the query names its WHERE clause.
+  ASSIGN_OR_RETURN(Query q, db_->Prepare(absl::StrCat(
+      "SELECT id, req_labels FROM jobs WHERE state = ", SqlLiteral(v1::PENDING), " AND "
       "not_before_ms <= ? AND req_devices <= ? AND req_memory_mb <= ? "
-      "ORDER BY id LIMIT ?"));
+      "ORDER BY id LIMIT ?")));
   q.Bind(1, now_wall_ms).Bind(2, devices).Bind(3, memory_mb).Bind(4, scan_limit);
   while (true) {
     ASSIGN_OR_RETURN(bool row, q.Step());
@@ -275,19 +340,20 @@ absl::StatusOr<std::vector<JobRecord>> JobStore::List(const JobFilter& f) {
       "(? = 0 OR sweep_id = ?) AND (? = '' OR state = ?) AND "
       "(? = '' OR arch = ?) ORDER BY id LIMIT ?")));
   q.Bind(1, f.after_id).Bind(2, f.sweep_id).Bind(3, f.sweep_id)
-      .Bind(4, f.state).Bind(5, f.state).Bind(6, f.arch).Bind(7, f.arch)
+      .Bind(4, JobStateText(f.state)).Bind(5, JobStateText(f.state))
+      .Bind(6, f.arch).Bind(7, f.arch)
       .Bind(8, f.limit);
   return ReadJobs(q);
 }
 
 absl::StatusOr<std::vector<JobRecord>> JobStore::ListInStates(
-    const std::vector<std::string>& states) {
+    const std::vector<v1::JobState>& states) {
   if (states.empty()) return std::vector<JobRecord>();
   std::vector<std::string> marks(states.size(), "?");
   ASSIGN_OR_RETURN(Query q, db_->Prepare(absl::StrCat(
       "SELECT ", kJobColumns, " FROM jobs WHERE state IN (",
       absl::StrJoin(marks, ","), ") ORDER BY id")));
-  for (size_t i = 0; i < states.size(); ++i) q.Bind(static_cast<int>(i + 1), states[i]);
+  for (size_t i = 0; i < states.size(); ++i) q.Bind(static_cast<int>(i + 1), JobStateText(states[i]));
   return ReadJobs(q);
 }
 
@@ -300,9 +366,9 @@ absl::StatusOr<std::vector<JobRecord>> JobStore::ListBySweep(int64_t sweep_id) {
 
 absl::StatusOr<std::string> JobStore::GroupConfig(int64_t sweep_id, const std::string& arch,
                                                    int64_t layers, int64_t d_model) {
-  ASSIGN_OR_RETURN(Query q, db_->Prepare(
+  ASSIGN_OR_RETURN(Query q, db_->Prepare(absl::StrCat(
       "SELECT config_json FROM jobs WHERE sweep_id = ? AND arch = ? AND layers = ? AND "
-      "d_model = ? AND kind = 'train' LIMIT 1"));
+      "d_model = ? AND kind = ", SqlLiteral(v1::TRAIN), " LIMIT 1")));
   q.Bind(1, sweep_id).Bind(2, arch).Bind(3, layers).Bind(4, d_model);
   ASSIGN_OR_RETURN(bool row, q.Step());
   return row ? q.ColumnText(0) : std::string("{}");
@@ -310,52 +376,45 @@ absl::StatusOr<std::string> JobStore::GroupConfig(int64_t sweep_id, const std::s
 
 absl::StatusOr<std::vector<GroupMember>> JobStore::ListGroup(
     int64_t sweep_id, const std::string& arch, int64_t layers, int64_t d_model) {
-  ASSIGN_OR_RETURN(Query q, db_->Prepare(
+  ASSIGN_OR_RETURN(Query q, db_->Prepare(absl::StrCat(
       "SELECT id, state, lr, val_loss, is_best, final_step FROM jobs WHERE sweep_id = ? AND "
-      "kind = 'train' AND arch = ? AND layers = ? AND d_model = ? ORDER BY id"));
+      "kind = ", SqlLiteral(v1::TRAIN), " AND arch = ? AND layers = ? AND d_model = ? "
+      "ORDER BY id")));
   q.Bind(1, sweep_id).Bind(2, arch).Bind(3, layers).Bind(4, d_model);
-  std::vector<GroupMember> out;
-  while (true) {
-    ASSIGN_OR_RETURN(bool row, q.Step());
-    if (!row) break;
+  return ReadAll(q, [](const Query& row) -> absl::StatusOr<GroupMember> {
     GroupMember m;
-    m.id = q.ColumnInt(0);
-    m.state = q.ColumnText(1);
-    m.lr = q.ColumnDouble(2);
-    if (!q.ColumnIsNull(3)) m.val_loss = q.ColumnDouble(3);
-    m.is_best = q.ColumnInt(4) != 0;
-    m.final_step = q.ColumnInt(5);
-    out.push_back(std::move(m));
-  }
-  return out;
+    m.id = row.ColumnInt(0);
+    ASSIGN_OR_RETURN(m.state, ParseJobState(row.ColumnText(1)));
+    m.lr = row.ColumnDouble(2);
+    if (!row.ColumnIsNull(3)) m.val_loss = row.ColumnDouble(3);
+    m.is_best = row.ColumnInt(4) != 0;
+    m.final_step = row.ColumnInt(5);
+    return m;
+  });
 }
 
 absl::StatusOr<std::vector<RunRecord>> JobStore::ListRuns(int64_t sweep_id,
                                                           int64_t after_id,
                                                           int64_t limit) {
-  ASSIGN_OR_RETURN(Query q, db_->Prepare(
+  ASSIGN_OR_RETURN(Query q, db_->Prepare(absl::StrCat(
       "SELECT id, arch, layers, d_model, lr, seed, state, val_loss, final_step, "
-      "is_best FROM jobs WHERE sweep_id = ? AND id > ? AND kind = 'train' "
-      "ORDER BY id LIMIT ?"));
+      "is_best FROM jobs WHERE sweep_id = ? AND id > ? AND kind = ", SqlLiteral(v1::TRAIN),
+      " ORDER BY id LIMIT ?")));
   q.Bind(1, sweep_id).Bind(2, after_id).Bind(3, limit);
-  std::vector<RunRecord> out;
-  while (true) {
-    ASSIGN_OR_RETURN(bool row, q.Step());
-    if (!row) break;
+  return ReadAll(q, [](const Query& row) -> absl::StatusOr<RunRecord> {
     RunRecord r;
-    r.id = q.ColumnInt(0);
-    r.arch = q.ColumnText(1);
-    r.layers = q.ColumnInt(2);
-    r.d_model = q.ColumnInt(3);
-    r.lr = q.ColumnDouble(4);
-    r.seed = q.ColumnInt(5);
-    r.state = q.ColumnText(6);
-    if (!q.ColumnIsNull(7)) r.val_loss = q.ColumnDouble(7);
-    r.final_step = q.ColumnInt(8);
-    r.is_best = q.ColumnInt(9) != 0;
-    out.push_back(std::move(r));
-  }
-  return out;
+    r.id = row.ColumnInt(0);
+    r.arch = row.ColumnText(1);
+    r.layers = row.ColumnInt(2);
+    r.d_model = row.ColumnInt(3);
+    r.lr = row.ColumnDouble(4);
+    r.seed = row.ColumnInt(5);
+    ASSIGN_OR_RETURN(r.state, ParseJobState(row.ColumnText(6)));
+    if (!row.ColumnIsNull(7)) r.val_loss = row.ColumnDouble(7);
+    r.final_step = row.ColumnInt(8);
+    r.is_best = row.ColumnInt(9) != 0;
+    return r;
+  });
 }
 
 absl::StatusOr<bool> JobStore::HasChildren(int64_t parent_job_id) {
@@ -365,16 +424,17 @@ absl::StatusOr<bool> JobStore::HasChildren(int64_t parent_job_id) {
   return q.Step();
 }
 
-absl::StatusOr<std::map<std::string, int64_t>> JobStore::CountByState(
+absl::StatusOr<std::map<v1::JobState, int64_t>> JobStore::CountByState(
     int64_t sweep_id) {
   ASSIGN_OR_RETURN(Query q, db_->Prepare(
       "SELECT state, COUNT(*) FROM jobs WHERE sweep_id = ? GROUP BY state"));
   q.Bind(1, sweep_id);
-  std::map<std::string, int64_t> out;
+  std::map<v1::JobState, int64_t> out;
   while (true) {
     ASSIGN_OR_RETURN(bool row, q.Step());
     if (!row) break;
-    out[q.ColumnText(0)] = q.ColumnInt(1);
+    ASSIGN_OR_RETURN(v1::JobState state, ParseJobState(q.ColumnText(0)));
+    out[state] = q.ColumnInt(1);
   }
   return out;
 }
@@ -383,13 +443,10 @@ absl::StatusOr<std::vector<SweepStateCount>> JobStore::CountBySweepAndState() {
   ASSIGN_OR_RETURN(Query q, db_->Prepare(
       "SELECT s.name, j.state, COUNT(*) FROM jobs j JOIN sweeps s ON s.id = j.sweep_id "
       "GROUP BY s.name, j.state ORDER BY s.name, j.state"));
-  std::vector<SweepStateCount> out;
-  while (true) {
-    ASSIGN_OR_RETURN(bool row, q.Step());
-    if (!row) break;
-    out.push_back({q.ColumnText(0), q.ColumnText(1), q.ColumnInt(2)});
-  }
-  return out;
+  return ReadAll(q, [](const Query& row) -> absl::StatusOr<SweepStateCount> {
+    ASSIGN_OR_RETURN(v1::JobState state, ParseJobState(row.ColumnText(1)));
+    return SweepStateCount{row.ColumnText(0), state, row.ColumnInt(2)};
+  });
 }
 
 absl::StatusOr<int64_t> JobStore::InsertAttempt(const AttemptRecord& a) {
@@ -406,9 +463,7 @@ absl::StatusOr<std::optional<AttemptRecord>> JobStore::GetAttempt(int64_t id) {
   ASSIGN_OR_RETURN(Query q, db_->Prepare(absl::StrCat(
       "SELECT ", kAttemptColumns, " FROM attempts WHERE id = ?")));
   q.Bind(1, id);
-  ASSIGN_OR_RETURN(bool row, q.Step());
-  if (!row) return std::optional<AttemptRecord>();
-  return std::optional<AttemptRecord>(AttemptFromRow(q));
+  return ReadOne(q, AttemptFromRow);
 }
 
 absl::Status JobStore::EndAttempt(int64_t attempt_id, int64_t end_ms,
@@ -423,13 +478,7 @@ absl::StatusOr<std::vector<AttemptRecord>> JobStore::ListAttempts(int64_t job_id
   ASSIGN_OR_RETURN(Query q, db_->Prepare(absl::StrCat(
       "SELECT ", kAttemptColumns, " FROM attempts WHERE job_id = ? ORDER BY id")));
   q.Bind(1, job_id);
-  std::vector<AttemptRecord> out;
-  while (true) {
-    ASSIGN_OR_RETURN(bool row, q.Step());
-    if (!row) break;
-    out.push_back(AttemptFromRow(q));
-  }
-  return out;
+  return ReadAll(q, AttemptFromRow);
 }
 
 absl::Status JobStore::SetResumedFromStep(int64_t attempt_id, int64_t step) {
@@ -552,22 +601,18 @@ absl::StatusOr<std::vector<MetricRecord>> MetricStore::Read(
   } else {
     q.Bind(4, attempt_id).Bind(5, limit);
   }
-  std::vector<MetricRecord> out;
-  while (true) {
-    ASSIGN_OR_RETURN(bool row, q.Step());
-    if (!row) break;
+  return ReadAll(q, [](const Query& row) {
     MetricRecord m;
-    m.row_id = q.ColumnInt(0);
-    m.job_id = q.ColumnInt(1);
-    m.attempt_id = q.ColumnInt(2);
-    m.step = q.ColumnInt(3);
-    m.name = q.ColumnText(4);
-    m.value = q.ColumnDouble(5);
-    m.wall_ms = q.ColumnInt(6);
-    m.superseded_by = q.ColumnInt(7);
-    out.push_back(std::move(m));
-  }
-  return out;
+    m.row_id = row.ColumnInt(0);
+    m.job_id = row.ColumnInt(1);
+    m.attempt_id = row.ColumnInt(2);
+    m.step = row.ColumnInt(3);
+    m.name = row.ColumnText(4);
+    m.value = row.ColumnDouble(5);
+    m.wall_ms = row.ColumnInt(6);
+    m.superseded_by = row.ColumnInt(7);
+    return m;
+  });
 }
 
 absl::StatusOr<int64_t> MetricStore::Count(int64_t job_id, int64_t attempt_id) {
@@ -604,7 +649,7 @@ absl::Status ResultStore::Upsert(const ResultRecord& r) {
   return q.Bind(1, r.sweep_id).Bind(2, r.arch).Bind(3, r.layers)
       .Bind(4, r.d_model).Bind(5, r.aspect_ratio).Bind(6, r.params)
       .Bind(7, r.best_lr).Bind(8, r.best_val_loss).Bind(9, r.best_job_id)
-      .Bind(10, r.lrs_json).Bind(11, static_cast<int64_t>(r.complete))
+      .Bind(10, LrsToJson(r.lrs)).Bind(11, static_cast<int64_t>(r.complete))
       .Bind(12, r.diagnostics_json).Run();
 }
 
@@ -614,9 +659,7 @@ absl::StatusOr<std::optional<ResultRecord>> ResultStore::Get(
       "SELECT ", kResultColumns, " FROM results WHERE sweep_id = ? AND arch = ? "
       "AND layers = ? AND d_model = ?")));
   q.Bind(1, sweep_id).Bind(2, arch).Bind(3, layers).Bind(4, d_model);
-  ASSIGN_OR_RETURN(bool row, q.Step());
-  if (!row) return std::optional<ResultRecord>();
-  return std::optional<ResultRecord>(ResultFromRow(q));
+  return ReadOne(q, ResultFromRow);
 }
 
 absl::StatusOr<std::vector<ResultRecord>> ResultStore::List(int64_t sweep_id) {
@@ -624,13 +667,7 @@ absl::StatusOr<std::vector<ResultRecord>> ResultStore::List(int64_t sweep_id) {
       "SELECT ", kResultColumns, " FROM results WHERE sweep_id = ? "
       "ORDER BY rowid")));
   q.Bind(1, sweep_id);
-  std::vector<ResultRecord> out;
-  while (true) {
-    ASSIGN_OR_RETURN(bool row, q.Step());
-    if (!row) break;
-    out.push_back(ResultFromRow(q));
-  }
-  return out;
+  return ReadAll(q, ResultFromRow);
 }
 
 absl::Status ResultStore::InsertDiagnostic(const DiagnosticRecord& d) {
@@ -647,13 +684,9 @@ absl::StatusOr<std::vector<DiagnosticRecord>> ResultStore::ListDiagnostics(
       "SELECT job_id, kind, data_json, created_ms FROM diagnostics WHERE "
       "job_id = ? ORDER BY kind"));
   q.Bind(1, job_id);
-  std::vector<DiagnosticRecord> out;
-  while (true) {
-    ASSIGN_OR_RETURN(bool row, q.Step());
-    if (!row) break;
-    out.push_back({q.ColumnInt(0), q.ColumnText(1), q.ColumnText(2), q.ColumnInt(3)});
-  }
-  return out;
+  return ReadAll(q, [](const Query& row) {
+    return DiagnosticRecord{row.ColumnInt(0), row.ColumnText(1), row.ColumnText(2), row.ColumnInt(3)};
+  });
 }
 
 absl::Status ResultStore::AddLrJobs(const LrTally& k, int64_t count) {
@@ -710,27 +743,23 @@ absl::StatusOr<std::vector<LrTally>> ResultStore::ListLrs(int64_t sweep_id,
       "best_val_loss FROM result_lrs WHERE sweep_id = ? AND arch = ? AND layers = ? "
       "AND d_model = ? ORDER BY lr"));
   q.Bind(1, sweep_id).Bind(2, arch).Bind(3, layers).Bind(4, d_model);
-  std::vector<LrTally> out;
-  while (true) {
-    ASSIGN_OR_RETURN(bool row, q.Step());
-    if (!row) break;
+  return ReadAll(q, [&](const Query& row) {
     LrTally t;
     t.sweep_id = sweep_id;
     t.arch = arch;
     t.layers = layers;
     t.d_model = d_model;
-    t.lr = q.ColumnDouble(0);
-    t.jobs = q.ColumnInt(1);
-    t.ended = q.ColumnInt(2);
-    t.succeeded = q.ColumnInt(3);
-    t.diverged = q.ColumnInt(4);
-    t.failed = q.ColumnInt(5);
-    t.loss_sum = q.ColumnDouble(6);
-    t.best_job_id = q.ColumnInt(7);
-    if (!q.ColumnIsNull(8)) t.best_val_loss = q.ColumnDouble(8);
-    out.push_back(std::move(t));
-  }
-  return out;
+    t.lr = row.ColumnDouble(0);
+    t.jobs = row.ColumnInt(1);
+    t.ended = row.ColumnInt(2);
+    t.succeeded = row.ColumnInt(3);
+    t.diverged = row.ColumnInt(4);
+    t.failed = row.ColumnInt(5);
+    t.loss_sum = row.ColumnDouble(6);
+    t.best_job_id = row.ColumnInt(7);
+    if (!row.ColumnIsNull(8)) t.best_val_loss = row.ColumnDouble(8);
+    return t;
+  });
 }
 
 }  // namespace depthbench::storage
@@ -768,26 +797,22 @@ absl::StatusOr<std::vector<RungRecord>> ResultStore::ListGroupRungs(int64_t swee
                                                                     const std::string& arch,
                                                                     int64_t layers,
                                                                     int64_t d_model) {
-  ASSIGN_OR_RETURN(Query q, db_->Prepare(
+  ASSIGN_OR_RETURN(Query q, db_->Prepare(absl::StrCat(
       "SELECT r.job_id, r.rung, r.step, r.val_loss, r.decision, r.decided_ms "
       "FROM rung_results r JOIN jobs j ON j.id = r.job_id "
       "WHERE j.sweep_id = ? AND j.arch = ? AND j.layers = ? AND j.d_model = ? "
-      "AND j.kind = 'train' ORDER BY r.job_id, r.rung"));
+      "AND j.kind = ", SqlLiteral(v1::TRAIN), " ORDER BY r.job_id, r.rung")));
   q.Bind(1, sweep_id).Bind(2, arch).Bind(3, layers).Bind(4, d_model);
-  std::vector<RungRecord> out;
-  while (true) {
-    ASSIGN_OR_RETURN(bool row, q.Step());
-    if (!row) break;
+  return ReadAll(q, [](const Query& row) {
     RungRecord r;
-    r.job_id = q.ColumnInt(0);
-    r.rung = static_cast<int>(q.ColumnInt(1));
-    r.step = q.ColumnInt(2);
-    if (!q.ColumnIsNull(3)) r.val_loss = q.ColumnDouble(3);
-    r.decision = q.ColumnText(4);
-    r.decided_ms = q.ColumnInt(5);
-    out.push_back(std::move(r));
-  }
-  return out;
+    r.job_id = row.ColumnInt(0);
+    r.rung = static_cast<int>(row.ColumnInt(1));
+    r.step = row.ColumnInt(2);
+    if (!row.ColumnIsNull(3)) r.val_loss = row.ColumnDouble(3);
+    r.decision = row.ColumnText(4);
+    r.decided_ms = row.ColumnInt(5);
+    return r;
+  });
 }
 
 }  // namespace depthbench::storage

@@ -44,7 +44,7 @@ class SweepStore {
 
 struct JobFilter {
   int64_t sweep_id = 0;  // 0: any
-  std::string state;     // empty: any
+  depthbench::v1::JobState state = depthbench::v1::JOB_STATE_UNSPECIFIED;  // any
   std::string arch;      // empty: any
   int64_t after_id = 0;  // pagination cursor
   int64_t limit = 100;
@@ -52,7 +52,7 @@ struct JobFilter {
 
 struct SweepStateCount {
   std::string sweep;
-  std::string state;
+  depthbench::v1::JobState state = depthbench::v1::JOB_STATE_UNSPECIFIED;
   int64_t count = 0;
 };
 
@@ -80,7 +80,7 @@ class JobStore {
       int64_t scan_limit);
   absl::StatusOr<std::vector<JobRecord>> List(const JobFilter& filter);
   absl::StatusOr<std::vector<JobRecord>> ListInStates(
-      const std::vector<std::string>& states);
+      const std::vector<depthbench::v1::JobState>& states);
   absl::StatusOr<std::vector<JobRecord>> ListBySweep(int64_t sweep_id);
   // Train jobs of one (arch, shape) group of a sweep, by id: the columns
   // best-LR selection needs.
@@ -98,7 +98,7 @@ class JobStore {
   // Whether any job names `parent_job_id` as its parent.
   absl::StatusOr<bool> HasChildren(int64_t parent_job_id);
   // Count of jobs by state for a sweep.
-  absl::StatusOr<std::map<std::string, int64_t>> CountByState(int64_t sweep_id);
+  absl::StatusOr<std::map<depthbench::v1::JobState, int64_t>> CountByState(int64_t sweep_id);
   // Count of jobs by (sweep name, state) over every sweep, ordered by sweep
   // name then state (one GROUP BY; for the metrics exporter).
   absl::StatusOr<std::vector<SweepStateCount>> CountBySweepAndState();

@@ -25,7 +25,7 @@ using depthbench::testing::TempDb;
 // Counts observer events, to check they follow commits.
 class CountingObserver : public SchedulerObserver {
  public:
-  void OnJobFinished(const std::string&) override { finished++; }
+  void OnJobFinished(depthbench::v1::JobState) override { finished++; }
   void OnLeasesExpired(int64_t count) override { expired += count; }
   void OnJobRetried(const std::string&) override { retried++; }
   void OnStorageWritable(bool writable) override { (writable ? healthy : unhealthy)++; }

@@ -10,6 +10,7 @@
 
 #include "scheduler/best_lr.h"
 #include "scheduler/lease_manager.h"
+#include "storage/sqlite.h"
 #include "storage/stores.h"
 #include "tests/scheduler/test_util.h"
 #include "trainer_core/shapes.h"
@@ -124,6 +125,32 @@ TEST_F(SchedulerTest, SettingTheTrainerRefusesCreatesNothing) {
   auto ok = scheduler_->SubmitSweep(spec);
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_EQ(ok->sweep().total_jobs(), 4);
+}
+
+// jobs.lr and jobs.seed are the home of a run's learning rate and seed: a
+// config_json whose copies disagree (here edited behind the scheduler's
+// back) is handed out, shown and diagnosed with the columns' values.
+TEST_F(SchedulerTest, TheLrAndSeedColumnsWinOverTheConfigCopies) {
+  ASSERT_TRUE(scheduler_->SubmitSweep(SmallSpec("s", {"pre_ln"}, {1e-3})).ok());
+  scheduler_.reset();
+  {
+    auto db = storage::Database::Open(path_);
+    ASSERT_TRUE(db.ok()) << db.status();
+    ASSERT_TRUE((*db)->Exec("UPDATE jobs SET config_json = "
+                            "json_set(config_json, '$.lr', 9.0, '$.seed', 77)").ok());
+  }
+  Reopen();
+  Register("w1");
+  auto lease = Acquire("w1");
+  ASSERT_TRUE(lease.has_job());
+  auto job = scheduler_->GetJob(lease.job_id());
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_DOUBLE_EQ(job->lr(), 1e-3);
+  for (const std::string& text : {lease.config_json(), job->config_json()}) {
+    auto config = nlohmann::json::parse(text);
+    EXPECT_DOUBLE_EQ(config["lr"].get<double>(), 1e-3) << text;
+    EXPECT_EQ(config["seed"].get<int64_t>(), job->seed()) << text;
+  }
 }
 
 TEST_F(SchedulerTest, StateMachineLeasedRunningSucceeded) {
@@ -396,38 +423,32 @@ TEST_F(SchedulerTest, FixedLrQueuesDiagnosticsOnThatLrsRun) {
   EXPECT_EQ(row.budget_steps(), (20 * pre_ln + 4 * 32 - 1) / (4 * 32));
 }
 
+// One train run of a group as best-LR selection reads it.
+storage::GroupMember Member(int64_t id, double lr, v1::JobState state, std::optional<double> loss) {
+  storage::GroupMember j;
+  j.id = id;
+  j.lr = lr;
+  j.state = state;
+  j.val_loss = loss;
+  return j;
+}
+
 TEST(BestLrTest, DiagnosisTargetBestOrFixedLr) {
-  auto job = [](int64_t id, double lr, const std::string& state, std::optional<double> loss) {
-    storage::GroupMember j;
-    j.id = id;
-    j.lr = lr;
-    j.state = state;
-    j.val_loss = loss;
-    return j;
-  };
   std::vector<storage::GroupMember> jobs = {
-      job(1, 1e-3, "succeeded", 2.5), job(2, 2e-3, "succeeded", 2.9),
-      job(3, 2e-3, "succeeded", 2.8), job(4, 5e-3, "diverged", std::nullopt)};
+      Member(1, 1e-3, v1::SUCCEEDED, 2.5), Member(2, 2e-3, v1::SUCCEEDED, 2.9),
+      Member(3, 2e-3, v1::SUCCEEDED, 2.8), Member(4, 5e-3, v1::DIVERGED, std::nullopt)};
   GroupSelection sel = SelectBest(jobs);
   EXPECT_EQ(DiagnosisTarget(sel, jobs, 0), 1);     // the best run
   EXPECT_EQ(DiagnosisTarget(sel, jobs, 2e-3), 3);  // that LR's best seed
   EXPECT_EQ(DiagnosisTarget(sel, jobs, 5e-3), 0);  // diverged: nothing to diagnose
-  jobs.push_back(job(5, 2e-3, "running", std::nullopt));
+  jobs.push_back(Member(5, 2e-3, v1::RUNNING, std::nullopt));
   EXPECT_EQ(DiagnosisTarget(SelectBest(jobs), jobs, 2e-3), 0);  // group not complete
 }
 
 TEST(BestLrTest, MeansOverSeedsAndMarksDivergedLrs) {
-  auto job = [](int64_t id, double lr, const std::string& state, std::optional<double> loss) {
-    storage::GroupMember j;
-    j.id = id;
-    j.lr = lr;
-    j.state = state;
-    j.val_loss = loss;
-    return j;
-  };
-  GroupSelection s = SelectBest({job(1, 1e-3, "succeeded", 3.0), job(2, 1e-3, "succeeded", 2.0),
-                                 job(3, 2e-3, "succeeded", 2.4), job(4, 2e-3, "diverged", std::nullopt),
-                                 job(5, 5e-3, "succeeded", 2.6), job(6, 5e-3, "succeeded", 2.6)});
+  GroupSelection s = SelectBest({Member(1, 1e-3, v1::SUCCEEDED, 3.0), Member(2, 1e-3, v1::SUCCEEDED, 2.0),
+                                 Member(3, 2e-3, v1::SUCCEEDED, 2.4), Member(4, 2e-3, v1::DIVERGED, std::nullopt),
+                                 Member(5, 5e-3, v1::SUCCEEDED, 2.6), Member(6, 5e-3, v1::SUCCEEDED, 2.6)});
   EXPECT_TRUE(s.complete);
   ASSERT_EQ(s.lrs.size(), 3u);
   EXPECT_DOUBLE_EQ(*s.lrs[0].mean_val_loss, 2.5);
@@ -436,9 +457,9 @@ TEST(BestLrTest, MeansOverSeedsAndMarksDivergedLrs) {
   EXPECT_DOUBLE_EQ(*s.best_lr, 1e-3);
   EXPECT_DOUBLE_EQ(*s.best_val_loss, 2.5);
   EXPECT_EQ(s.best_job_id, 2);  // best seed at the best LR
-  GroupSelection open = SelectBest({job(1, 1e-3, "running", std::nullopt)});
+  GroupSelection open = SelectBest({Member(1, 1e-3, v1::RUNNING, std::nullopt)});
   EXPECT_FALSE(open.complete);
-  GroupSelection all_diverged = SelectBest({job(1, 1e-3, "diverged", std::nullopt)});
+  GroupSelection all_diverged = SelectBest({Member(1, 1e-3, v1::DIVERGED, std::nullopt)});
   EXPECT_TRUE(all_diverged.complete);
   EXPECT_FALSE(all_diverged.best_lr.has_value());
 }
@@ -728,7 +749,7 @@ TEST_F(SchedulerTest, IncrementalResultsEqualARecountOfTheJobs) {
 TEST(SchedulerReadTest, ReadsAnswerWhileAStateChangeHoldsTheMutex) {
   class Hook : public SchedulerObserver {
    public:
-    void OnJobFinished(const std::string&) override {
+    void OnJobFinished(v1::JobState) override {
       if (during_finish) during_finish();
     }
     std::function<void()> during_finish;

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include "storage/job_text.h"
 #include "storage/migrations.h"
 #include "storage/reader_pool.h"
 #include "storage/sqlite.h"
@@ -15,6 +16,8 @@
 
 namespace depthbench::storage {
 namespace {
+
+namespace v1 = ::depthbench::v1;
 
 std::string TempDb(const std::string& name) {
   std::string dir = std::filesystem::temp_directory_path() /
@@ -330,7 +333,7 @@ TEST(JobStoreTest, FindRunnablePicksTheOldestFittingPendingJob) {
   auto sweep_id = sweeps.Insert({0, "s", "spec", 1, false});
   ASSERT_TRUE(sweep_id.ok());
   JobStore jobs(db->get());
-  auto add = [&](const std::string& state, int64_t not_before, int64_t devices,
+  auto add = [&](v1::JobState state, int64_t not_before, int64_t devices,
                  int64_t memory, const std::string& labels) {
     JobRecord job;
     job.sweep_id = *sweep_id;
@@ -345,12 +348,12 @@ TEST(JobStoreTest, FindRunnablePicksTheOldestFittingPendingJob) {
     EXPECT_TRUE(id.ok());
     return *id;
   };
-  int64_t leased = add("leased", 0, 0, 0, "{}");
-  int64_t backoff = add("pending", 5000, 0, 0, "{}");
-  int64_t gpu = add("pending", 0, 2, 0, "{}");
-  int64_t big = add("pending", 0, 0, 4096, "{}");
-  int64_t labelled = add("pending", 0, 0, 0, R"({"pool":"a"})");
-  int64_t plain = add("pending", 0, 0, 0, "{}");
+  int64_t leased = add(v1::LEASED, 0, 0, 0, "{}");
+  int64_t backoff = add(v1::PENDING, 5000, 0, 0, "{}");
+  int64_t gpu = add(v1::PENDING, 0, 2, 0, "{}");
+  int64_t big = add(v1::PENDING, 0, 0, 4096, "{}");
+  int64_t labelled = add(v1::PENDING, 0, 0, 0, R"({"pool":"a"})");
+  int64_t plain = add(v1::PENDING, 0, 0, 0, "{}");
   auto any = [](const std::string&) { return true; };
   auto unlabelled = [](const std::string& labels) { return labels == "{}"; };
 
@@ -371,11 +374,11 @@ TEST(JobStoreTest, FindRunnablePicksTheOldestFittingPendingJob) {
   // A job leaves and re-enters the pending set with its state.
   auto job = jobs.Get(plain);
   ASSERT_TRUE(job.ok());
-  job->state = "leased";
+  job->state = v1::LEASED;
   ASSERT_TRUE(jobs.Update(*job).ok());
   EXPECT_EQ(*jobs.FindRunnable(1000, 0, 0, unlabelled, 100), std::nullopt);
   job = jobs.Get(leased);
-  job->state = "pending";
+  job->state = v1::PENDING;
   ASSERT_TRUE(jobs.Update(*job).ok());
   EXPECT_EQ(*jobs.FindRunnable(1000, 0, 0, unlabelled, 100), leased);
 }
@@ -395,16 +398,16 @@ TEST(JobStoreTest, ListGroupAndSetBest) {
   job.d_model = 96;
   job.checkpoint_dir = "c";
   job.lr = 1e-3;
-  job.state = "succeeded";
+  job.state = v1::SUCCEEDED;
   job.val_loss = 2.5;
   auto first = jobs.Insert(job);
   job.lr = 2e-3;
-  job.state = "running";
+  job.state = v1::RUNNING;
   job.val_loss.reset();
   auto second = jobs.Insert(job);
-  job.kind = "diagnose";  // not a member: diagnostics are not train runs
+  job.kind = v1::DIAGNOSE;  // not a member: diagnostics are not train runs
   ASSERT_TRUE(jobs.Insert(job).ok());
-  job.kind = "train";
+  job.kind = v1::TRAIN;
   job.d_model = 128;  // another group
   ASSERT_TRUE(jobs.Insert(job).ok());
   ASSERT_TRUE(first.ok() && second.ok());
@@ -414,7 +417,7 @@ TEST(JobStoreTest, ListGroupAndSetBest) {
   ASSERT_TRUE(group.ok()) << group.status();
   ASSERT_EQ(group->size(), 2u);
   EXPECT_EQ((*group)[0].id, *first);
-  EXPECT_EQ((*group)[0].state, "succeeded");
+  EXPECT_EQ((*group)[0].state, v1::SUCCEEDED);
   EXPECT_DOUBLE_EQ((*group)[0].lr, 1e-3);
   ASSERT_TRUE((*group)[0].val_loss.has_value());
   EXPECT_DOUBLE_EQ(*(*group)[0].val_loss, 2.5);
@@ -457,6 +460,129 @@ TEST(ResultStoreTest, UpsertUpdatesInPlaceKeepingSubmissionOrder) {
   EXPECT_TRUE((*rows)[0].complete);
   EXPECT_EQ((*rows)[0].diagnostics_json, R"({"deff":1})");
   EXPECT_FALSE((*rows)[1].best_lr.has_value());
+}
+
+// A result row's per-LR summary is parsed once, by the store: it writes the
+// same JSON text as before, reads rows from before the run counts, and
+// reports an unreadable column instead of an empty list.
+TEST(ResultStoreTest, LrSummariesRoundTripThroughLrsJson) {
+  auto db = Database::Open(":memory:");
+  ASSERT_TRUE(db.ok());
+  ASSERT_TRUE(Migrate(db->get()).ok());
+  ResultStore results(db->get());
+  ResultRecord row;
+  row.sweep_id = 1;
+  row.arch = "pre_ln";
+  row.layers = 4;
+  row.d_model = 96;
+  row.lrs = {{1e-3, 2.5, 2, 0, 1}, {2e-3, std::nullopt, 0, 3, 0}};
+  ASSERT_TRUE(results.Upsert(row).ok());
+  auto q = (*db)->Prepare("SELECT lrs_json FROM results");
+  ASSERT_TRUE(q.ok());
+  ASSERT_TRUE(*q->Step());
+  EXPECT_EQ(q->ColumnText(0),
+            R"([{"diverged":false,"diverged_runs":0,"failed_runs":1,"lr":0.001,"succeeded":2,)"
+            R"("val_loss":2.5},{"diverged":true,"diverged_runs":3,"failed_runs":0,"lr":0.002,)"
+            R"("succeeded":0,"val_loss":null}])");
+  auto read = results.Get(1, "pre_ln", 4, 96);
+  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_TRUE(read->has_value());
+  const std::vector<LrSummary>& lrs = (*read)->lrs;
+  ASSERT_EQ(lrs.size(), 2u);
+  EXPECT_DOUBLE_EQ(lrs[0].lr, 1e-3);
+  EXPECT_DOUBLE_EQ(*lrs[0].mean_val_loss, 2.5);
+  EXPECT_EQ(lrs[0].succeeded, 2);
+  EXPECT_EQ(lrs[0].failed, 1);
+  EXPECT_FALSE(lrs[1].mean_val_loss.has_value());
+  EXPECT_EQ(lrs[1].diverged, 3);
+
+  ASSERT_TRUE((*db)->Exec(
+      R"(UPDATE results SET lrs_json = '[{"lr":0.004,"val_loss":null,"diverged":true}]')").ok());
+  read = results.Get(1, "pre_ln", 4, 96);
+  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_EQ((*read)->lrs.size(), 1u);
+  EXPECT_EQ((*read)->lrs[0].diverged, 1);
+
+  ASSERT_TRUE((*db)->Exec("UPDATE results SET lrs_json = 'oops'").ok());
+  auto broken = results.List(1);
+  ASSERT_FALSE(broken.ok());
+  EXPECT_NE(broken.status().message().find("results.lrs_json"), std::string::npos)
+      << broken.status();
+}
+
+// The one conversion between job enums and stored text: every enum value
+// round-trips, the text is the lowercase name old databases hold, and an
+// unknown stored value is an error naming the column and the value.
+TEST(JobTextTest, StatesAndKindsRoundTripThroughTheStoredText) {
+  const std::map<v1::JobState, std::string> states = {
+      {v1::PENDING, "pending"},     {v1::LEASED, "leased"},   {v1::RUNNING, "running"},
+      {v1::SUCCEEDED, "succeeded"}, {v1::DIVERGED, "diverged"}, {v1::FAILED, "failed"},
+      {v1::CANCELLED, "cancelled"}, {v1::PRUNED, "pruned"},   {v1::HELD, "held"},
+      {v1::SKIPPED, "skipped"},     {v1::PAUSED, "paused"}};
+  for (int i = v1::JobState_MIN; i <= v1::JobState_MAX; ++i) {
+    const auto state = static_cast<v1::JobState>(i);
+    if (state == v1::JOB_STATE_UNSPECIFIED) continue;
+    ASSERT_EQ(states.count(state), 1u) << "no expected text for enum value " << i;
+    EXPECT_EQ(JobStateText(state), states.at(state));
+    auto parsed = ParseJobState(states.at(state));
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    EXPECT_EQ(*parsed, state);
+  }
+  EXPECT_STREQ(JobStateText(v1::JOB_STATE_UNSPECIFIED), "");
+  EXPECT_STREQ(JobKindText(v1::TRAIN), "train");
+  EXPECT_STREQ(JobKindText(v1::DIAGNOSE), "diagnose");
+  EXPECT_EQ(*ParseJobKind("diagnose"), v1::DIAGNOSE);
+  EXPECT_EQ(SqlLiteral(v1::PENDING), "'pending'");
+  EXPECT_EQ(SqlLiteral(v1::TRAIN), "'train'");
+}
+
+TEST(JobTextTest, UnknownStoredValuesAreNamedErrors) {
+  auto bad = ParseJobState("Pending");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("jobs.state"), std::string::npos) << bad.status();
+  EXPECT_NE(bad.status().message().find("\"Pending\""), std::string::npos) << bad.status();
+  EXPECT_FALSE(ParseJobState("").ok());
+  auto kind = ParseJobKind("eval");
+  ASSERT_FALSE(kind.ok());
+  EXPECT_NE(kind.status().message().find("jobs.kind"), std::string::npos) << kind.status();
+}
+
+// The stores write the same bytes as before the enums, and a row holding an
+// unknown state is reported when read, not turned into a default.
+TEST(JobTextTest, JobStoreWritesTheTextAndRejectsUnknownRows) {
+  auto db = Database::Open(":memory:");
+  ASSERT_TRUE(db.ok());
+  ASSERT_TRUE(Migrate(db->get()).ok());
+  SweepStore sweeps(db->get());
+  auto sweep_id = sweeps.Insert({0, "s", "spec", 1, false});
+  ASSERT_TRUE(sweep_id.ok());
+  JobStore jobs(db->get());
+  JobRecord job;
+  job.sweep_id = *sweep_id;
+  job.arch = "pre_ln";
+  job.kind = v1::DIAGNOSE;
+  job.state = v1::PAUSED;
+  job.checkpoint_dir = "c";
+  auto id = jobs.Insert(job);
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto q = (*db)->Prepare("SELECT kind, state FROM jobs WHERE id = ?");
+  ASSERT_TRUE(q.ok());
+  q->Bind(1, *id);
+  ASSERT_TRUE(*q->Step());
+  EXPECT_EQ(q->ColumnText(0), "diagnose");
+  EXPECT_EQ(q->ColumnText(1), "paused");
+  auto read = jobs.Get(*id);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->kind, v1::DIAGNOSE);
+  EXPECT_EQ(read->state, v1::PAUSED);
+
+  ASSERT_TRUE((*db)->Exec("UPDATE jobs SET state = 'zombie'").ok());
+  auto broken = jobs.Get(*id);
+  ASSERT_FALSE(broken.ok());
+  EXPECT_NE(broken.status().message().find("\"zombie\""), std::string::npos) << broken.status();
+  EXPECT_FALSE(jobs.ListBySweep(*sweep_id).ok());
+  EXPECT_FALSE(jobs.CountByState(*sweep_id).ok());
 }
 
 // Version 4 swaps the all-states index for a partial one over pending jobs.
@@ -575,46 +701,32 @@ TEST(ReaderPoolTest, SnapshotsAreConsistentAndReadOnly) {
   EXPECT_EQ(CountRows(writer->get(), "SELECT COUNT(*) FROM sweeps"), 2);
 }
 
-// Each public view answers a SELECT of every documented column (README.md
-// "The database"); a renamed or missing column fails to prepare.
-TEST(ViewsTest, ContractViewsExposeTheDocumentedColumns) {
-  auto db = Database::Open(":memory:");
-  ASSERT_TRUE(db.ok());
-  ASSERT_TRUE(Migrate(db->get(), 4).ok());
-  EXPECT_EQ(CountRows(db->get(), "SELECT COUNT(*) FROM sqlite_master WHERE type = 'view'"), 0);
-  ASSERT_TRUE(Migrate(db->get()).ok());
-  // The contract views, plus canonical_metric_points: a schema view of
-  // migration 6 (the history without abandoned points) that metrics_v1
-  // reads from.
-  EXPECT_EQ(CountRows(db->get(), "SELECT COUNT(*) FROM sqlite_master WHERE type = 'view' "
-                                 "AND name != 'canonical_metric_points'"),
-            static_cast<int64_t>(ViewNames().size()));
-  EXPECT_EQ(CountRows(db->get(), "SELECT COUNT(*) FROM sqlite_master WHERE type = 'view' "
-                                 "AND name = 'canonical_metric_points'"),
-            1);
-
-  SweepStore sweeps(db->get());
+// One row in each table the views read: a succeeded train job, its
+// diagnose job, a metric point, a results row, an LR tally, a diagnostic.
+// Sets *train_id_out to the train job's id.
+void FillOneOfEach(Database* db, int64_t* train_id_out) {
+  SweepStore sweeps(db);
   auto sweep_id = sweeps.Insert({0, "s", "spec", 1, false});
   ASSERT_TRUE(sweep_id.ok());
-  JobStore jobs(db->get());
+  JobStore jobs(db);
   JobRecord job;
   job.sweep_id = *sweep_id;
   job.arch = "hc";
   job.layers = 4;
   job.d_model = 96;
   job.lr = 1e-3;
-  job.state = "succeeded";
+  job.state = v1::SUCCEEDED;
   job.val_loss = 2.5;
   job.checkpoint_dir = "s/1";
   auto train_id = jobs.Insert(job);
   ASSERT_TRUE(train_id.ok());
-  job.kind = "diagnose";
+  job.kind = v1::DIAGNOSE;
   job.parent_job_id = *train_id;
   auto diag_id = jobs.Insert(job);
   ASSERT_TRUE(diag_id.ok());
-  MetricStore metrics(db->get());
+  MetricStore metrics(db);
   ASSERT_TRUE(metrics.Insert({{0, *train_id, 1, 10, "loss", 2.75, 100}}).ok());
-  ResultStore results(db->get());
+  ResultStore results(db);
   ResultRecord row;
   row.sweep_id = *sweep_id;
   row.arch = "hc";
@@ -641,6 +753,30 @@ TEST(ViewsTest, ContractViewsExposeTheDocumentedColumns) {
   tally.best_val_loss = 2.5;
   ASSERT_TRUE(results.SetLrTally(tally).ok());
   ASSERT_TRUE(results.InsertDiagnostic({*diag_id, "deff", R"({"d_eff":1.5})", 5}).ok());
+
+  *train_id_out = *train_id;
+}
+
+// Each public view answers a SELECT of every documented column (README.md
+// "The database"); a renamed or missing column fails to prepare.
+TEST(ViewsTest, ContractViewsExposeTheDocumentedColumns) {
+  auto db = Database::Open(":memory:");
+  ASSERT_TRUE(db.ok());
+  ASSERT_TRUE(Migrate(db->get(), 4).ok());
+  EXPECT_EQ(CountRows(db->get(), "SELECT COUNT(*) FROM sqlite_master WHERE type = 'view'"), 0);
+  ASSERT_TRUE(Migrate(db->get()).ok());
+  // The contract views, plus canonical_metric_points: a schema view of
+  // migration 6 (the history without abandoned points) that metrics_v1
+  // reads from.
+  EXPECT_EQ(CountRows(db->get(), "SELECT COUNT(*) FROM sqlite_master WHERE type = 'view' "
+                                 "AND name != 'canonical_metric_points'"),
+            static_cast<int64_t>(ViewNames().size()));
+  EXPECT_EQ(CountRows(db->get(), "SELECT COUNT(*) FROM sqlite_master WHERE type = 'view' "
+                                 "AND name = 'canonical_metric_points'"),
+            1);
+
+  int64_t train_id = 0;
+  ASSERT_NO_FATAL_FAILURE(FillOneOfEach(db->get(), &train_id));
 
   struct Case {
     const char* sql;
@@ -671,9 +807,9 @@ TEST(ViewsTest, ContractViewsExposeTheDocumentedColumns) {
       "JOIN diagnostics_v1 d ON d.job_id = r.best_job_id, contract c");
   ASSERT_TRUE(q.ok()) << q.status();
   ASSERT_TRUE(*q->Step());
-  EXPECT_EQ(q->ColumnInt(0), *train_id);
+  EXPECT_EQ(q->ColumnInt(0), train_id);
   EXPECT_DOUBLE_EQ(q->ColumnDouble(1), 2.5);
-  EXPECT_EQ(q->ColumnInt(2), *train_id);
+  EXPECT_EQ(q->ColumnInt(2), train_id);
   EXPECT_EQ(q->ColumnInt(3), kViewsVersion);
   EXPECT_EQ(q->ColumnInt(4), LatestSchemaVersion());
   // runs_v1 lists train jobs only.
