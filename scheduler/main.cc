@@ -30,7 +30,7 @@
 #include "common/clock.h"
 #include "common/daemon_metrics.h"
 #include "common/file_util.h"
-#include "common/fd_limit.h"
+#include "common/fd_limit_log.h"
 #include "common/metrics.h"
 #include "common/metrics_http_server.h"
 #include "common/status_macros.h"
@@ -157,18 +157,6 @@ bool SchedulerOptionsFrom(const Flags& f, depthbench::scheduler::SchedulerObserv
   return true;
 }
 
-// One EMFILE stops gRPC's listener for good: use every descriptor the
-// hard limit allows (the metrics endpoint caps its own connections).
-void RaiseOpenFileLimit() {
-  if (absl::StatusOr<depthbench::FdLimit> fds = depthbench::RaiseFdLimit(); fds.ok()) {
-    if (fds->soft != fds->previous_soft) {
-      spdlog::info("open-file limit raised from {} to {}", fds->previous_soft, fds->soft);
-    }
-  } else {
-    spdlog::warn("{}", fds.status().ToString());
-  }
-}
-
 // /metrics, /healthz and /readyz (ready: the database is, and the gRPC
 // port still accepts).
 absl::StatusOr<std::unique_ptr<depthbench::MetricsHttpServer>> StartMetricsHttp(
@@ -265,7 +253,9 @@ int main(int argc, char** argv) {
   // Debian builds Abseil with mutex deadlock detection on; it costs CPU on
   // every lock and the scheduler has one lock order.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-  RaiseOpenFileLimit();
+  // One EMFILE stops gRPC's listener for good: use every descriptor the
+  // hard limit allows (the metrics endpoint caps its own connections).
+  depthbench::RaiseFdLimitAndLog();
   depthbench::scheduler::ServerOptions server_options;
   server_options.listen = f.listen;
   if (!LoadSecrets(f, &server_options)) return 2;

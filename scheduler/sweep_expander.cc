@@ -332,7 +332,10 @@ absl::StatusOr<std::vector<ModelShape>> SpecShapes(const SweepSpec& spec) {
   return shapes;
 }
 
-absl::StatusOr<ExpandedSweep> ExpandSweep(const SweepSpec& spec) {
+namespace {
+
+// The spec as a whole: serialized size, string bounds, labels and name.
+absl::Status ValidateEnvelope(const SweepSpec& spec) {
   size_t spec_bytes = spec.ByteSizeLong();
   if (spec_bytes > kMaxSpecBytes) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -350,6 +353,11 @@ absl::StatusOr<ExpandedSweep> ExpandSweep(const SweepSpec& spec) {
     return Field("name", absl::StrCat(
         "must be 1-64 characters of [A-Za-z0-9._-], got \"", spec.name(), "\""));
   }
+  return absl::OkStatus();
+}
+
+// Known designs, each once; returns their names.
+absl::StatusOr<std::set<std::string>> ValidateArchitectures(const SweepSpec& spec) {
   if (spec.architectures_size() == 0) {
     return Field("architectures", "at least one architecture is required");
   }
@@ -364,7 +372,11 @@ absl::StatusOr<ExpandedSweep> ExpandSweep(const SweepSpec& spec) {
       return Field(absl::StrCat("architectures[", i, "]"), absl::StrCat("duplicate architecture \"", name, "\""));
     }
   }
-  ASSIGN_OR_RETURN(std::vector<ModelShape> shapes, SpecShapes(spec));
+  return archs;
+}
+
+// Every grid belongs to a listed design and holds distinct positive LRs.
+absl::Status ValidateLrGrids(const SweepSpec& spec, const std::set<std::string>& archs) {
   for (const auto& [arch, grid] : spec.lr_grids()) {
     std::string path = absl::StrCat("lr_grids[\"", arch, "\"]");
     if (archs.count(arch) == 0) return Field(path, "architecture is not in spec.architectures");
@@ -377,6 +389,11 @@ absl::StatusOr<ExpandedSweep> ExpandSweep(const SweepSpec& spec) {
       if (!seen.insert(lr).second) return Field(lr_path, absl::StrCat("duplicate learning rate ", lr));
     }
   }
+  return absl::OkStatus();
+}
+
+// The seeds (default {0}), non-negative and distinct.
+absl::StatusOr<std::vector<int64_t>> SpecSeeds(const SweepSpec& spec) {
   std::vector<int64_t> seeds(spec.seeds().begin(), spec.seeds().end());
   if (seeds.empty()) seeds.push_back(0);
   std::set<int64_t> seen_seeds;
@@ -385,8 +402,10 @@ absl::StatusOr<ExpandedSweep> ExpandSweep(const SweepSpec& spec) {
     if (seeds[i] < 0) return Field(path, absl::StrCat("must be >= 0, got ", seeds[i]));
     if (!seen_seeds.insert(seeds[i]).second) return Field(path, absl::StrCat("duplicate seed ", seeds[i]));
   }
-  RETURN_IF_ERROR(ValidateTraining(spec.training()));
-  const auto& retry = spec.retry();
+  return seeds;
+}
+
+absl::Status ValidateRetry(const depthbench::v1::RetryPolicy& retry) {
   if (retry.max_attempts() < 0 || retry.max_attempts() > 100) {
     return Field("retry.max_attempts", absl::StrCat("must be in 1..100 (0 = default 3), got ", retry.max_attempts()));
   }
@@ -395,109 +414,146 @@ absl::StatusOr<ExpandedSweep> ExpandSweep(const SweepSpec& spec) {
   if (retry.backoff_multiplier() != 0 && !(retry.backoff_multiplier() >= 1)) {
     return Field("retry.backoff_multiplier", absl::StrCat("must be >= 1 (0 = default 2), got ", retry.backoff_multiplier()));
   }
+  return absl::OkStatus();
+}
+
+// Diagnostic kinds are distinct lowercase identifiers.
+absl::Status ValidateKinds(const depthbench::v1::DiagnosticsSpec& diagnostics) {
   std::set<std::string> kinds;
-  for (int i = 0; i < spec.diagnostics().kinds_size(); ++i) {
-    const std::string& kind = spec.diagnostics().kinds(i);
+  for (int i = 0; i < diagnostics.kinds_size(); ++i) {
+    const std::string& kind = diagnostics.kinds(i);
     std::string path = absl::StrCat("diagnostics.kinds[", i, "]");
     bool ok = !kind.empty();
     for (char c : kind) ok = ok && (std::islower(static_cast<unsigned char>(c)) || std::isdigit(static_cast<unsigned char>(c)) || c == '_');
     if (!ok) return Field(path, absl::StrCat("must be a lowercase identifier, got \"", kind, "\""));
     if (!kinds.insert(kind).second) return Field(path, absl::StrCat("duplicate kind \"", kind, "\""));
   }
+  return absl::OkStatus();
+}
+
+// LR transfer: the index of the reference shape (default the first).
+absl::StatusOr<size_t> ReferenceShapeIndex(const SweepSpec& spec,
+                                           const strategies::StrategySettings& strategy,
+                                           const std::vector<ModelShape>& shapes) {
+  if (!strategy.lr_transfer) return size_t{0};
+  if (spec.diagnostics().fixed_lr() > 0) {
+    return Field("strategy.kind",
+                 "lr_transfer cannot be combined with diagnostics.fixed_lr (the fixed LR may "
+                 "never run at a shape other than the reference)");
+  }
+  if (strategy.reference_shape.empty()) return size_t{0};
+  size_t reference = shapes.size();
+  std::string names;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const std::string name = absl::StrCat(shapes[i].layers, "x", shapes[i].d_model);
+    if (name == strategy.reference_shape && reference == shapes.size()) reference = i;
+    absl::StrAppend(&names, i == 0 ? "" : ", ", name);
+  }
+  if (reference == shapes.size()) {
+    return Field("strategy.reference_shape",
+                 absl::StrCat("no shape \"", strategy.reference_shape,
+                              "\" in the sweep (shapes: ", names, ")"));
+  }
+  return reference;
+}
+
+// The design's LR grid: the spec's, or the paper's default.
+std::vector<double> ArchLrs(const SweepSpec& spec, const std::string& arch_name, Arch arch) {
+  auto grid = spec.lr_grids().find(arch_name);
+  if (grid == spec.lr_grids().end()) return DefaultLrGrid(arch);
+  return {grid->second.lrs().begin(), grid->second.lrs().end()};
+}
+
+// One (design, shape, lr, seed) job: the config the trainer would accept,
+// its rung-aligned eval interval, and the group's budget on first sight.
+absl::Status PlanJob(const SweepSpec& spec, const std::string& arch_name, size_t shape_index,
+                     double lr, int64_t seed, size_t group_index, ExpandedSweep* out) {
+  const ModelShape& shape = out->groups[group_index].shape;
+  const strategies::StrategySettings& strategy = out->strategy;
+  nlohmann::json config = TrainConfigObject(spec.training(), arch_name, shape, lr, seed);
+  // The trainer's own parser and checks: a setting it would refuse fails the
+  // submission, not the job.
+  absl::StatusOr<TrainConfig> parsed = TrainConfigFromJson(config);
+  if (!parsed.ok()) return TrainerRefused(parsed.status(), arch_name, shape, lr, seed);
+  if (strategy.successive_halving) {
+    // Every rung must be an eval step: round the rungs to the job's eval
+    // interval (or make the first rung the interval).
+    const int64_t total_steps = ResolveTotalSteps(*parsed);
+    const int64_t every =
+        strategies::RungEvalInterval(strategy.rungs, total_steps, parsed->eval_interval);
+    absl::StatusOr<std::vector<int64_t>> rungs =
+        strategies::RungSteps(strategy.rungs, total_steps, every);
+    if (!rungs.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(rungs.status().message(), " (", arch_name,
+                                                     " at ", shape.layers, "x", shape.d_model, ")"));
+    }
+    if (every != parsed->eval_interval) config["eval_interval"] = every;
+  }
+  PlannedGroup& group = out->groups[group_index];
+  if (group.budget_steps == 0) {
+    const TokenBudget budget = ResolveTokenBudget(*parsed);
+    group.budget_params = budget.params;
+    group.budget_tokens = budget.tokens;
+    group.budget_steps = budget.steps;
+  }
+  out->jobs.push_back({arch_name, shape, lr, seed, config.dump(),
+                       strategy.lr_transfer && shape_index != out->reference_shape});
+  return absl::OkStatus();
+}
+
+// Every group and job of one design.
+absl::Status PlanArch(const SweepSpec& spec, const std::string& arch_name,
+                      const std::vector<ModelShape>& shapes, const std::vector<int64_t>& seeds,
+                      int64_t* total, ExpandedSweep* out) {
+  const Arch arch = *ParseArch(arch_name);
+  const std::vector<double> lrs = ArchLrs(spec, arch_name, arch);
+  *total += static_cast<int64_t>(shapes.size() * lrs.size() * seeds.size());
+  if (*total > kMaxJobsPerSweep) {
+    return Field("architectures", absl::StrCat("the grid has more than ", kMaxJobsPerSweep, " jobs"));
+  }
+  const int64_t streams =
+      spec.training().has_hc_streams() ? spec.training().hc_streams() : kDefaultHcStreams;
+  for (size_t shape_index = 0; shape_index < shapes.size(); ++shape_index) {
+    const ModelShape& shape = shapes[shape_index];
+    PlannedGroup group;
+    group.arch = arch_name;
+    group.shape = shape;
+    group.params = TotalParams(shape) +
+                   ExtraParamsFormula(arch, shape.layers, shape.d_model, shape.kv_dim(), streams);
+    group.lrs = lrs;
+    out->groups.push_back(group);
+    for (double lr : lrs) {
+      for (int64_t seed : seeds) {
+        RETURN_IF_ERROR(PlanJob(spec, arch_name, shape_index, lr, seed, out->groups.size() - 1, out));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ExpandedSweep> ExpandSweep(const SweepSpec& spec) {
+  RETURN_IF_ERROR(ValidateEnvelope(spec));
+  ASSIGN_OR_RETURN(const std::set<std::string> archs, ValidateArchitectures(spec));
+  ASSIGN_OR_RETURN(const std::vector<ModelShape> shapes, SpecShapes(spec));
+  RETURN_IF_ERROR(ValidateLrGrids(spec, archs));
+  ASSIGN_OR_RETURN(const std::vector<int64_t> seeds, SpecSeeds(spec));
+  RETURN_IF_ERROR(ValidateTraining(spec.training()));
+  RETURN_IF_ERROR(ValidateRetry(spec.retry()));
+  RETURN_IF_ERROR(ValidateKinds(spec.diagnostics()));
   RETURN_IF_ERROR(ValidateDiagnostics(spec, shapes));
   RETURN_IF_ERROR(NonNegative(true, spec.resources().devices(), "resources.devices"));
   RETURN_IF_ERROR(NonNegative(true, spec.resources().memory_mb(), "resources.memory_mb"));
 
-  ASSIGN_OR_RETURN(const strategies::StrategySettings strategy,
-                   strategies::StrategyFromSpec(spec.strategy()));
-  size_t reference = 0;  // LR transfer: index of the reference shape
-  if (strategy.lr_transfer) {
-    if (spec.diagnostics().fixed_lr() > 0) {
-      return Field("strategy.kind",
-                   "lr_transfer cannot be combined with diagnostics.fixed_lr (the fixed LR may "
-                   "never run at a shape other than the reference)");
-    }
-    if (!strategy.reference_shape.empty()) {
-      reference = shapes.size();
-      std::string names;
-      for (size_t i = 0; i < shapes.size(); ++i) {
-        const std::string name = absl::StrCat(shapes[i].layers, "x", shapes[i].d_model);
-        if (name == strategy.reference_shape && reference == shapes.size()) reference = i;
-        absl::StrAppend(&names, i == 0 ? "" : ", ", name);
-      }
-      if (reference == shapes.size()) {
-        return Field("strategy.reference_shape",
-                     absl::StrCat("no shape \"", strategy.reference_shape,
-                                  "\" in the sweep (shapes: ", names, ")"));
-      }
-    }
-  }
-
   ExpandedSweep out;
-  out.strategy = strategy;
-  out.reference_shape = reference;
-  out.retry = RetryFromSpec(retry);
+  ASSIGN_OR_RETURN(out.strategy, strategies::StrategyFromSpec(spec.strategy()));
+  ASSIGN_OR_RETURN(out.reference_shape, ReferenceShapeIndex(spec, out.strategy, shapes));
+  out.retry = RetryFromSpec(spec.retry());
   out.diagnose = DiagnoseSettingsFromSpec(spec.diagnostics());
   int64_t total = 0;
   for (const std::string& arch_name : spec.architectures()) {
-    Arch arch = *ParseArch(arch_name);
-    std::vector<double> lrs;
-    auto grid = spec.lr_grids().find(arch_name);
-    if (grid != spec.lr_grids().end()) {
-      lrs.assign(grid->second.lrs().begin(), grid->second.lrs().end());
-    } else {
-      lrs = DefaultLrGrid(arch);
-    }
-    total += static_cast<int64_t>(shapes.size() * lrs.size() * seeds.size());
-    if (total > kMaxJobsPerSweep) {
-      return Field("architectures", absl::StrCat("the grid has more than ", kMaxJobsPerSweep, " jobs"));
-    }
-    int64_t streams = spec.training().has_hc_streams() ? spec.training().hc_streams() : kDefaultHcStreams;
-    for (size_t shape_index = 0; shape_index < shapes.size(); ++shape_index) {
-      const ModelShape& shape = shapes[shape_index];
-      PlannedGroup group;
-      group.arch = arch_name;
-      group.shape = shape;
-      group.params = TotalParams(shape) +
-                     ExtraParamsFormula(arch, shape.layers, shape.d_model, shape.kv_dim(), streams);
-      group.lrs = lrs;
-      const size_t group_index = out.groups.size();
-      out.groups.push_back(group);
-      for (double lr : lrs) {
-        for (int64_t seed : seeds) {
-          nlohmann::json config = TrainConfigObject(spec.training(), arch_name, shape, lr, seed);
-          // The trainer's own parser and checks: a setting it would refuse
-          // fails the submission, not the job.
-          absl::StatusOr<TrainConfig> parsed = TrainConfigFromJson(config);
-          if (!parsed.ok()) {
-            return TrainerRefused(parsed.status(), arch_name, shape, lr, seed);
-          }
-          if (strategy.successive_halving) {
-            // Every rung must be an eval step: round the rungs to the
-            // job's eval interval (or make the first rung the interval).
-            const int64_t total_steps = ResolveTotalSteps(*parsed);
-            const int64_t every =
-                strategies::RungEvalInterval(strategy.rungs, total_steps, parsed->eval_interval);
-            absl::StatusOr<std::vector<int64_t>> rungs =
-                strategies::RungSteps(strategy.rungs, total_steps, every);
-            if (!rungs.ok()) {
-              return absl::InvalidArgumentError(
-                  absl::StrCat(rungs.status().message(), " (", arch_name, " at ", shape.layers,
-                               "x", shape.d_model, ")"));
-            }
-            if (every != parsed->eval_interval) config["eval_interval"] = every;
-          }
-          if (out.groups[group_index].budget_steps == 0) {
-            const TokenBudget budget = ResolveTokenBudget(*parsed);
-            out.groups[group_index].budget_params = budget.params;
-            out.groups[group_index].budget_tokens = budget.tokens;
-            out.groups[group_index].budget_steps = budget.steps;
-          }
-          out.jobs.push_back({arch_name, shape, lr, seed, config.dump(),
-                              strategy.lr_transfer && shape_index != reference});
-        }
-      }
-    }
+    RETURN_IF_ERROR(PlanArch(spec, arch_name, shapes, seeds, &total, &out));
   }
   return out;
 }

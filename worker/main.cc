@@ -21,7 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "common/daemon_metrics.h"
-#include "common/fd_limit.h"
+#include "common/fd_limit_log.h"
 #include "common/grpc_client.h"
 #include "common/metrics.h"
 #include "common/metrics_http_server.h"
@@ -76,19 +76,6 @@ void AddFlags(CLI::App& app, Flags& f) {
                  "cap of each attempt's stderr log and events log in the run directory")
       ->capture_default_str()->check(CLI::PositiveNumber);
   app.add_flag("-v,--verbose", f.verbose, "debug logging");
-}
-
-// Descriptors: the metrics endpoint, scheduler channels and each child's
-// pipes and logs must not hit the soft default while the hard limit allows
-// more.
-void RaiseOpenFileLimit() {
-  if (absl::StatusOr<depthbench::FdLimit> fds = depthbench::RaiseFdLimit(); fds.ok()) {
-    if (fds->soft != fds->previous_soft) {
-      spdlog::info("open-file limit raised from {} to {}", fds->previous_soft, fds->soft);
-    }
-  } else {
-    spdlog::warn("{}", fds.status().ToString());
-  }
 }
 
 // The flags and this host (GPUs, cores, memory) as WorkerOptions; the
@@ -165,6 +152,19 @@ absl::StatusOr<std::unique_ptr<depthbench::MetricsHttpServer>> StartMetricsHttp(
   return started;
 }
 
+// Blocks SIGINT and SIGTERM in every thread (children get an empty mask
+// back in ChildProcess::Spawn; a dedicated thread waits for them) and
+// ignores SIGPIPE. Returns the blocked set for sigwait.
+sigset_t BlockShutdownSignals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+  return signals;
+}
+
 int Usage(const absl::Status& status) {
   std::fprintf(stderr, "error: %s\n", std::string(status.message()).c_str());
   return 2;
@@ -184,20 +184,16 @@ int main(int argc, char** argv) {
     return rc == 0 ? 0 : 2;
   }
   if (flags.verbose) spdlog::set_level(spdlog::level::debug);
-  RaiseOpenFileLimit();
+  // Descriptors: the metrics endpoint, scheduler channels and each child's
+  // pipes and logs must not hit the soft default while the hard limit allows
+  // more.
+  depthbench::RaiseFdLimitAndLog();
   absl::StatusOr<worker::WorkerOptions> options = WorkerOptionsFrom(flags);
   if (!options.ok()) return Usage(options.status());
   absl::StatusOr<worker::SchedulerClientOptions> client_options = ClientOptionsFrom(flags);
   if (!client_options.ok()) return Usage(client_options.status());
 
-  // Block the shutdown signals in every thread (children get an empty mask
-  // back in ChildProcess::Spawn); a dedicated thread waits for them.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  signal(SIGPIPE, SIG_IGN);
+  sigset_t signals = BlockShutdownSignals();
 
   Clock* clock = RealClock::Default();
   worker::SchedulerClient client(*client_options);

@@ -131,113 +131,144 @@ TEST_F(StrategiesTest, EvalIntervalIsSetSoEveryRungIsEvaluated) {
       << lease.config_json();
 }
 
-TEST_F(StrategiesTest, PausesPromotesAndPrunesAtRungsFreesTheSlotAndSurvivesARestart) {
+// The scenario of the next test in four steps (leases_ A..E: the five LRs
+// in ascending order, on one worker with four slots).
+class HalvingScenarioTest : public StrategiesTest {
+ protected:
+  // Rung 0: the first arrival pauses, its reports are refused, its worker
+  // is told to stop it, and its slot runs the fifth_ LR.
+  void PauseFirstArrivalAndReuseItsSlot() {
+    // Rung 0: the first arrival is 1 of 1, top floor(1/3) = 0: paused.
+    auto a = ReportVal(leases_[0], 10, 5.0);
+    ASSERT_TRUE(a.ok()) << a.status();
+    EXPECT_NE(a->stop_reason().find("paused at rung 0 (step 10)"), std::string::npos)
+        << a->stop_reason();
+    v1::Job paused = Job(a_id_);
+    EXPECT_EQ(paused.state(), v1::PAUSED);
+    EXPECT_EQ(paused.final_step(), 10);
+    EXPECT_EQ(paused.attempts_used(), 0);  // a pause uses no attempt
+    // Its later reports are refused; its worker is told to stop it.
+    EXPECT_EQ(ReportVal(leases_[0], 20, 4.9).status().code(),
+              absl::StatusCode::kFailedPrecondition);
+    v1::HeartbeatRequest hb;
+    hb.set_worker_id("w");
+    auto* run = hb.add_running();
+    run->set_job_id(a_id_);
+    run->set_attempt_id(leases_[0].attempt_id());
+    auto beat = scheduler_->Heartbeat(hb);
+    ASSERT_TRUE(beat.ok());
+    ASSERT_EQ(beat->cancellations_size(), 1);
+    EXPECT_EQ(beat->cancellations(0).reason(), "job already paused");
+    // Its slot runs the next job, not the paused one.
+    fifth_ = Acquire("w");
+    ASSERT_TRUE(fifth_.has_job());
+    EXPECT_NE(fifth_.job_id(), a_id_);
+    EXPECT_FALSE(Acquire("w").has_job());
+    EXPECT_NE(ReportVal(leases_[1], 10, 6.0)->stop_reason().find("paused"), std::string::npos);
+  }
+
+  // A restart keeps the pauses; a later, worse arrival promotes A, which
+  // resumes from its checkpoint; E completes rung 0 and prunes the rest.
+  void RestartPromoteAndCompleteRungZero() {
+    // Restart in the middle: decisions (pauses included) are durable.
+    Reopen();
+    EXPECT_EQ(Job(a_id_).state(), v1::PAUSED);
+    // C arrives worse (n 3, top 1): paused, and A, now first of 3, is
+    // promoted: pending again, leased again, resuming from its checkpoint.
+    EXPECT_NE(ReportVal(leases_[2], 10, 7.0)->stop_reason().find("paused"), std::string::npos);
+    v1::Job promoted = Job(a_id_);
+    EXPECT_EQ(promoted.state(), v1::PENDING);
+    EXPECT_NE(promoted.reason().find("promoted at rung 0"), std::string::npos)
+        << promoted.reason();
+    a2_ = Acquire("w");
+    ASSERT_EQ(a2_.job_id(), a_id_);
+    EXPECT_NE(a2_.attempt_id(), leases_[0].attempt_id());
+    EXPECT_EQ(a2_.checkpoint_dir(), leases_[0].checkpoint_dir());  // where it resumes
+    EXPECT_EQ(Job(a_id_).attempts_used(), 1);
+    ASSERT_TRUE(ReportVal(a2_, 20, 4.5).ok());
+    // The rung-0 point a resumed attempt re-sends is not decided again.
+    EXPECT_EQ(ReportVal(a2_, 10, 5.0)->stop_reason(), "");
+    // D is the best so far (n 4, top 1): it continues at once.
+    EXPECT_EQ(ReportVal(leases_[3], 10, 4.0)->stop_reason(), "");
+    // E completes rung 0 (n 5, top max(1, 1)): A and D continue, every paused
+    // run is pruned, E too.
+    auto e = ReportVal(fifth_, 10, 8.0);
+    ASSERT_TRUE(e.ok());
+    EXPECT_NE(e->stop_reason().find("pruned at rung 0 (step 10)"), std::string::npos)
+        << e->stop_reason();
+    v1::Job pruned = Job(leases_[1].job_id());
+    EXPECT_EQ(pruned.state(), v1::PRUNED);
+    EXPECT_EQ(pruned.final_step(), 10);
+    EXPECT_DOUBLE_EQ(pruned.final_val_loss(), 6.0);
+    EXPECT_NE(pruned.reason().find("ranks 3 of 5, top 1"), std::string::npos) << pruned.reason();
+    EXPECT_EQ(Job(leases_[2].job_id()).state(), v1::PRUNED);
+    EXPECT_EQ(Job(fifth_.job_id()).state(), v1::PRUNED);
+    EXPECT_EQ(Job(leases_[3].job_id()).state(), v1::RUNNING);
+  }
+
+  // Rung 1: D paused first, then promoted when A completes the rung.
+  void CompleteRungOne() {
+    // Rung 1: D arrives first (paused, A still to come); A completes it:
+    // D promoted, A pruned.
+    EXPECT_NE(ReportVal(leases_[3], 30, 3.0)->stop_reason().find("paused at rung 1"),
+              std::string::npos);
+    EXPECT_NE(ReportVal(a2_, 30, 3.5)->stop_reason().find("pruned at rung 1 (step 30)"),
+              std::string::npos);
+    EXPECT_EQ(Job(leases_[3].job_id()).state(), v1::PENDING);
+    d2_ = Acquire("w");
+    ASSERT_EQ(d2_.job_id(), leases_[3].job_id());
+  }
+
+  // D ends: the group is decided, with pruned rungs and tokens per LR.
+  void FinishAndCheckTheDecidedGroup() {
+    // The group is decided once D ends: best LR is D's.
+    auto before = scheduler_->QueryResults("sh");
+    ASSERT_TRUE(before.ok());
+    EXPECT_FALSE(before->rows(0).complete());
+    ASSERT_TRUE(Finish(d2_, v1::FINISH_SUCCEEDED, 2.5, 90).ok());
+    auto results = scheduler_->QueryResults("sh");
+    ASSERT_TRUE(results.ok()) << results.status();
+    const v1::ResultRow& row = results->rows(0);
+    EXPECT_TRUE(row.complete());
+    EXPECT_TRUE(row.has_best());
+    EXPECT_DOUBLE_EQ(row.best_lr(), 8e-3);
+    std::map<double, v1::LrLoss> by_lr;
+    for (const auto& l : row.lrs()) by_lr[l.lr()] = l;
+    EXPECT_EQ(by_lr[1e-3].pruned_runs(), 1);  // A at rung 1
+    EXPECT_EQ(by_lr[1e-3].pruned_rung(), 1);
+    EXPECT_EQ(by_lr[2e-3].pruned_runs(), 1);  // B at rung 0
+    EXPECT_EQ(by_lr[2e-3].pruned_rung(), 0);
+    EXPECT_EQ(by_lr[8e-3].succeeded(), 1);
+    EXPECT_EQ(by_lr[8e-3].pruned_rung(), -1);
+    EXPECT_EQ(by_lr[1.6e-2].pruned_runs(), 1);
+    // Tokens: steps trained 30 + 10 + 10 + 90 + 10 of 5 x 90 (a resumed run
+    // is counted once), 16 x 32 tokens a step.
+    const int64_t per_step = 16 * 32;
+    EXPECT_EQ(row.grid_tokens(), 5 * 90 * per_step);
+    EXPECT_EQ(row.tokens_trained(), (30 + 10 + 10 + 90 + 10) * per_step);
+    EXPECT_EQ(by_lr[1e-3].tokens_trained(), 30 * per_step);
+  }
+
+  std::vector<v1::AcquireJobResponse> leases_;
+  v1::AcquireJobResponse fifth_, a2_, d2_;
+  int64_t a_id_ = 0;
+};
+
+TEST_F(HalvingScenarioTest, PausesPromotesAndPrunesAtRungsFreesTheSlotAndSurvivesARestart) {
   ASSERT_TRUE(scheduler_->SubmitSweep(HalvingSpec("sh")).ok());
   depthbench::testing::RegisterWorker(*scheduler_, "w", 4);
   // A..E: the five LRs in ascending order.
-  std::vector<v1::AcquireJobResponse> leases;
-  for (int i = 0; i < 4; ++i) leases.push_back(Acquire("w"));
+  for (int i = 0; i < 4; ++i) leases_.push_back(Acquire("w"));
   EXPECT_FALSE(Acquire("w").has_job());  // 4 slots full; the 5th LR waits
-  const int64_t a_id = leases[0].job_id();
+  a_id_ = leases_[0].job_id();
 
-  // Rung 0: the first arrival is 1 of 1, top floor(1/3) = 0: paused.
-  auto a = ReportVal(leases[0], 10, 5.0);
-  ASSERT_TRUE(a.ok()) << a.status();
-  EXPECT_NE(a->stop_reason().find("paused at rung 0 (step 10)"), std::string::npos)
-      << a->stop_reason();
-  v1::Job paused = Job(a_id);
-  EXPECT_EQ(paused.state(), v1::PAUSED);
-  EXPECT_EQ(paused.final_step(), 10);
-  EXPECT_EQ(paused.attempts_used(), 0);  // a pause uses no attempt
-  // Its later reports are refused; its worker is told to stop it.
-  EXPECT_EQ(ReportVal(leases[0], 20, 4.9).status().code(),
-            absl::StatusCode::kFailedPrecondition);
-  v1::HeartbeatRequest hb;
-  hb.set_worker_id("w");
-  auto* run = hb.add_running();
-  run->set_job_id(a_id);
-  run->set_attempt_id(leases[0].attempt_id());
-  auto beat = scheduler_->Heartbeat(hb);
-  ASSERT_TRUE(beat.ok());
-  ASSERT_EQ(beat->cancellations_size(), 1);
-  EXPECT_EQ(beat->cancellations(0).reason(), "job already paused");
-  // Its slot runs the next job, not the paused one.
-  auto fifth = Acquire("w");
-  ASSERT_TRUE(fifth.has_job());
-  EXPECT_NE(fifth.job_id(), a_id);
-  EXPECT_FALSE(Acquire("w").has_job());
-  EXPECT_NE(ReportVal(leases[1], 10, 6.0)->stop_reason().find("paused"), std::string::npos);
-
-  // Restart in the middle: decisions (pauses included) are durable.
-  Reopen();
-  EXPECT_EQ(Job(a_id).state(), v1::PAUSED);
-  // C arrives worse (n 3, top 1): paused, and A, now first of 3, is
-  // promoted: pending again, leased again, resuming from its checkpoint.
-  EXPECT_NE(ReportVal(leases[2], 10, 7.0)->stop_reason().find("paused"), std::string::npos);
-  v1::Job promoted = Job(a_id);
-  EXPECT_EQ(promoted.state(), v1::PENDING);
-  EXPECT_NE(promoted.reason().find("promoted at rung 0"), std::string::npos)
-      << promoted.reason();
-  auto a2 = Acquire("w");
-  ASSERT_EQ(a2.job_id(), a_id);
-  EXPECT_NE(a2.attempt_id(), leases[0].attempt_id());
-  EXPECT_EQ(a2.checkpoint_dir(), leases[0].checkpoint_dir());  // where it resumes
-  EXPECT_EQ(Job(a_id).attempts_used(), 1);
-  ASSERT_TRUE(ReportVal(a2, 20, 4.5).ok());
-  // The rung-0 point a resumed attempt re-sends is not decided again.
-  EXPECT_EQ(ReportVal(a2, 10, 5.0)->stop_reason(), "");
-  // D is the best so far (n 4, top 1): it continues at once.
-  EXPECT_EQ(ReportVal(leases[3], 10, 4.0)->stop_reason(), "");
-  // E completes rung 0 (n 5, top max(1, 1)): A and D continue, every paused
-  // run is pruned, E too.
-  auto e = ReportVal(fifth, 10, 8.0);
-  ASSERT_TRUE(e.ok());
-  EXPECT_NE(e->stop_reason().find("pruned at rung 0 (step 10)"), std::string::npos)
-      << e->stop_reason();
-  v1::Job pruned = Job(leases[1].job_id());
-  EXPECT_EQ(pruned.state(), v1::PRUNED);
-  EXPECT_EQ(pruned.final_step(), 10);
-  EXPECT_DOUBLE_EQ(pruned.final_val_loss(), 6.0);
-  EXPECT_NE(pruned.reason().find("ranks 3 of 5, top 1"), std::string::npos) << pruned.reason();
-  EXPECT_EQ(Job(leases[2].job_id()).state(), v1::PRUNED);
-  EXPECT_EQ(Job(fifth.job_id()).state(), v1::PRUNED);
-  EXPECT_EQ(Job(leases[3].job_id()).state(), v1::RUNNING);
-
-  // Rung 1: D arrives first (paused, A still to come); A completes it:
-  // D promoted, A pruned.
-  EXPECT_NE(ReportVal(leases[3], 30, 3.0)->stop_reason().find("paused at rung 1"),
-            std::string::npos);
-  EXPECT_NE(ReportVal(a2, 30, 3.5)->stop_reason().find("pruned at rung 1 (step 30)"),
-            std::string::npos);
-  EXPECT_EQ(Job(leases[3].job_id()).state(), v1::PENDING);
-  auto d2 = Acquire("w");
-  ASSERT_EQ(d2.job_id(), leases[3].job_id());
-  // The group is decided once D ends: best LR is D's.
-  auto before = scheduler_->QueryResults("sh");
-  ASSERT_TRUE(before.ok());
-  EXPECT_FALSE(before->rows(0).complete());
-  ASSERT_TRUE(Finish(d2, v1::FINISH_SUCCEEDED, 2.5, 90).ok());
-  auto results = scheduler_->QueryResults("sh");
-  ASSERT_TRUE(results.ok()) << results.status();
-  const v1::ResultRow& row = results->rows(0);
-  EXPECT_TRUE(row.complete());
-  EXPECT_TRUE(row.has_best());
-  EXPECT_DOUBLE_EQ(row.best_lr(), 8e-3);
-  std::map<double, v1::LrLoss> by_lr;
-  for (const auto& l : row.lrs()) by_lr[l.lr()] = l;
-  EXPECT_EQ(by_lr[1e-3].pruned_runs(), 1);  // A at rung 1
-  EXPECT_EQ(by_lr[1e-3].pruned_rung(), 1);
-  EXPECT_EQ(by_lr[2e-3].pruned_runs(), 1);  // B at rung 0
-  EXPECT_EQ(by_lr[2e-3].pruned_rung(), 0);
-  EXPECT_EQ(by_lr[8e-3].succeeded(), 1);
-  EXPECT_EQ(by_lr[8e-3].pruned_rung(), -1);
-  EXPECT_EQ(by_lr[1.6e-2].pruned_runs(), 1);
-  // Tokens: steps trained 30 + 10 + 10 + 90 + 10 of 5 x 90 (a resumed run
-  // is counted once), 16 x 32 tokens a step.
-  const int64_t per_step = 16 * 32;
-  EXPECT_EQ(row.grid_tokens(), 5 * 90 * per_step);
-  EXPECT_EQ(row.tokens_trained(), (30 + 10 + 10 + 90 + 10) * per_step);
-  EXPECT_EQ(by_lr[1e-3].tokens_trained(), 30 * per_step);
+  PauseFirstArrivalAndReuseItsSlot();
+  if (HasFatalFailure()) return;
+  RestartPromoteAndCompleteRungZero();
+  if (HasFatalFailure()) return;
+  CompleteRungOne();
+  if (HasFatalFailure()) return;
+  FinishAndCheckTheDecidedGroup();
 }
 
 TEST_F(StrategiesTest, ARunEndingCompletesARungAndResolvesThePausedRuns) {
