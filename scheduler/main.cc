@@ -31,6 +31,7 @@
 #include "common/daemon_metrics.h"
 #include "common/file_util.h"
 #include "common/fd_limit_log.h"
+#include "common/shutdown_signals.h"
 #include "common/metrics.h"
 #include "common/metrics_http_server.h"
 #include "common/status_macros.h"
@@ -127,17 +128,6 @@ bool LoadSecrets(const Flags& f, depthbench::scheduler::ServerOptions* options) 
     return false;
   }
   return true;
-}
-
-// Blocks the shutdown signals in every thread (threads started later
-// inherit the mask); main waits for them with sigwait.
-sigset_t BlockShutdownSignals() {
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  return signals;
 }
 
 // false (after an error on stderr) for an unknown --durability.
@@ -259,7 +249,7 @@ int main(int argc, char** argv) {
   depthbench::scheduler::ServerOptions server_options;
   server_options.listen = f.listen;
   if (!LoadSecrets(f, &server_options)) return 2;
-  const sigset_t signals = BlockShutdownSignals();
+  const sigset_t signals = depthbench::BlockShutdownSignals();
 
   // Metrics: the registry and the observer exist even without
   // --metrics-listen (updates are cheap atomics); the HTTP endpoint only

@@ -22,6 +22,7 @@
 #include "common/clock.h"
 #include "common/daemon_metrics.h"
 #include "common/fd_limit_log.h"
+#include "common/shutdown_signals.h"
 #include "common/grpc_client.h"
 #include "common/metrics.h"
 #include "common/metrics_http_server.h"
@@ -152,19 +153,6 @@ absl::StatusOr<std::unique_ptr<depthbench::MetricsHttpServer>> StartMetricsHttp(
   return started;
 }
 
-// Blocks SIGINT and SIGTERM in every thread (children get an empty mask
-// back in ChildProcess::Spawn; a dedicated thread waits for them) and
-// ignores SIGPIPE. Returns the blocked set for sigwait.
-sigset_t BlockShutdownSignals() {
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  signal(SIGPIPE, SIG_IGN);
-  return signals;
-}
-
 int Usage(const absl::Status& status) {
   std::fprintf(stderr, "error: %s\n", std::string(status.message()).c_str());
   return 2;
@@ -193,7 +181,8 @@ int main(int argc, char** argv) {
   absl::StatusOr<worker::SchedulerClientOptions> client_options = ClientOptionsFrom(flags);
   if (!client_options.ok()) return Usage(client_options.status());
 
-  sigset_t signals = BlockShutdownSignals();
+  sigset_t signals = depthbench::BlockShutdownSignals();
+  signal(SIGPIPE, SIG_IGN);  // a closed pipe from a dying child is an error return, not death
 
   Clock* clock = RealClock::Default();
   worker::SchedulerClient client(*client_options);

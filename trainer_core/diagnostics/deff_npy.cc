@@ -21,25 +21,13 @@
 #include "common/status_macros.h"
 #include "trainer_core/diagnostics/cka_kernel.h"
 #include "trainer_core/diagnostics/metrics.h"
+#include "trainer_core/diagnostics/result_json.h"
 #include "trainer_core/npy.h"
 
 namespace depthbench {
 namespace diagnostics {
 namespace {
 
-nlohmann::json Num(double v) {
-  return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
-}
-
-nlohmann::json MatrixJson(const Matrix& m) {
-  nlohmann::json rows = nlohmann::json::array();
-  for (const auto& r : m) {
-    nlohmann::json row = nlohmann::json::array();
-    for (double v : r) row.push_back(Num(v));
-    rows.push_back(std::move(row));
-  }
-  return rows;
-}
 
 
 using Clock = std::chrono::steady_clock;
@@ -255,22 +243,12 @@ nlohmann::json PerfJson(const CkaResult& cka, const DeffNpyOptions& options) {
 nlohmann::json DeffJson(const std::string& path,
                         const std::vector<int64_t>& shape,
                         const EffectiveDepthResult& r, nlohmann::json perf) {
-  nlohmann::json out;
+  nlohmann::json out = EffectiveDepthJson(r);
   out["kind"] = "deff";
   out["states"] = path;
   out["layers"] = shape[0];
   out["sequences"] = shape[1];
   out["d_model"] = shape[2];
-  out["max_lag"] = r.max_lag;
-  out["deff"] = Num(r.deff);
-  out["deff_over_l"] = Num(r.deff_over_l);
-  out["rho_bar1"] = Num(r.rho_bar1);
-  out["f_l"] = Num(r.f_l);
-  out["gap_pct"] = Num(r.gap_pct);
-  nlohmann::json lag = nlohmann::json::array();
-  for (double v : r.lag_profile) lag.push_back(Num(v));
-  out["lag_profile"] = std::move(lag);
-  out["cka"] = MatrixJson(r.cka);
   out["perf"] = std::move(perf);
   return out;
 }

@@ -15,6 +15,7 @@
 #include "trainer_core/batcher.h"
 #include "trainer_core/checkpoint.h"
 #include "trainer_core/data.h"
+#include "trainer_core/diagnostics/result_json.h"
 #include "trainer_core/flops.h"
 
 namespace depthbench {
@@ -25,22 +26,6 @@ using Clock = std::chrono::steady_clock;
 
 double SecondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-nlohmann::json Num(double v) {
-  return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
-}
-
-nlohmann::json VectorJson(const std::vector<double>& v) {
-  nlohmann::json out = nlohmann::json::array();
-  for (double x : v) out.push_back(Num(x));
-  return out;
-}
-
-nlohmann::json MatrixJson(const Matrix& m) {
-  nlohmann::json rows = nlohmann::json::array();
-  for (const auto& r : m) rows.push_back(VectorJson(r));
-  return rows;
 }
 
 nlohmann::json NotApplicable(const std::string& reason) {
@@ -208,18 +193,10 @@ class Runner {
 };
 
 nlohmann::json DeffJson(const EffectiveDepthResult& r, int64_t sequences) {
-  nlohmann::json out;
+  nlohmann::json out = EffectiveDepthJson(r);
   out["layers"] = r.num_layers;
   out["sequences"] = sequences;
   out["num_sequences"] = sequences;
-  out["max_lag"] = r.max_lag;
-  out["deff"] = Num(r.deff);
-  out["deff_over_l"] = Num(r.deff_over_l);
-  out["rho_bar1"] = Num(r.rho_bar1);
-  out["f_l"] = Num(r.f_l);
-  out["gap_pct"] = Num(r.gap_pct);
-  out["lag_profile"] = VectorJson(r.lag_profile);
-  out["cka"] = MatrixJson(r.cka);
   return out;
 }
 
