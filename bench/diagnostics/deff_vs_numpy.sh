@@ -9,7 +9,10 @@
 # (random independent states: Table S1's 0.258 / 0.093 at 32 x 10,000 x 1,024).
 #
 #   bench/diagnostics/deff_vs_numpy.sh [BUILD_DIR]
-#   SIZES="32x10000x1024 16x4000x512" THREADS=2 PEER_FORMS="gram feature" ...
+#   SIZES="32x10000x1024 16x4000x512" THREADS=2 PEER_FORMS="gram feature" ROUNDS=3 ...
+#
+# ROUNDS runs ours and the peer forms alternately that many times per size and
+# compares medians (with the per-round ratios).
 #
 # Needs /usr/bin/python3 with numpy (python3-numpy) and GNU time
 # (/usr/bin/time, package `time`) for the peak RSS. The files go to a temp dir
@@ -25,15 +28,13 @@ py=/usr/bin/python3
 sizes=${SIZES:-"16x4000x512 32x10000x1024"}
 threads=${THREADS:-$(nproc)}
 peer_forms=${PEER_FORMS:-"gram feature"}
+rounds=${ROUNDS:-1}
 [[ -x $bin ]] || { echo "no $bin (cmake --build $build --target depthbench-train)" >&2; exit 2; }
 [[ -x /usr/bin/time ]] || { echo "needs GNU time at /usr/bin/time" >&2; exit 2; }
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/deff_bench.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 export OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads
 
-rss_mib() {  # peak RSS from GNU time -v output, MiB
-  awk -F: '/Maximum resident set size/ {printf "%.0f", $2 / 1024}' "$1"
-}
 
 echo "threads=$threads  $(date -u +%FT%TZ)  $(nproc) cores, load: $(cut -d' ' -f1-3 /proc/loadavg)"
 for size in $sizes; do
@@ -41,43 +42,65 @@ for size in $sizes; do
   f=$tmp/states_$size.npy
   $py "$peer" generate --shape "$L" "$N" "$D" --out "$f"
   cat "$f" >/dev/null  # both sides start from a warm page cache
-  /usr/bin/time -v -o "$tmp/ours.time" "$bin" diagnose deff --states "$f" \
-    --json --perf --threads "$threads" >"$tmp/ours.json" 2>"$tmp/ours.err"
-  tile=$($py -c 'import json,sys; print(json.load(open(sys.argv[1]))["perf"]["tile_rows"] or 1024)' "$tmp/ours.json")
-  for form in $peer_forms; do
-    /usr/bin/time -v -o "$tmp/peer_$form.time" "$py" "$peer" run --states "$f" \
-      --form "$form" --tile "$tile" >"$tmp/peer_$form.json"
+  # Alternating rounds, so drift on a shared machine hits both sides alike.
+  for ((r = 1; r <= rounds; r++)); do
+    /usr/bin/time -v -o "$tmp/ours_$r.time" "$bin" diagnose deff --states "$f" \
+      --json --perf --threads "$threads" >"$tmp/ours_$r.json" 2>"$tmp/ours.err"
+    grep -E '^deff: done' "$tmp/ours.err" || true
+    tile=$($py -c 'import json,sys; print(json.load(open(sys.argv[1]))["perf"]["tile_rows"] or 1024)' "$tmp/ours_$r.json")
+    for form in $peer_forms; do
+      /usr/bin/time -v -o "$tmp/peer_${form}_$r.time" "$py" "$peer" run --states "$f" \
+        --form "$form" --tile "$tile" >"$tmp/peer_${form}_$r.json"
+    done
   done
   $py "$peer" peak >"$tmp/numpy_peak.json"
-  grep -E '^deff: done' "$tmp/ours.err" || true
-  $py - "$size" "$tmp" "$peer_forms" \
-    "$(rss_mib "$tmp/ours.time")" \
-    "$(for form in $peer_forms; do echo -n "$form=$(rss_mib "$tmp/peer_$form.time") "; done)" <<'EOF'
-import json, sys
-size, tmp, forms, ours_rss, peer_rss = sys.argv[1:6]
-rss = dict(kv.split("=") for kv in peer_rss.split())
-ours = json.load(open(f"{tmp}/ours.json"))
-perf = ours["perf"]
+  $py - "$size" "$tmp" "$peer_forms" "$rounds" <<'EOF'
+import json, statistics, sys
+size, tmp, forms, rounds = sys.argv[1], sys.argv[2], sys.argv[3].split(), int(sys.argv[4])
+
+
+def rss_mib(path):  # peak RSS from GNU time -v output
+    for line in open(path):
+        if "Maximum resident set size" in line:
+            return int(line.split(":")[1]) / 1024
+    return float("nan")
+
+
+def peak_rss(prefix):
+    return max(rss_mib(f"{tmp}/{prefix}_{r}.time") for r in range(1, rounds + 1))
+
+
+ours = [json.load(open(f"{tmp}/ours_{r}.json")) for r in range(1, rounds + 1)]
+secs = [o["perf"]["seconds"] for o in ours]
+o, perf = ours[0], ours[0]["perf"]
+med = statistics.median(secs)
 npk = json.load(open(f"{tmp}/numpy_peak.json"))["sgemm_peak_gflops"]
-print(f"== {size}: ours {perf['form']} form {perf['precision']}, "
-      f"{perf['seconds']:.2f} s, {perf['gflop']:.0f} GFLOP, "
-      f"{perf['gflops']:.1f} GFLOP/s = {100*perf['fraction_of_peak']:.0f}% of "
+phases = {k: statistics.median(x["perf"]["phase_seconds"][k] for x in ours)
+          for k in perf["phase_seconds"]}
+print(f"== {size}: ours {perf['form']} form {perf['precision']}, median of {rounds}: "
+      f"{med:.2f} s ({', '.join(f'{s:.2f}' for s in secs)}), {perf['gflop']:.0f} GFLOP, "
+      f"{perf['gflop'] / med:.1f} GFLOP/s = "
+      f"{100 * perf['gflop'] / med / perf['sgemm_peak_gflops']:.0f}% of "
       f"sgemm peak {perf['sgemm_peak_gflops']:.1f} (NumPy's: {npk:.1f}); "
-      f"peak RSS {ours_rss} MiB; D_eff/L {ours['deff_over_l']:.4f} "
-      f"rho_bar(1) {ours['rho_bar1']:.4f}")
+      f"peak RSS {peak_rss('ours'):.0f} MiB; "
+      f"D_eff/L {o['deff_over_l']:.4f} rho_bar(1) {o['rho_bar1']:.4f}")
+print("   ours, median seconds per phase: " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()))
 best = None
-for form in forms.split():
-    p = json.load(open(f"{tmp}/peer_{form}.json"))
-    print(f"   numpy {form:7s}: {p['seconds']:.2f} s, {p['gflop']:.0f} GFLOP, "
-          f"{p['gflop']/p['seconds']:.1f} GFLOP/s, peak RSS {rss[form]} MiB; "
+for form in forms:
+    ps = [json.load(open(f"{tmp}/peer_{form}_{r}.json")) for r in range(1, rounds + 1)]
+    psecs = [p["seconds"] for p in ps]
+    pmed, p = statistics.median(psecs), ps[0]
+    ratios = [b / a for a, b in zip(secs, psecs)]
+    print(f"   numpy {form:7s}: median {pmed:.2f} s ({', '.join(f'{s:.2f}' for s in psecs)}), "
+          f"{p['gflop']:.0f} GFLOP, {p['gflop'] / pmed:.1f} GFLOP/s, "
+          f"peak RSS {peak_rss('peer_' + form):.0f} MiB; "
           f"D_eff/L {p['deff_over_l']:.4f} rho_bar(1) {p['rho_bar1']:.4f}; "
-          f"ratio numpy/ours {p['seconds']/perf['seconds']:.2f}")
-    if abs(p["deff_over_l"] - ours["deff_over_l"]) > 1e-4:
-        print(f"   MISMATCH: D_eff/L differs from ours by more than 1e-4")
-    if best is None or p["seconds"] < best[1]:
-        best = (form, p["seconds"])
-print(f"   => numpy at its best ({best[0]}) / ours = "
-      f"{best[1]/perf['seconds']:.2f}x")
+          f"ratio numpy/ours {pmed / med:.2f} (per round {', '.join(f'{x:.2f}' for x in ratios)})")
+    if abs(p["deff_over_l"] - o["deff_over_l"]) > 1e-4:
+        print("   MISMATCH: D_eff/L differs from ours by more than 1e-4")
+    if best is None or pmed < best[1]:
+        best = (form, pmed)
+print(f"   => numpy at its best ({best[0]}) / ours = {best[1] / med:.2f}x (medians)")
 EOF
   rm -f "$f"
 done

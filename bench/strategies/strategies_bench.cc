@@ -66,6 +66,7 @@ struct Curve {
 // The training side of the sweep; the defaults are the recorded runs.
 struct Training {
   int64_t steps = 270, eval_interval = 30, batch = 8, seq_len = 32, eval_batches = 4;
+  std::vector<double> lrs = {1e-3, 3e-3, 1e-2, 3e-2};  // each design's LR grid
 };
 
 v1::SweepSpec GridSpec(const std::string& name, const Training& training) {
@@ -73,7 +74,7 @@ v1::SweepSpec GridSpec(const std::string& name, const Training& training) {
   spec.set_name(name);
   for (const char* arch : {"pre_ln", "sandwich_ln", "deepnorm", "keel"}) {
     spec.add_architectures(arch);
-    for (double lr : {1e-3, 3e-3, 1e-2, 3e-2}) (*spec.mutable_lr_grids())[arch].add_lrs(lr);
+    for (double lr : training.lrs) (*spec.mutable_lr_grids())[arch].add_lrs(lr);
   }
   for (auto [layers, d] : std::vector<std::pair<int, int>>{{2, 64}, {4, 48}, {6, 40}}) {
     auto* s = spec.mutable_shapes()->add_explicit_shapes();
@@ -289,6 +290,8 @@ int main(int argc, char** argv) {
   app.add_option("--batch", training.batch, "sequences per step (default 8)");
   app.add_option("--seq-len", training.seq_len, "tokens per sequence (default 32)");
   app.add_option("--eval-batches", training.eval_batches, "validation batches (default 4)");
+  app.add_option("--lrs", training.lrs, "each design's LR grid (default 1e-3 3e-3 1e-2 3e-2)")
+      ->expected(1, 64);
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::warn);  // one info line per pruned run otherwise
 
@@ -359,10 +362,10 @@ int main(int argc, char** argv) {
   std::filesystem::create_directories(db_dir);
   std::string rung_text = rungs.empty() ? "1/9, 1/3, 1" : "";
   for (double r : rungs) absl::StrAppend(&rung_text, rung_text.empty() ? "" : ", ", r);
-  std::printf("\n%zu groups (4 designs x 3 shapes), 4 LRs each, %ld steps of %ld x %ld tokens, "
+  std::printf("\n%zu groups (4 designs x 3 shapes), %zu LRs each, %ld steps of %ld x %ld tokens, "
               "validation every %ld steps on %ld batches; rungs %s (eta %g); LR transfer from "
               "the first shape (2x64)\n",
-              expanded->groups.size(), static_cast<long>(training.steps),
+              expanded->groups.size(), training.lrs.size(), static_cast<long>(training.steps),
               static_cast<long>(training.batch), static_cast<long>(training.seq_len),
               static_cast<long>(training.eval_interval), static_cast<long>(training.eval_batches),
               rung_text.c_str(), eta > 0 ? eta : 3.0);

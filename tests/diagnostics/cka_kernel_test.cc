@@ -312,6 +312,15 @@ TEST(CkaKernelTest, ProgressAndPerfLines) {
   EXPECT_GT(perf["fraction_of_peak"].get<double>(), 0.0);
   EXPECT_GT(perf["peak_rss_mib"].get<double>(), 0.0);
   EXPECT_EQ(perf["tile_rows"], 64);
+  // Where the time went: every phase ran, and they add up to (at most) the
+  // whole call.
+  double phase_sum = 0;
+  for (const char* phase : {"means", "centre", "gemm", "contract"}) {
+    const double seconds = perf["phase_seconds"][phase].get<double>();
+    EXPECT_GT(seconds, 0.0) << phase;
+    phase_sum += seconds;
+  }
+  EXPECT_LE(phase_sum, perf["seconds"].get<double>());
   // Which path the diagonal tiles took, in the JSON and on the done line.
   const std::string diag = perf["diagonal_tiles"].get<std::string>();
   EXPECT_EQ(diag.rfind(CkaSyrkSource().empty() ? "gemm: " : "syrk: ", 0), 0u)

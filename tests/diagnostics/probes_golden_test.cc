@@ -81,26 +81,6 @@ absl::StatusOr<LanguageModel> PerturbedModel(const ModelOptions& o, uint64_t see
   return m;
 }
 
-// Writes the model's parameters under dir/<arch>/ and returns its entry in
-// the reference's index.json.
-nlohmann::json ExportModel(const std::filesystem::path& dir, const ModelOptions& o,
-                           LanguageModel& m) {
-  const std::string name(ArchName(o.arch));
-  std::filesystem::create_directories(dir / name);
-  nlohmann::json entry;
-  const ModelShape& s = o.design.shape;
-  entry["arch"] = name;
-  entry["hc_code_form"] = false;
-  entry["shape"] = {{"layers", s.layers}, {"d_model", s.d_model}, {"d_ff", s.d_ff},
-                    {"heads", s.heads},   {"kv_heads", s.kv_heads}, {"vocab", s.vocab},
-                    {"streams", o.design.hc_streams}};
-  for (auto& item : m->named_parameters()) {
-    WriteF32((dir / name / (item.key() + ".f32")).string(), item.value());
-    entry["params"].push_back({{"name", item.key()}, {"shape", item.value().sizes().vec()}});
-  }
-  return entry;
-}
-
 // One model's probes in one causal form against the reference's `w`
 // (states.f32 under dir/<name>/).
 void ExpectProbesMatch(LanguageModelImpl& model, const torch::Tensor& tokens, int64_t L,
@@ -157,7 +137,8 @@ TEST(ProbesGoldenTest, CausalPermutationAndSkipSwapRulesMatchPyTorch) {
     const ModelOptions o = TinyOptions(cases[i].arch, cases[i].layers);
     auto m = PerturbedModel(o, 200 + i);
     ASSERT_TRUE(m.ok()) << m.status();
-    index["models"][std::string(ArchName(o.arch))] = ExportModel(dir, o, *m);
+    const std::string name(ArchName(o.arch));
+    index["models"][name] = golden::ExportModel(dir, name, o, **m);
     // The comparison runs in float64 (the exported float32 values exactly):
     // the per-token causal form divides by each token's |D_l|, which is
     // small for a few tokens, so float32 rounding would be amplified there.

@@ -30,6 +30,28 @@ std::string TempDb(const std::string& name) {
   return path;
 }
 
+// A fresh in-memory database at the latest schema (nullptr, with the test
+// failed, when that does not work).
+std::unique_ptr<Database> MigratedMemoryDb() {
+  auto db = Database::Open(":memory:");
+  if (!db.ok()) {
+    ADD_FAILURE() << db.status();
+    return nullptr;
+  }
+  if (absl::Status migrated = Migrate(db->get()); !migrated.ok()) {
+    ADD_FAILURE() << migrated;
+    return nullptr;
+  }
+  return std::move(*db);
+}
+
+// Inserts the one sweep these tests use ("s"); -1 (with the test failed) on error.
+int64_t InsertSweep(Database* db) {
+  auto id = SweepStore(db).Insert({0, "s", "spec", 1, false});
+  EXPECT_TRUE(id.ok()) << id.status();
+  return id.ok() ? *id : -1;
+}
+
 TEST(DatabaseTest, OpensInWalModeAndMapsErrors) {
   auto db = Database::Open(TempDb("wal.db"));
   ASSERT_TRUE(db.ok()) << db.status();
@@ -76,13 +98,12 @@ TEST(DatabaseTest, TransactionRollsBackUnlessCommitted) {
 }
 
 TEST(MigrationTest, FreshFileReachesLatest) {
-  auto db = Database::Open(":memory:");
-  ASSERT_TRUE(db.ok());
-  ASSERT_TRUE(Migrate(db->get()).ok());
-  EXPECT_EQ(*SchemaVersion(db->get()), LatestSchemaVersion());
+  auto db = MigratedMemoryDb();
+  ASSERT_NE(db, nullptr);
+  EXPECT_EQ(*SchemaVersion(db.get()), LatestSchemaVersion());
   // Idempotent.
-  ASSERT_TRUE(Migrate(db->get()).ok());
-  EXPECT_EQ(*SchemaVersion(db->get()), LatestSchemaVersion());
+  ASSERT_TRUE(Migrate(db.get()).ok());
+  EXPECT_EQ(*SchemaVersion(db.get()), LatestSchemaVersion());
 }
 
 TEST(MigrationTest, UpgradesAnOldSchemaKeepingRows) {
@@ -119,18 +140,16 @@ TEST(MigrationTest, UpgradesAnOldSchemaKeepingRows) {
 }
 
 TEST(MigrationTest, RefusesNewerFile) {
-  auto db = Database::Open(":memory:");
-  ASSERT_TRUE(db.ok());
-  ASSERT_TRUE(Migrate(db->get()).ok());
-  ASSERT_TRUE((*db)->Exec("UPDATE schema_version SET version = 999").ok());
-  EXPECT_EQ(Migrate(db->get()).code(), absl::StatusCode::kFailedPrecondition);
+  auto db = MigratedMemoryDb();
+  ASSERT_NE(db, nullptr);
+  ASSERT_TRUE(db->Exec("UPDATE schema_version SET version = 999").ok());
+  EXPECT_EQ(Migrate(db.get()).code(), absl::StatusCode::kFailedPrecondition);
 }
 
 TEST(MetricStoreTest, InsertIsIdempotentPerJobAttemptStepName) {
-  auto db = Database::Open(":memory:");
-  ASSERT_TRUE(db.ok());
-  ASSERT_TRUE(Migrate(db->get()).ok());
-  MetricStore metrics(db->get());
+  auto db = MigratedMemoryDb();
+  ASSERT_NE(db, nullptr);
+  MetricStore metrics(db.get());
   std::vector<MetricRecord> points = {
       {0, 1, 10, 1, "loss", 3.0, 0}, {0, 1, 10, 1, "lr", 1e-3, 0},
       {0, 1, 10, 2, "loss", 2.9, 0}};
@@ -162,10 +181,9 @@ TEST(MetricStoreTest, InsertIsIdempotentPerJobAttemptStepName) {
 // later points out of the canonical history, which Read (attempt 0) and the
 // canonical_metric_points view return; Read(attempt) still has them all.
 TEST(MetricStoreTest, SupersedeKeepsEachStepOnceAndPerAttemptPointsReadable) {
-  auto db = Database::Open(":memory:");
-  ASSERT_TRUE(db.ok());
-  ASSERT_TRUE(Migrate(db->get()).ok());
-  MetricStore metrics(db->get());
+  auto db = MigratedMemoryDb();
+  ASSERT_NE(db, nullptr);
+  MetricStore metrics(db.get());
   std::vector<MetricRecord> first;
   for (int64_t s = 1; s <= 6; ++s) first.push_back({0, 1, 10, s, "loss", 1.0 * s, 0});
   ASSERT_TRUE(metrics.Insert(first).ok());
@@ -199,7 +217,7 @@ TEST(MetricStoreTest, SupersedeKeepsEachStepOnceAndPerAttemptPointsReadable) {
   ASSERT_TRUE(attempt.ok());
   ASSERT_EQ(attempt->size(), 6u);
   EXPECT_EQ(attempt->back().superseded_by, 11);
-  auto view = (*db)->Prepare(
+  auto view = db->Prepare(
       "SELECT COUNT(*), COUNT(DISTINCT step) FROM canonical_metric_points WHERE job_id = 1");
   ASSERT_TRUE(view.ok());
   ASSERT_TRUE(*view->Step());
@@ -208,12 +226,10 @@ TEST(MetricStoreTest, SupersedeKeepsEachStepOnceAndPerAttemptPointsReadable) {
 }
 
 TEST(JobStoreTest, RecordsWhereAnAttemptResumed) {
-  auto db = Database::Open(":memory:");
-  ASSERT_TRUE(db.ok());
-  ASSERT_TRUE(Migrate(db->get()).ok());
-  SweepStore sweeps(db->get());
-  ASSERT_TRUE(sweeps.Insert({0, "s", "spec", 1, false}).ok());
-  JobStore jobs(db->get());
+  auto db = MigratedMemoryDb();
+  ASSERT_NE(db, nullptr);
+  ASSERT_EQ(InsertSweep(db.get()), 1);
+  JobStore jobs(db.get());
   JobRecord job;
   job.sweep_id = 1;
   job.arch = "pre_ln";
@@ -234,15 +250,14 @@ TEST(JobStoreTest, RecordsWhereAnAttemptResumed) {
 }
 
 TEST(JobStoreTest, RoundTripsAndFilters) {
-  auto db = Database::Open(":memory:");
-  ASSERT_TRUE(db.ok());
-  ASSERT_TRUE(Migrate(db->get()).ok());
-  SweepStore sweeps(db->get());
+  auto db = MigratedMemoryDb();
+  ASSERT_NE(db, nullptr);
+  SweepStore sweeps(db.get());
   auto sweep_id = sweeps.Insert({0, "s", "spec", 1, false});
   ASSERT_TRUE(sweep_id.ok());
   EXPECT_EQ(sweeps.Insert({0, "s", "spec", 1, false}).status().code(),
             absl::StatusCode::kAlreadyExists);
-  JobStore jobs(db->get());
+  JobStore jobs(db.get());
   JobRecord job;
   job.sweep_id = *sweep_id;
   job.arch = "pre_ln";
@@ -273,13 +288,12 @@ TEST(JobStoreTest, RoundTripsAndFilters) {
 // Successive-halving decisions (schema v7, issue 15): one per (job, rung),
 // listed per group, gone with their sweep.
 TEST(ResultStoreTest, RungDecisionsArePerJobAndRungAndDeletedWithTheSweep) {
-  auto db = Database::Open(":memory:");
-  ASSERT_TRUE(db.ok());
-  ASSERT_TRUE(Migrate(db->get()).ok());
-  SweepStore sweeps(db->get());
+  auto db = MigratedMemoryDb();
+  ASSERT_NE(db, nullptr);
+  SweepStore sweeps(db.get());
   auto sweep_id = sweeps.Insert({0, "s", "spec", 1, false});
   ASSERT_TRUE(sweep_id.ok());
-  JobStore jobs(db->get());
+  JobStore jobs(db.get());
   JobRecord job;
   job.sweep_id = *sweep_id;
   job.arch = "pre_ln";
@@ -290,7 +304,7 @@ TEST(ResultStoreTest, RungDecisionsArePerJobAndRungAndDeletedWithTheSweep) {
   job.layers = 6;  // another group
   auto b = jobs.Insert(job);
   ASSERT_TRUE(a.ok() && b.ok());
-  ResultStore results(db->get());
+  ResultStore results(db.get());
   ASSERT_TRUE(results.InsertRung({*a, 0, 10, 3.5, "promote", 1}).ok());
   ASSERT_TRUE(results.InsertRung({*a, 1, 30, std::nullopt, "diverged", 2}).ok());
   ASSERT_TRUE(results.InsertRung({*b, 0, 10, 4.0, "prune", 3}).ok());
@@ -316,7 +330,7 @@ TEST(ResultStoreTest, RungDecisionsArePerJobAndRungAndDeletedWithTheSweep) {
   EXPECT_EQ((*group)[2].decided_ms, 6);
   EXPECT_DOUBLE_EQ(*(*group)[2].val_loss, 3.1);
   ASSERT_TRUE(sweeps.Delete(*sweep_id).ok());
-  auto left = (*db)->Prepare("SELECT COUNT(*) FROM rung_results");
+  auto left = db->Prepare("SELECT COUNT(*) FROM rung_results");
   ASSERT_TRUE(left.ok());
   ASSERT_TRUE(*left->Step());
   EXPECT_EQ(left->ColumnInt(0), 0);
@@ -326,17 +340,15 @@ TEST(ResultStoreTest, RungDecisionsArePerJobAndRungAndDeletedWithTheSweep) {
 // whose backoff has passed and whose resource needs fit, labels decided by
 // the caller, and a bounded scan.
 TEST(JobStoreTest, FindRunnablePicksTheOldestFittingPendingJob) {
-  auto db = Database::Open(":memory:");
-  ASSERT_TRUE(db.ok());
-  ASSERT_TRUE(Migrate(db->get()).ok());
-  SweepStore sweeps(db->get());
-  auto sweep_id = sweeps.Insert({0, "s", "spec", 1, false});
-  ASSERT_TRUE(sweep_id.ok());
-  JobStore jobs(db->get());
+  auto db = MigratedMemoryDb();
+  ASSERT_NE(db, nullptr);
+  const int64_t sweep_id = InsertSweep(db.get());
+  ASSERT_GT(sweep_id, 0);
+  JobStore jobs(db.get());
   auto add = [&](v1::JobState state, int64_t not_before, int64_t devices,
                  int64_t memory, const std::string& labels) {
     JobRecord job;
-    job.sweep_id = *sweep_id;
+    job.sweep_id = sweep_id;
     job.arch = "pre_ln";
     job.state = state;
     job.not_before_ms = not_before;
@@ -384,15 +396,13 @@ TEST(JobStoreTest, FindRunnablePicksTheOldestFittingPendingJob) {
 }
 
 TEST(JobStoreTest, ListGroupAndSetBest) {
-  auto db = Database::Open(":memory:");
-  ASSERT_TRUE(db.ok());
-  ASSERT_TRUE(Migrate(db->get()).ok());
-  SweepStore sweeps(db->get());
-  auto sweep_id = sweeps.Insert({0, "s", "spec", 1, false});
-  ASSERT_TRUE(sweep_id.ok());
-  JobStore jobs(db->get());
+  auto db = MigratedMemoryDb();
+  ASSERT_NE(db, nullptr);
+  const int64_t sweep_id = InsertSweep(db.get());
+  ASSERT_GT(sweep_id, 0);
+  JobStore jobs(db.get());
   JobRecord job;
-  job.sweep_id = *sweep_id;
+  job.sweep_id = sweep_id;
   job.arch = "hc";
   job.layers = 4;
   job.d_model = 96;
@@ -413,7 +423,7 @@ TEST(JobStoreTest, ListGroupAndSetBest) {
   ASSERT_TRUE(first.ok() && second.ok());
 
   ASSERT_TRUE(jobs.SetBest(*first, true).ok());
-  auto group = jobs.ListGroup(*sweep_id, "hc", 4, 96);
+  auto group = jobs.ListGroup(sweep_id, "hc", 4, 96);
   ASSERT_TRUE(group.ok()) << group.status();
   ASSERT_EQ(group->size(), 2u);
   EXPECT_EQ((*group)[0].id, *first);
@@ -430,10 +440,9 @@ TEST(JobStoreTest, ListGroupAndSetBest) {
 }
 
 TEST(ResultStoreTest, UpsertUpdatesInPlaceKeepingSubmissionOrder) {
-  auto db = Database::Open(":memory:");
-  ASSERT_TRUE(db.ok());
-  ASSERT_TRUE(Migrate(db->get()).ok());
-  ResultStore results(db->get());
+  auto db = MigratedMemoryDb();
+  ASSERT_NE(db, nullptr);
+  ResultStore results(db.get());
   ResultRecord row;
   row.sweep_id = 1;
   row.arch = "pre_ln";
@@ -466,10 +475,9 @@ TEST(ResultStoreTest, UpsertUpdatesInPlaceKeepingSubmissionOrder) {
 // same JSON text as before, reads rows from before the run counts, and
 // reports an unreadable column instead of an empty list.
 TEST(ResultStoreTest, LrSummariesRoundTripThroughLrsJson) {
-  auto db = Database::Open(":memory:");
-  ASSERT_TRUE(db.ok());
-  ASSERT_TRUE(Migrate(db->get()).ok());
-  ResultStore results(db->get());
+  auto db = MigratedMemoryDb();
+  ASSERT_NE(db, nullptr);
+  ResultStore results(db.get());
   ResultRecord row;
   row.sweep_id = 1;
   row.arch = "pre_ln";
@@ -477,7 +485,7 @@ TEST(ResultStoreTest, LrSummariesRoundTripThroughLrsJson) {
   row.d_model = 96;
   row.lrs = {{1e-3, 2.5, 2, 0, 1}, {2e-3, std::nullopt, 0, 3, 0}};
   ASSERT_TRUE(results.Upsert(row).ok());
-  auto q = (*db)->Prepare("SELECT lrs_json FROM results");
+  auto q = db->Prepare("SELECT lrs_json FROM results");
   ASSERT_TRUE(q.ok());
   ASSERT_TRUE(*q->Step());
   EXPECT_EQ(q->ColumnText(0),
@@ -496,14 +504,14 @@ TEST(ResultStoreTest, LrSummariesRoundTripThroughLrsJson) {
   EXPECT_FALSE(lrs[1].mean_val_loss.has_value());
   EXPECT_EQ(lrs[1].diverged, 3);
 
-  ASSERT_TRUE((*db)->Exec(
+  ASSERT_TRUE(db->Exec(
       R"(UPDATE results SET lrs_json = '[{"lr":0.004,"val_loss":null,"diverged":true}]')").ok());
   read = results.Get(1, "pre_ln", 4, 96);
   ASSERT_TRUE(read.ok()) << read.status();
   ASSERT_EQ((*read)->lrs.size(), 1u);
   EXPECT_EQ((*read)->lrs[0].diverged, 1);
 
-  ASSERT_TRUE((*db)->Exec("UPDATE results SET lrs_json = 'oops'").ok());
+  ASSERT_TRUE(db->Exec("UPDATE results SET lrs_json = 'oops'").ok());
   auto broken = results.List(1);
   ASSERT_FALSE(broken.ok());
   EXPECT_NE(broken.status().message().find("results.lrs_json"), std::string::npos)
@@ -551,22 +559,20 @@ TEST(JobTextTest, UnknownStoredValuesAreNamedErrors) {
 // The stores write the same bytes as before the enums, and a row holding an
 // unknown state is reported when read, not turned into a default.
 TEST(JobTextTest, JobStoreWritesTheTextAndRejectsUnknownRows) {
-  auto db = Database::Open(":memory:");
-  ASSERT_TRUE(db.ok());
-  ASSERT_TRUE(Migrate(db->get()).ok());
-  SweepStore sweeps(db->get());
-  auto sweep_id = sweeps.Insert({0, "s", "spec", 1, false});
-  ASSERT_TRUE(sweep_id.ok());
-  JobStore jobs(db->get());
+  auto db = MigratedMemoryDb();
+  ASSERT_NE(db, nullptr);
+  const int64_t sweep_id = InsertSweep(db.get());
+  ASSERT_GT(sweep_id, 0);
+  JobStore jobs(db.get());
   JobRecord job;
-  job.sweep_id = *sweep_id;
+  job.sweep_id = sweep_id;
   job.arch = "pre_ln";
   job.kind = v1::DIAGNOSE;
   job.state = v1::PAUSED;
   job.checkpoint_dir = "c";
   auto id = jobs.Insert(job);
   ASSERT_TRUE(id.ok()) << id.status();
-  auto q = (*db)->Prepare("SELECT kind, state FROM jobs WHERE id = ?");
+  auto q = db->Prepare("SELECT kind, state FROM jobs WHERE id = ?");
   ASSERT_TRUE(q.ok());
   q->Bind(1, *id);
   ASSERT_TRUE(*q->Step());
@@ -577,12 +583,12 @@ TEST(JobTextTest, JobStoreWritesTheTextAndRejectsUnknownRows) {
   EXPECT_EQ(read->kind, v1::DIAGNOSE);
   EXPECT_EQ(read->state, v1::PAUSED);
 
-  ASSERT_TRUE((*db)->Exec("UPDATE jobs SET state = 'zombie'").ok());
+  ASSERT_TRUE(db->Exec("UPDATE jobs SET state = 'zombie'").ok());
   auto broken = jobs.Get(*id);
   ASSERT_FALSE(broken.ok());
   EXPECT_NE(broken.status().message().find("\"zombie\""), std::string::npos) << broken.status();
-  EXPECT_FALSE(jobs.ListBySweep(*sweep_id).ok());
-  EXPECT_FALSE(jobs.CountByState(*sweep_id).ok());
+  EXPECT_FALSE(jobs.ListBySweep(sweep_id).ok());
+  EXPECT_FALSE(jobs.CountByState(sweep_id).ok());
 }
 
 // Version 4 swaps the all-states index for a partial one over pending jobs.
@@ -705,12 +711,11 @@ TEST(ReaderPoolTest, SnapshotsAreConsistentAndReadOnly) {
 // diagnose job, a metric point, a results row, an LR tally, a diagnostic.
 // Sets *train_id_out to the train job's id.
 void FillOneOfEach(Database* db, int64_t* train_id_out) {
-  SweepStore sweeps(db);
-  auto sweep_id = sweeps.Insert({0, "s", "spec", 1, false});
-  ASSERT_TRUE(sweep_id.ok());
+  const int64_t sweep_id = InsertSweep(db);
+  ASSERT_GT(sweep_id, 0);
   JobStore jobs(db);
   JobRecord job;
-  job.sweep_id = *sweep_id;
+  job.sweep_id = sweep_id;
   job.arch = "hc";
   job.layers = 4;
   job.d_model = 96;
@@ -728,7 +733,7 @@ void FillOneOfEach(Database* db, int64_t* train_id_out) {
   ASSERT_TRUE(metrics.Insert({{0, *train_id, 1, 10, "loss", 2.75, 100}}).ok());
   ResultStore results(db);
   ResultRecord row;
-  row.sweep_id = *sweep_id;
+  row.sweep_id = sweep_id;
   row.arch = "hc";
   row.layers = 4;
   row.d_model = 96;
@@ -740,7 +745,7 @@ void FillOneOfEach(Database* db, int64_t* train_id_out) {
   row.complete = true;
   ASSERT_TRUE(results.Upsert(row).ok());
   LrTally tally;
-  tally.sweep_id = *sweep_id;
+  tally.sweep_id = sweep_id;
   tally.arch = "hc";
   tally.layers = 4;
   tally.d_model = 96;
@@ -856,10 +861,9 @@ TEST(MigrationTest, Version5TalliesExistingJobs) {
 }
 
 TEST(ResultStoreTest, LrDeltasAccumulateAndKeepTheBestRun) {
-  auto db = Database::Open(":memory:");
-  ASSERT_TRUE(db.ok());
-  ASSERT_TRUE(Migrate(db->get()).ok());
-  ResultStore results(db->get());
+  auto db = MigratedMemoryDb();
+  ASSERT_NE(db, nullptr);
+  ResultStore results(db.get());
   LrTally key;
   key.sweep_id = 1;
   key.arch = "hc";

@@ -526,19 +526,7 @@ TEST(DesignGoldenTest, LogitsAndFirstAdamWStepsMatchPyTorch) {
       for (auto& p : m->parameters()) p.add_(torch::randn_like(p) * 0.02);
     }
     const std::string name = CaseName({cases[i], 0});
-    std::filesystem::create_directories(dir / name);
-    nlohmann::json entry;
-    const ModelShape& s = o.design.shape;
-    entry["arch"] = std::string(ArchName(o.arch));
-    entry["hc_code_form"] = o.design.hc_code_form;
-    entry["shape"] = {{"layers", s.layers}, {"d_model", s.d_model}, {"d_ff", s.d_ff},
-                      {"heads", s.heads}, {"kv_heads", s.kv_heads}, {"vocab", s.vocab},
-                      {"streams", o.design.hc_streams}};
-    for (auto& item : m->named_parameters()) {
-      WriteF32((dir / name / (item.key() + ".f32")).string(), item.value());
-      entry["params"].push_back({{"name", item.key()}, {"shape", item.value().sizes().vec()}});
-    }
-    index["models"][name] = entry;
+    index["models"][name] = golden::ExportModel(dir, name, o, *m);
     models.push_back(m);
   }
   std::ofstream(dir / "index.json") << index.dump(1);

@@ -25,6 +25,19 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// Adds the seconds from construction to destruction to *acc.
+class PhaseTimer {
+ public:
+  explicit PhaseTimer(double* acc) : acc_(acc), start_(Clock::now()) {}
+  ~PhaseTimer() { *acc_ += std::chrono::duration<double>(Clock::now() - start_).count(); }
+  PhaseTimer(const PhaseTimer&) = delete;
+  PhaseTimer& operator=(const PhaseTimer&) = delete;
+
+ private:
+  double* acc_;
+  Clock::time_point start_;
+};
+
 // Elements per block of the mean / variance pass.
 constexpr int64_t kStatsChunkElems = int64_t{1} << 19;
 
@@ -492,6 +505,7 @@ struct CkaRun {
   torch::ScalarType cdt = torch::kFloat32;  // compute dtype
   std::vector<torch::Tensor> mu64, muc;     // column means: float64, cdt
   CkaProgress progress;
+  CkaPhaseSeconds phases;
 
   int64_t layers() const { return static_cast<int64_t>(dims.size()); }
   torch::Tensor Empty(int64_t elems) const {
@@ -505,6 +519,7 @@ struct CkaRun {
   // Rows [r0, r1) of layer l, centred, in the front of `buf` as [rows, d].
   torch::Tensor CentredRows(int64_t l, int64_t r0, int64_t r1,
                             const torch::Tensor& buf) {
+    PhaseTimer timer(&phases.centre);
     const int64_t d = dims[l];
     torch::Tensor out = buf.narrow(0, 0, (r1 - r0) * d).view({r1 - r0, d});
     Centre(out, source.Rows(l, r0, r1), muc[l], mu64[l]);
@@ -612,6 +627,7 @@ void GramTiles(CkaRun& run, GramBuffers& buf, int64_t ra0, int64_t ra1,
     torch::Tensor cb = diag ? ca : run.CentredRows(l, rb0, rb1, buf.b);
     run.source.Release();
     torch::Tensor k = buf.k.select(0, l).narrow(0, 0, ta * tb).view({ta, tb});
+    PhaseTimer timer(&run.phases.gemm);
     if (!syrk) {
       at::mm_out(k, ca, cb.t());
     } else if (run.cdt == torch::kFloat32) {
@@ -626,8 +642,9 @@ void GramTiles(CkaRun& run, GramBuffers& buf, int64_t ra0, int64_t ra1,
 }
 
 // gu (upper triangle of G) += the contraction of the tiles in buf.k.
-void ContractTiles(const CkaRun& run, const GramBuffers& buf, int64_t ta,
+void ContractTiles(CkaRun& run, const GramBuffers& buf, int64_t ta,
                    int64_t tb, bool diag, std::vector<double>& gu) {
+  PhaseTimer timer(&run.phases.contract);
   const int64_t ld = buf.k.size(1), num_layers = run.layers();
   const bool upper = diag && run.plan.diagonal_syrk;
   auto go = [&](const auto* k) {
@@ -667,6 +684,7 @@ std::vector<double> GramForm(CkaRun& run) {
 
 // Centred layer l into the columns of dst [n, *], a stats chunk at a time.
 void LoadCentred(CkaRun& run, torch::Tensor dst, int64_t l) {
+  PhaseTimer timer(&run.phases.centre);
   const int64_t chunk_rows = std::max<int64_t>(1, kStatsChunkElems / run.maxd);
   for (int64_t r0 = 0; r0 < run.n; r0 += chunk_rows) {
     const int64_t r1 = std::min(run.n, r0 + chunk_rows);
@@ -689,14 +707,25 @@ void FeatureBlock(CkaRun& run, int64_t p0, int64_t p1, torch::Tensor pbuf,
   for (int64_t l = p0; l < p1; ++l) LoadCentred(run, x(l), l);
   for (int64_t i = p0; i < p1; ++i) {
     for (int64_t j = i; j < p1; ++j) {
-      gu[i * num_layers + j] = SumSquares(at::mm(x(i).t(), x(j)));
+      torch::Tensor m;
+      {
+        PhaseTimer timer(&run.phases.gemm);
+        m = at::mm(x(i).t(), x(j));
+      }
+      PhaseTimer timer(&run.phases.contract);
+      gu[i * num_layers + j] = SumSquares(m);
       run.Report(2.0 * n * dims[i] * dims[j]);
     }
   }
   for (int64_t j = p1; j < num_layers; ++j) {
     torch::Tensor xj = jbuf.narrow(0, 0, n * dims[j]).view({n, dims[j]});
     LoadCentred(run, xj, j);
-    torch::Tensor m = at::mm(xp.t(), xj);  // [width, d_j]
+    torch::Tensor m;
+    {
+      PhaseTimer timer(&run.phases.gemm);
+      m = at::mm(xp.t(), xj);  // [width, d_j]
+    }
+    PhaseTimer timer(&run.phases.contract);
     for (int64_t i = p0; i < p1; ++i) {
       gu[i * num_layers + j] = SumSquares(m.narrow(0, off[i - p0], dims[i]));
       run.Report(2.0 * n * dims[i] * dims[j]);
@@ -768,8 +797,11 @@ absl::StatusOr<CkaResult> LinearCkaMatrix(LayerRows& source,
                                                            : torch::kFloat32;
     run.mu64.resize(run.dims.size());
     run.muc.resize(run.dims.size());
-    for (int64_t l = 0; l < run.layers(); ++l) {
-      RETURN_IF_ERROR(LayerMean(run, l));
+    {
+      PhaseTimer timer(&run.phases.means);
+      for (int64_t l = 0; l < run.layers(); ++l) {
+        RETURN_IF_ERROR(LayerMean(run, l));
+      }
     }
     run.progress.total_flops = run.plan.flops;
     const std::vector<double> gu =
@@ -777,6 +809,7 @@ absl::StatusOr<CkaResult> LinearCkaMatrix(LayerRows& source,
     FillResult(gu, run.layers(), &result);
     result.seconds =
         std::chrono::duration<double>(Clock::now() - start).count();
+    result.phases = run.phases;
     return result;
   } catch (const c10::Error& e) {
     return absl::InternalError(

@@ -92,6 +92,15 @@ class TensorLayerRows : public LayerRows {
   std::vector<torch::Tensor> layers_;
 };
 
+// Wall-clock seconds per phase of one LinearCkaMatrix call, measured on the
+// calling thread (what the time went to; they sum to about CkaResult::seconds).
+struct CkaPhaseSeconds {
+  double means = 0;     // pass 1: column means and the variance check
+  double centre = 0;    // reading and centring row blocks
+  double gemm = 0;      // Gram tiles / cross-covariances (BLAS GEMM, syrk)
+  double contract = 0;  // the gram form's L x L contraction; the feature form's sums of squares
+};
+
 struct CkaResult {
   std::vector<std::vector<double>> hsic;  // G, L x L
   std::vector<std::vector<double>> cka;   // rho, L x L, diagonal 1
@@ -100,6 +109,7 @@ struct CkaResult {
   // or "gemm: at::mm (...)"; empty for the feature form.
   std::string diagonal_tiles;
   double seconds = 0;
+  CkaPhaseSeconds phases;
 };
 
 // The BLAS syrk the kernel found in the process ("cblas_ssyrk/dsyrk (LIB)",

@@ -206,6 +206,10 @@ nlohmann::json PerfJson(const CkaResult& cka, const DeffNpyOptions& options) {
   perf["precision"] = CkaPrecisionName(cka.plan.precision);
   perf["diagonal_tiles"] = cka.diagonal_tiles;
   perf["seconds"] = cka.seconds;
+  perf["phase_seconds"] = {{"means", cka.phases.means},
+                           {"centre", cka.phases.centre},
+                           {"gemm", cka.phases.gemm},
+                           {"contract", cka.phases.contract}};
   perf["gflop"] = gflop;
   perf["gflops"] = cka.seconds > 0 ? gflop / cka.seconds : 0.0;
   perf["threads"] = at::get_num_threads();

@@ -16,7 +16,9 @@
 //    "cka": [[rho(i, j)]] (L x L, 0-indexed over h_1..h_L),
 //    "perf": {"form": "gram"|"feature", "precision": "fp32"|"fp64",
 //             "diagonal_tiles": "syrk: LIB" | "gemm: ..." | "" (feature),
-//             "seconds": x, "gflop": x, "gflops": x, "threads": n,
+//             "seconds": x, "phase_seconds": {"means", "centre", "gemm",
+//             "contract"} (where the seconds went), "gflop": x, "gflops": x,
+//             "threads": n,
 //             "peak_rss_mib": x, and when measured (DeffNpyOptions::perf or
 //             a run over progress_interval_s) "sgemm_peak_gflops": x,
 //             "fraction_of_peak": x}}
