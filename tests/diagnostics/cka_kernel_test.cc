@@ -248,6 +248,28 @@ TEST(CkaKernelTest, MappedFloat32AndFloat64FilesGiveTheReference) {
     EXPECT_NEAR((*got4)["deff"].get<double>(), in_memory->deff, 1e-4);
     EXPECT_NEAR((*got4)["rho_bar1"].get<double>(), in_memory->rho_bar1, 2e-5);
   }
+  // The gram form reads its row blocks with pread (ReadRows) when the file
+  // holds the compute dtype and views the mapping otherwise: every
+  // combination, over several tiles, gives the reference.
+  for (const std::string& file : {f8, f4}) {
+    for (CkaPrecision p : {CkaPrecision::kFloat64, CkaPrecision::kFloat32}) {
+      SCOPED_TRACE(file + " " + CkaPrecisionName(p));
+      DeffNpyOptions options;
+      options.cka.precision = p;
+      options.cka.form = CkaForm::kGram;
+      options.cka.tile_rows = 48;  // 5 row blocks, the last one short
+      auto got = DeffFromNpy(file, options);
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_EQ((*got)["perf"]["form"], "gram");
+      const double tol = file == f8 && p == CkaPrecision::kFloat64 ? 1e-12 : 1e-4;
+      EXPECT_NEAR((*got)["deff"].get<double>(), in_memory->deff, tol);
+      for (size_t i = 0; i < 5; ++i) {
+        for (size_t j = 0; j < 5; ++j) {
+          EXPECT_NEAR((*got)["cka"][i][j].get<double>(), in_memory->cka[i][j], tol);
+        }
+      }
+    }
+  }
   // A dtype the kernel does not read is refused naming what it accepts.
   std::vector<int32_t> ints(2 * 3 * 4, 1);
   const std::string i4 = dir.path() + "/i4.npy";

@@ -38,6 +38,9 @@ class PhaseTimer {
   Clock::time_point start_;
 };
 
+// Elements per thread, at least, of the centring copy.
+constexpr int64_t kCentreGrainElems = int64_t{1} << 17;
+
 // Elements per block of the mean / variance pass.
 constexpr int64_t kStatsChunkElems = int64_t{1} << 19;
 
@@ -238,11 +241,14 @@ CkaPlan PlanFromStats(int64_t num_rows, const DimStats& s,
 template <typename T>
 void CentreRows(T* out, int64_t out_stride, const T* x, const T* mu,
                 int64_t rows, int64_t d) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const T* xr = x + r * d;
-    T* o = out + r * out_stride;
-    for (int64_t c = 0; c < d; ++c) o[c] = xr[c] - mu[c];
-  }
+  at::parallel_for(0, rows, std::max<int64_t>(1, kCentreGrainElems / d),
+                   [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* xr = x + r * d;
+      T* o = out + r * out_stride;
+      for (int64_t c = 0; c < d; ++c) o[c] = xr[c] - mu[c];
+    }
+  });
 }
 
 // Plain loops on this thread where the layouts allow: centring is memory
@@ -461,13 +467,16 @@ void ContractUpper(const T* k, int64_t ld, int64_t num_layers, int64_t t,
 // Column means, centred sums of squares (float64) of a [rows, d] block, and
 // its raw sum of squares added to *raw_sq. Plain loops on this thread: the
 // pass is memory-bound, and ATen's parallel elementwise ops were measured
-// ten times slower than one thread on a busy 2-core machine.
+// ten times slower than one thread on a busy 2-core machine. The raw sum is
+// kept per column so that the inner loop has no serial dependency and
+// vectorises.
 template <typename T>
 void ChunkStats(const T* x, int64_t rows, int64_t d, double* cm, double* cm2,
                 double* raw_sq) {
   std::fill(cm, cm + d, 0.0);
   std::fill(cm2, cm2 + d, 0.0);
-  double raw = 0;
+  std::vector<double> raw(static_cast<size_t>(d), 0.0);
+  double* rc = raw.data();
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * d;
     for (int64_t c = 0; c < d; ++c) cm[c] += xr[c];
@@ -479,10 +488,10 @@ void ChunkStats(const T* x, int64_t rows, int64_t d, double* cm, double* cm2,
       const double v = static_cast<double>(xr[c]);
       const double e = v - cm[c];
       cm2[c] += e * e;
-      raw += v * v;
+      rc[c] += v * v;
     }
   }
-  *raw_sq += raw;
+  for (int64_t c = 0; c < d; ++c) *raw_sq += rc[c];
 }
 
 double SumSquares(const torch::Tensor& m) {
@@ -522,7 +531,11 @@ struct CkaRun {
     PhaseTimer timer(&phases.centre);
     const int64_t d = dims[l];
     torch::Tensor out = buf.narrow(0, 0, (r1 - r0) * d).view({r1 - r0, d});
-    Centre(out, source.Rows(l, r0, r1), muc[l], mu64[l]);
+    if (source.ReadRows(l, r0, r1, out)) {
+      Centre(out, out, muc[l], mu64[l]);  // in place
+    } else {
+      Centre(out, source.Rows(l, r0, r1), muc[l], mu64[l]);
+    }
     return out;
   }
 };
@@ -572,10 +585,18 @@ absl::Status LayerMean(CkaRun& run, int64_t l) {
   std::vector<double> mean(d, 0.0), m2(d, 0.0), cm(d), cm2(d);
   double raw_sq = 0;
   int64_t count = 0;
+  // Blocks are read into `buf` where the source can (ReadRows), else viewed.
+  torch::Tensor buf = torch::empty(
+      {std::min(chunk, run.n) * d},
+      torch::TensorOptions().dtype(run.source.Rows(l, 0, 1).scalar_type()));
+  run.source.Release();
   for (int64_t r0 = 0; r0 < run.n; r0 += chunk) {
     const int64_t nb = std::min(run.n, r0 + chunk) - r0;
-    BlockStats(run.source.Rows(l, r0, r0 + nb), cm.data(), cm2.data(),
-               &raw_sq);
+    torch::Tensor block = buf.narrow(0, 0, nb * d).view({nb, d});
+    if (!run.source.ReadRows(l, r0, r0 + nb, block)) {
+      block = run.source.Rows(l, r0, r0 + nb);
+    }
+    BlockStats(block, cm.data(), cm2.data(), &raw_sq);
     run.source.Release();
     const double total = static_cast<double>(count + nb);
     const double wn = static_cast<double>(nb) / total;

@@ -67,6 +67,15 @@ class LayerRows {
   // Rows [r0, r1) of `layer` as a [r1 - r0, dim(layer)] float32 or float64
   // tensor (possibly a view of mapped memory, valid until Release()).
   virtual torch::Tensor Rows(int64_t layer, int64_t r0, int64_t r1) = 0;
+  // Copies rows [r0, r1) of `layer` into dst, a contiguous [r1 - r0,
+  // dim(layer)] tensor of the source's own dtype, where the source has a
+  // cheaper way than a view (the mmap source reads the file with pread: no
+  // pages mapped and dropped again for every block). false: not done (no
+  // such path, a dtype it does not hold, a read error); use Rows().
+  virtual bool ReadRows(int64_t /*layer*/, int64_t /*r0*/, int64_t /*r1*/,
+                        torch::Tensor& /*dst*/) {
+    return false;
+  }
   // The kernel is done with every block handed out so far (the mmap source
   // drops those pages from the process's resident set).
   virtual void Release() {}
