@@ -31,8 +31,8 @@
 // a GEMM and over 512-column blocks of the contraction; every sum across
 // those, the means and the variance check are float64); CKA values then
 // carry relative errors of about 1e-6.
-// Threads: the GEMMs and the contraction use LibTorch's intra-op pool; the
-// memory-bound passes (means, centring) run on the calling thread.
+// Threads: the GEMMs, the contraction and the centring copy use LibTorch's
+// intra-op pool; the means pass runs on the calling thread.
 // kFloat64 does everything in float64. kAuto picks float64 when the run is
 // small (under kCkaFloat64MaxFlops), so small inputs keep their float64
 // results exactly, and float32 otherwise.
