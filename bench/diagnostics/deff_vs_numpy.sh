@@ -35,7 +35,6 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/deff_bench.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 export OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads
 
-
 echo "threads=$threads  $(date -u +%FT%TZ)  $(nproc) cores, load: $(cut -d' ' -f1-3 /proc/loadavg)"
 for size in $sizes; do
   IFS=x read -r L N D <<<"$size"

@@ -89,23 +89,20 @@ class MappedStates : public LayerRows {
   int64_t num_rows() const override { return layout_.shape[1]; }
   int64_t dim(int64_t) const override { return layout_.shape[2]; }
   torch::Tensor Rows(int64_t layer, int64_t r0, int64_t r1) override {
-    const int64_t d = layout_.shape[2];
-    const int64_t es = layout_.dtype.item_size;
-    const int64_t offset =
-        layout_.data_offset + ((layer * num_rows() + r0) * d) * es;
-    char* p = static_cast<char*>(base_) + offset;
-    used_.emplace_back(offset, (r1 - r0) * d * es);
-    Populate(offset, (r1 - r0) * d * es);
+    const int64_t offset = Offset(layer, r0);
+    const int64_t bytes = Bytes(r0, r1);
+    used_.emplace_back(offset, bytes);
+    Populate(offset, bytes);
     // Read-only: the kernel never writes to a block it is handed.
-    return torch::from_blob(p, {r1 - r0, d},
-                            torch::TensorOptions().dtype(
-                                es == 8 ? torch::kFloat64 : torch::kFloat32));
+    return torch::from_blob(static_cast<char*>(base_) + offset, {r1 - r0, layout_.shape[2]},
+                            torch::TensorOptions().dtype(Dtype()));
   }
   // Maps the block's pages in one call (MADV_POPULATE_READ, Linux 5.14)
-  // instead of a fault per page as the kernel reads it: the blocks are
-  // re-read after every Release(), and those faults were most of the
-  // centring pass's time (measured on 32 x 10,000 x 1,024). Older kernels
-  // answer EINVAL and the pages fault in as before.
+  // instead of a fault per page as the kernel reads it; the views Rows()
+  // still hands out (blocks ReadRows does not take) are re-read after every
+  // Release(). On 32 x 10,000 x 1,024 it took the mapped centring from 8.3 to
+  // 7.2 s, before ReadRows took that pass over. Older kernels answer EINVAL
+  // and the pages fault in as before.
   void Populate(int64_t offset, int64_t bytes) {
 #ifdef MADV_POPULATE_READ
     static const int64_t page = ::sysconf(_SC_PAGESIZE);
@@ -127,15 +124,13 @@ class MappedStates : public LayerRows {
   // dropped again (Release) for each tile it is read for, which took 5 of
   // the 8 seconds of centring on 32 x 10,000 x 1,024 (bench/RESULTS.md).
   bool ReadRows(int64_t layer, int64_t r0, int64_t r1, torch::Tensor& dst) override {
-    const int64_t d = layout_.shape[2];
-    const int64_t es = layout_.dtype.item_size;
-    const torch::ScalarType dtype = es == 8 ? torch::kFloat64 : torch::kFloat32;
-    if (dst.scalar_type() != dtype || !dst.is_contiguous() || dst.numel() != (r1 - r0) * d) {
+    if (dst.scalar_type() != Dtype() || !dst.is_contiguous() ||
+        dst.numel() != (r1 - r0) * layout_.shape[2]) {
       return false;
     }
     char* out = static_cast<char*>(dst.data_ptr());
-    int64_t offset = layout_.data_offset + ((layer * num_rows() + r0) * d) * es;
-    int64_t left = (r1 - r0) * d * es;
+    int64_t offset = Offset(layer, r0);
+    int64_t left = Bytes(r0, r1);
     while (left > 0) {
       const ssize_t got = ::pread(fd_, out, static_cast<size_t>(left), offset);
       if (got < 0 && errno == EINTR) continue;
@@ -164,6 +159,18 @@ class MappedStates : public LayerRows {
  private:
   MappedStates(void* base, int64_t size, int fd, NpyLayout layout)
       : base_(base), size_(size), fd_(fd), layout_(std::move(layout)) {}
+  // Where rows [r0, ...) of `layer` start in the file, and the bytes of rows
+  // [r0, r1) of one layer; the element type they hold.
+  int64_t Offset(int64_t layer, int64_t r0) const {
+    return layout_.data_offset + (layer * num_rows() + r0) * layout_.shape[2] *
+                                     layout_.dtype.item_size;
+  }
+  int64_t Bytes(int64_t r0, int64_t r1) const {
+    return (r1 - r0) * layout_.shape[2] * layout_.dtype.item_size;
+  }
+  torch::ScalarType Dtype() const {
+    return layout_.dtype.item_size == 8 ? torch::kFloat64 : torch::kFloat32;
+  }
   void* base_;
   int64_t size_;
   int fd_;  // kept open for ReadRows
