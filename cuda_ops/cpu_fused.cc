@@ -1,12 +1,18 @@
-#include "cuda_ops/cpu_fused.h"
-
+// The fused CPU RMSNorm (cpu_fused.h); compiled once per ISA
+// (cpu_fused_isa.h), the entry point is in cpu_fused_dispatch.cc.
 #include <ATen/Parallel.h>
 
 #include <cmath>
 #include <vector>
 
+#include "cuda_ops/cpu_fused.h"
+#include "cuda_ops/cpu_fused_isa.h"
+// Last: the ISA of this object (cpu_fused_isa.h).
+#include "cuda_ops/cpu_fused_target.h"
+
 namespace depthbench {
 namespace cpu_fused {
+namespace DEPTHBENCH_CPU_FUSED_ISA {
 namespace {
 
 using torch::autograd::AutogradContext;
@@ -113,21 +119,10 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
 
 }  // namespace
 
-bool Supports(std::initializer_list<const torch::Tensor*> tensors) {
-  c10::optional<torch::ScalarType> dtype;
-  for (const torch::Tensor* t : tensors) {
-    if (!t->defined() || !t->device().is_cpu()) return false;
-    const auto st = t->scalar_type();
-    if (st != torch::kFloat32 && st != torch::kFloat64) return false;
-    if (dtype && *dtype != st) return false;
-    dtype = st;
-  }
-  return true;
-}
-
 torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
   return RmsNormFunction::apply(x, weight, eps);
 }
 
+}  // namespace DEPTHBENCH_CPU_FUSED_ISA
 }  // namespace cpu_fused
 }  // namespace depthbench

@@ -48,6 +48,10 @@ torch::Tensor HcRead(const torch::Tensor& h, const torch::Tensor& read);
 // -> out_t = sum_s a[s, t] h_s + b_t y.
 torch::Tensor HcWrite(const torch::Tensor& h, const torch::Tensor& a, const torch::Tensor& b,
                       const torch::Tensor& y);
+// The HC/mHC routing projection: (x * rsqrt(mean(x^2, -1) + eps)) @ w with
+// x [..., K] and w [K, m], one pass over x forward and one backward (the
+// normalised x is never materialised; dw is summed per thread as above).
+torch::Tensor RmsProject(const torch::Tensor& x, const torch::Tensor& w, double eps);
 // Sinkhorn-Knopp of logits [..., n, n] (n <= kMaxSinkhornStreams, iterations
 // <= kMaxSinkhornIterations), computed per matrix in double in the exp
 // domain: P = exp(z), then P /= (row sums + eps), P /= (column sums + eps),

@@ -16,7 +16,7 @@ std::atomic<bool> g_enabled{true};
 
 // What runs fused on CPU tensors (cpu_fused.h), for FusedOpsDescription.
 constexpr const char* kCpuFused =
-    "CPU: fused RMSNorm, HC/mHC read-write, Sinkhorn, AttnRes mix; SwiGLU composite";
+    "CPU: fused RMSNorm, HC/mHC routing projection and read-write, Sinkhorn, AttnRes mix; SwiGLU composite";
 
 bool CpuFused(std::initializer_list<const torch::Tensor*> tensors) {
   return g_enabled.load(std::memory_order_relaxed) && cpu_fused::Supports(tensors);
@@ -87,6 +87,14 @@ torch::Tensor RmsNormOp(const torch::Tensor& x, const torch::Tensor& weight, dou
 
 torch::Tensor RmsNormalizeOp(const torch::Tensor& x, double eps) {
   return RmsNormOp(x, torch::ones({x.size(-1)}, x.options()), eps);
+}
+
+torch::Tensor RmsProjectOp(const torch::Tensor& x, const torch::Tensor& w, double eps) {
+  TORCH_CHECK(x.dim() >= 1 && w.dim() == 2 && w.size(0) == x.size(-1), "RmsProjectOp: w has ",
+              w.sizes(), ", expected [", x.dim() >= 1 ? x.size(-1) : 0, ", m] for x of shape ",
+              x.sizes());
+  if (CpuFused({&x, &w})) return cpu_fused::RmsProject(x, w, eps);
+  return torch::matmul(RmsNormalizeOp(x, eps), w);
 }
 
 torch::Tensor SwiGluGateOp(const torch::Tensor& g, const torch::Tensor& u) {

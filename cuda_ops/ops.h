@@ -40,6 +40,11 @@ torch::Tensor RmsNormOp(const torch::Tensor& x, const torch::Tensor& weight, dou
 // RMSNorm op with a unit weight, so the fused kernels serve it too.
 torch::Tensor RmsNormalizeOp(const torch::Tensor& x, double eps);
 
+// The HC/mHC routing projection RmsNormalizeOp(x, eps) @ w; x [..., K],
+// w [K, m]. Fused on CPU (the normalised x is never materialised); on CUDA
+// the fused RMSNorm kernel and a matmul.
+torch::Tensor RmsProjectOp(const torch::Tensor& x, const torch::Tensor& w, double eps);
+
 // silu(g) * u (the SwiGLU gate; the projections stay matmuls).
 torch::Tensor SwiGluGateOp(const torch::Tensor& g, const torch::Tensor& u);
 

@@ -1,5 +1,5 @@
 // CPU tests of the fused multi-stream kernels (cuda_ops/cpu_fused.h: HC/mHC
-// read and write, Sinkhorn, AttnRes mix): values and gradients equal the
+// routing projection, read and write, Sinkhorn, AttnRes mix): values and gradients equal the
 // composite references (autograd through them) and the hand-written backward
 // formulas the CUDA kernels implement (reference::*Backward), on one and two
 // threads, odd sizes and the model's broadcast (expanded) streams; a
@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cuda_ops/cpu_fused.h"
+#include "cuda_ops/cpu_fused_isa.h"
 #include "cuda_ops/ops.h"
 #include "cuda_ops/reference.h"
 #include "tests/cuda_ops/gradcheck.h"
@@ -131,6 +132,56 @@ TEST_P(CpuFusedHc, GradientsEqualTheHandWrittenReferenceBackward) {
 INSTANTIATE_TEST_SUITE_P(Threads, CpuFusedHc, ::testing::Values(1, 2),
                          [](const auto& info) { return "threads" + std::to_string(info.param); });
 
+// ---- routing projection ----
+
+class CpuFusedRmsProject : public ThreadsTest {};
+
+// The composite it replaces: affine-free RMS normalisation, then the matmul.
+torch::Tensor RmsProjectComposite(const torch::Tensor& x, const torch::Tensor& w, double eps) {
+  return torch::matmul(reference::RmsNorm(x, torch::ones({x.size(-1)}, x.options()), eps), w);
+}
+
+TEST_P(CpuFusedRmsProject, EqualsNormaliseThenMatmul) {
+  torch::manual_seed(30 + GetParam());
+  // (rows shape, K, m): HC's per-stream form at d = 128 (m = n + 2), mHC's
+  // flattened n*d form (m = n^2 + 2n) over 1k tokens, odd sizes.
+  struct Case {
+    std::vector<int64_t> lead;
+    int64_t k, m;
+  };
+  const std::vector<Case> cases = {
+      {{2, 512, 4}, 128, 6}, {{2, 512}, 512, 24}, {{3, 7}, 33, 5}, {{5}, 1, 1}};
+  for (const auto& c : cases) {
+    std::vector<int64_t> xs = c.lead;
+    xs.push_back(c.k);
+    std::vector<int64_t> us = c.lead;
+    us.push_back(c.m);
+    SCOPED_TRACE(::testing::Message() << "K=" << c.k << " m=" << c.m);
+    torch::Tensor x = torch::randn(xs) * 3, w = torch::randn({c.k, c.m}) * 0.1;
+    torch::Tensor probe = torch::randn(us);
+    // Against the composite in double: dw sums up to 4k rows (entries up to
+    // ~60) in float GEMMs, as the float composite does, whose rounding is
+    // ~1e-6 of the sum.
+    ExpectSame(Evaluate([](auto& in) { return cpu_fused::RmsProject(in[0], in[1], 1e-6); }, {x, w}, probe),
+               Evaluate([](auto& in) {
+                 return RmsProjectComposite(in[0].to(torch::kFloat64), in[1].to(torch::kFloat64), 1e-6)
+                     .to(torch::kFloat32);
+               }, {x, w}, probe),
+               1e-4, 2e-4, "RmsProject");
+  }
+  // The model's broadcast first-block streams and a transposed (strided) w.
+  torch::Tensor e = torch::randn({2, 9, 1, 16}), wt = torch::randn({6, 16});
+  torch::Tensor probe = torch::randn({2, 9, 4, 6});
+  ExpectSame(Evaluate([](auto& in) { return cpu_fused::RmsProject(in[0].expand({2, 9, 4, 16}), in[1].t(), 1e-6); },
+                      {e, wt}, probe),
+             Evaluate([](auto& in) { return RmsProjectComposite(in[0].expand({2, 9, 4, 16}), in[1].t(), 1e-6); },
+                      {e, wt}, probe),
+             1e-5, 1e-5, "RmsProject broadcast");
+}
+
+INSTANTIATE_TEST_SUITE_P(Threads, CpuFusedRmsProject, ::testing::Values(1, 2),
+                         [](const auto& info) { return "threads" + std::to_string(info.param); });
+
 // ---- Sinkhorn ----
 
 class CpuFusedSinkhorn : public ThreadsTest {};
@@ -229,6 +280,12 @@ TEST(CpuFusedMixGradcheck, HcReadAndWrite) {
             "");
 }
 
+TEST(CpuFusedMixGradcheck, RmsProject) {
+  torch::manual_seed(53);
+  torch::Tensor x = Var(torch::randn({2, 3, 7}, kF64)), w = Var(torch::randn({7, 4}, kF64));
+  EXPECT_EQ(GradCheck([](const auto& in) { return cpu_fused::RmsProject(in[0], in[1], 1e-6); }, {x, w}), "");
+}
+
 TEST(CpuFusedMixGradcheck, Sinkhorn) {
   torch::manual_seed(51);
   torch::Tensor z = Var(torch::randn({3, 4, 4}, kF64));
@@ -257,6 +314,61 @@ TEST(CpuFusedMixGradcheck, AttnResMix) {
             "");
 }
 
+// ---- the two ISA builds ----
+
+TEST(CpuFusedIsa, Avx2AndBaselineBuildsAgree) {
+  if (!cpu_fused::Avx2Available()) {
+    GTEST_SKIP() << "this CPU (or build) has no AVX2 + FMA kernels; the baseline build is the "
+                    "one every other test here runs";
+  }
+  EXPECT_STREQ(cpu_fused::KernelIsa(), "avx2");
+  torch::manual_seed(70);
+  const int64_t B = 2, T = 33, n = 4, d = 40;
+  torch::Tensor h = torch::randn({B, T, n, d}), read = torch::rand({B, T, n});
+  torch::Tensor a = torch::randn({B, T, n, n}), b = torch::rand({B, T, n}), y = torch::randn({B, T, d});
+  torch::Tensor w = torch::randn({d, n + 2}) * 0.1, z = torch::randn({B, T, n, n});
+  torch::Tensor rw = torch::rand({d}) + 0.5;
+  std::vector<torch::Tensor> src = {torch::randn({B, T, d}), torch::randn({B, T, d}), torch::randn({B, T, d})};
+  torch::Tensor q = torch::randn({d}), kg = torch::rand({d}) + 0.5, og = torch::rand({d}) + 0.5;
+  struct Kernel {
+    const char* name;
+    std::vector<torch::Tensor> inputs;
+    std::function<torch::Tensor(bool avx2, const std::vector<torch::Tensor>&)> f;
+  };
+  const std::vector<Kernel> kernels = {
+      {"RmsNorm", {y, rw}, [](bool v, auto& in) {
+         return v ? cpu_fused::avx2::RmsNorm(in[0], in[1], 1e-6) : cpu_fused::generic::RmsNorm(in[0], in[1], 1e-6);
+       }},
+      {"HcRead", {h, read}, [](bool v, auto& in) {
+         return v ? cpu_fused::avx2::HcRead(in[0], in[1]) : cpu_fused::generic::HcRead(in[0], in[1]);
+       }},
+      {"HcWrite", {h, a, b, y}, [](bool v, auto& in) {
+         return v ? cpu_fused::avx2::HcWrite(in[0], in[1], in[2], in[3])
+                  : cpu_fused::generic::HcWrite(in[0], in[1], in[2], in[3]);
+       }},
+      {"RmsProject", {h, w}, [](bool v, auto& in) {
+         return v ? cpu_fused::avx2::RmsProject(in[0], in[1], 1e-6)
+                  : cpu_fused::generic::RmsProject(in[0], in[1], 1e-6);
+       }},
+      {"Sinkhorn", {z}, [](bool v, auto& in) {
+         return v ? cpu_fused::avx2::Sinkhorn(in[0], 20, 1e-6) : cpu_fused::generic::Sinkhorn(in[0], 20, 1e-6);
+       }},
+      {"AttnResMix", {src[0], src[1], src[2], q, kg, og}, [](bool v, auto& in) {
+         std::vector<torch::Tensor> s = {in[0], in[1], in[2]};
+         return v ? cpu_fused::avx2::AttnResMix(s, in[3], in[4], in[5], 1e-6)
+                  : cpu_fused::generic::AttnResMix(s, in[3], in[4], in[5], 1e-6);
+       }},
+  };
+  for (const Kernel& k : kernels) {
+    torch::Tensor probe = k.f(false, k.inputs).detach();
+    probe = torch::randn(probe.sizes());
+    // FMA contracts a*b+c into one rounding: equal up to float rounding.
+    ExpectSame(Evaluate([&](auto& in) { return k.f(true, in); }, k.inputs, probe),
+               Evaluate([&](auto& in) { return k.f(false, in); }, k.inputs, probe), 1e-5, 1e-5,
+               k.name);
+  }
+}
+
 // ---- dispatcher ----
 
 TEST(CpuFusedMixDispatch, OpsUseTheKernelsOnCpuAndTheReferencesOtherwise) {
@@ -267,6 +379,8 @@ TEST(CpuFusedMixDispatch, OpsUseTheKernelsOnCpuAndTheReferencesOtherwise) {
   std::vector<torch::Tensor> src = {torch::randn({2, 5, 8}), torch::randn({2, 5, 8})};
   torch::Tensor q = torch::randn({8}), kg = torch::rand({8}) + 0.5, og = torch::rand({8}) + 0.5;
 
+  torch::Tensor w = torch::randn({8, 6});
+  EXPECT_TRUE(torch::equal(RmsProjectOp(h, w, 1e-6), cpu_fused::RmsProject(h, w, 1e-6)));
   EXPECT_TRUE(torch::equal(HcReadOp(h, read), cpu_fused::HcRead(h, read)));
   EXPECT_TRUE(torch::equal(HcWriteOp(h, a, b, y), cpu_fused::HcWrite(h, a, b, y)));
   EXPECT_TRUE(torch::equal(HcWriteOp(h, torch::Tensor(), b, y),
@@ -285,6 +399,7 @@ TEST(CpuFusedMixDispatch, OpsUseTheKernelsOnCpuAndTheReferencesOtherwise) {
   EXPECT_TRUE(torch::equal(HcReadOp(hb, read), reference::HcRead(hb, read)));
 
   SetFusedOpsEnabled(false);
+  EXPECT_TRUE(torch::equal(RmsProjectOp(h, w, 1e-6), RmsProjectComposite(h, w, 1e-6)));
   EXPECT_TRUE(torch::equal(HcReadOp(h, read), reference::HcRead(h, read)));
   EXPECT_TRUE(torch::equal(HcWriteOp(h, a, b, y), reference::HcWrite(h, a, b, y)));
   EXPECT_TRUE(torch::equal(SinkhornOp(z, 20, 1e-6), reference::Sinkhorn(z, 20, 1e-6)));
@@ -300,6 +415,12 @@ TEST(CpuFusedMixDispatch, BadShapesAreRejectedWithTheFieldNamed) {
     FAIL() << "no error";
   } catch (const c10::Error& e) {
     EXPECT_NE(std::string(e.what()).find("HcWrite: b"), std::string::npos) << e.what();
+  }
+  try {
+    RmsProjectOp(h, torch::randn({7, 6}), 1e-6);
+    FAIL() << "no error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("RmsProjectOp: w"), std::string::npos) << e.what();
   }
   EXPECT_THROW(cpu_fused::Sinkhorn(torch::randn({2, 3, 4}), 20, 1e-6), c10::Error);
   EXPECT_THROW(cpu_fused::AttnResMix({torch::randn({2, 8}), torch::randn({3, 8})}, torch::Tensor(),

@@ -67,12 +67,12 @@ class HcConnectorImpl : public torch::nn::Module {
     torch::Tensor a, b;
     {
       AutocastOffGuard fp32_routing;  // coefficients stay fp32 under bf16 autocast
-      // Per stream; fused on CPU and CUDA (cuda_ops RmsNormalizeOp).
-      torch::Tensor hn = RmsNormalizeOp(h.to(torch::kFloat32), kNormEps);
-      // One GEMM and one tanh for both projections (the parameters stay
-      // separate; split's backward is one concatenation).
+      // Per-stream RMS normalisation and one projection for both weight
+      // sets (the parameters stay separate; split's backward is one
+      // concatenation): one fused pass over h on CPU (cuda_ops RmsProjectOp).
       std::vector<torch::Tensor> t =
-          torch::tanh(torch::matmul(hn, torch::cat({dynamic_a, dynamic_b}, /*dim=*/1)))
+          torch::tanh(RmsProjectOp(h.to(torch::kFloat32),
+                                   torch::cat({dynamic_a, dynamic_b}, /*dim=*/1), kNormEps))
               .split_with_sizes({n + 1, 1}, -1);
       a = static_a + gain_a * t[0];
       b = static_b + gain_b * t[1].squeeze(-1);

@@ -65,11 +65,12 @@ class MhcConnectorImpl : public torch::nn::Module {
     torch::Tensor read, write, map;
     {
       AutocastOffGuard fp32_routing;  // coefficients and Sinkhorn stay fp32
-      torch::Tensor x = RmsNormalizeOp(h.to(torch::kFloat32).flatten(-2), kNormEps);  // [B,T,nd]
       torch::Tensor g = torch::cat({gains.narrow(0, 0, 1).expand({n}),
                                     gains.narrow(0, 1, 1).expand({n}),
                                     gains.narrow(0, 2, 1).expand({n * n})});
-      torch::Tensor z = torch::matmul(x, phi) * g + bias;  // [B,T,m]
+      // RMS over the flattened n*d values, then Phi: one fused pass on CPU.
+      torch::Tensor z =
+          RmsProjectOp(h.to(torch::kFloat32).flatten(-2), phi, kNormEps) * g + bias;  // [B,T,m]
       read = torch::sigmoid(z.narrow(-1, 0, n));
       write = 2.0 * torch::sigmoid(z.narrow(-1, n, n));
       std::vector<int64_t> sq(z.sizes().begin(), z.sizes().end() - 1);

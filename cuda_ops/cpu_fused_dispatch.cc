@@ -1,0 +1,89 @@
+// The cpu_fused:: entry points (cpu_fused.h): each runs the AVX2 + FMA build
+// of its kernel where the CPU has both, the baseline build otherwise
+// (cpu_fused_isa.h). The choice is made once per process.
+#include <cstdlib>
+#include <cstring>
+
+#include "cuda_ops/cpu_fused.h"
+#include "cuda_ops/cpu_fused_isa.h"
+
+namespace depthbench {
+namespace cpu_fused {
+namespace {
+
+bool CpuHasAvx2() {
+#if defined(DEPTHBENCH_CPU_FUSED_HAVE_AVX2) && defined(__GNUC__) && \
+    (defined(__x86_64__) || defined(__i386__))
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  return false;
+#endif
+}
+
+// DEPTHBENCH_CPU_FUSED_ISA=generic forces the baseline kernels (to compare
+// the two builds, or to rule the AVX2 one out); any other value is ignored.
+bool UseAvx2() {
+  static const bool use = [] {
+    const char* forced = std::getenv("DEPTHBENCH_CPU_FUSED_ISA");
+    if (forced != nullptr && std::strcmp(forced, "generic") == 0) return false;
+    return CpuHasAvx2();
+  }();
+  return use;
+}
+
+}  // namespace
+
+bool Avx2Available() { return CpuHasAvx2(); }
+const char* KernelIsa() { return UseAvx2() ? "avx2" : "generic"; }
+
+#if defined(DEPTHBENCH_CPU_FUSED_HAVE_AVX2)
+#define DEPTHBENCH_CPU_FUSED_CALL(fn, ...) (UseAvx2() ? avx2::fn(__VA_ARGS__) : generic::fn(__VA_ARGS__))
+#else
+#define DEPTHBENCH_CPU_FUSED_CALL(fn, ...) generic::fn(__VA_ARGS__)
+#endif
+
+bool Supports(std::initializer_list<const torch::Tensor*> tensors) {
+  c10::optional<torch::ScalarType> dtype;
+  for (const torch::Tensor* t : tensors) {
+    if (!t->defined() || !t->device().is_cpu()) return false;
+    const auto st = t->scalar_type();
+    if (st != torch::kFloat32 && st != torch::kFloat64) return false;
+    if (dtype && *dtype != st) return false;
+    dtype = st;
+  }
+  return true;
+}
+
+bool SinkhornInRange(const torch::Tensor& logits) {
+  // exp in double overflows past ~709; n^2 terms are summed. NaN fails too.
+  if (logits.numel() == 0) return true;
+  return logits.max().item<double>() <= 600.0;
+}
+
+torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  return DEPTHBENCH_CPU_FUSED_CALL(RmsNorm, x, weight, eps);
+}
+torch::Tensor HcRead(const torch::Tensor& h, const torch::Tensor& read) {
+  return DEPTHBENCH_CPU_FUSED_CALL(HcRead, h, read);
+}
+torch::Tensor HcWrite(const torch::Tensor& h, const torch::Tensor& a, const torch::Tensor& b,
+                      const torch::Tensor& y) {
+  return DEPTHBENCH_CPU_FUSED_CALL(HcWrite, h, a, b, y);
+}
+torch::Tensor RmsProject(const torch::Tensor& x, const torch::Tensor& w, double eps) {
+  return DEPTHBENCH_CPU_FUSED_CALL(RmsProject, x, w, eps);
+}
+torch::Tensor Sinkhorn(const torch::Tensor& logits, int iterations, double eps) {
+  return DEPTHBENCH_CPU_FUSED_CALL(Sinkhorn, logits, iterations, eps);
+}
+torch::Tensor AttnResMix(const std::vector<torch::Tensor>& sources, const torch::Tensor& query,
+                         const torch::Tensor& key_gain, const torch::Tensor& out_gain,
+                         double eps) {
+  return DEPTHBENCH_CPU_FUSED_CALL(AttnResMix, sources, query, key_gain, out_gain, eps);
+}
+
+#undef DEPTHBENCH_CPU_FUSED_CALL
+
+}  // namespace cpu_fused
+}  // namespace depthbench

@@ -1,0 +1,48 @@
+// The fused CPU kernels (cpu_fused.cc, cpu_fused_mix.cc) are compiled twice
+// (cuda_ops/CMakeLists.txt): for the baseline x86-64 ISA and with AVX2 + FMA,
+// each object in its own namespace below. cpu_fused_dispatch.cc picks one per
+// process from the CPU's features, so a binary built here runs on any x86-64
+// CPU and uses 8-wide FMA loops where there are (issue 18: the multi-stream
+// mixing is dot and axpy loops over [tokens, n, d] whose arithmetic, not
+// memory traffic, bounded them in the SSE2 build).
+//
+// Only the kernels' own code is built for AVX2: cpu_fused_target.h, included
+// last in a kernel file, switches the target after every header, so no
+// inline function shared with the rest of the program is compiled for AVX2
+// (cpu_fused_isa_test checks the AVX2 object's exported code for that).
+#ifndef DEPTHBENCH_CUDA_OPS_CPU_FUSED_ISA_H_
+#define DEPTHBENCH_CUDA_OPS_CPU_FUSED_ISA_H_
+
+#include <torch/torch.h>
+
+#include <vector>
+
+#define DEPTHBENCH_CPU_FUSED_KERNELS(isa)                                                     \
+  namespace isa {                                                                            \
+  torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps);    \
+  torch::Tensor HcRead(const torch::Tensor& h, const torch::Tensor& read);                    \
+  torch::Tensor HcWrite(const torch::Tensor& h, const torch::Tensor& a, const torch::Tensor& b, \
+                        const torch::Tensor& y);                                              \
+  torch::Tensor RmsProject(const torch::Tensor& x, const torch::Tensor& w, double eps);       \
+  torch::Tensor Sinkhorn(const torch::Tensor& logits, int iterations, double eps);            \
+  torch::Tensor AttnResMix(const std::vector<torch::Tensor>& sources, const torch::Tensor& query, \
+                           const torch::Tensor& key_gain, const torch::Tensor& out_gain,      \
+                           double eps);                                                       \
+  }
+
+namespace depthbench {
+namespace cpu_fused {
+
+DEPTHBENCH_CPU_FUSED_KERNELS(generic)
+DEPTHBENCH_CPU_FUSED_KERNELS(avx2)
+
+// Whether this build has the AVX2 kernels and the CPU runs them (cpuid:
+// AVX2 and FMA).
+bool Avx2Available();
+// Which kernels the cpu_fused:: entry points run: "avx2" or "generic".
+const char* KernelIsa();
+
+}  // namespace cpu_fused
+}  // namespace depthbench
+
+#endif  // DEPTHBENCH_CUDA_OPS_CPU_FUSED_ISA_H_

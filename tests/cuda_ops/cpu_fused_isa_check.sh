@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Checks that the AVX2 build of the fused CPU kernels (cuda_ops/cpu_fused_isa.h)
+# keeps its AVX code to its own namespace: every function in the given objects
+# that holds a VEX-encoded (AVX/AVX2/FMA) instruction must be one of
+# depthbench::cpu_fused::avx2's. An inline or template function shared with
+# the rest of the program compiled for AVX2 could be the copy the linker
+# keeps, and would then fault on a CPU without AVX2.
+#   cpu_fused_isa_check.sh OBJECT...
+set -euo pipefail
+[[ $# -gt 0 ]] || { echo "usage: $0 OBJECT..." >&2; exit 2; }
+command -v objdump >/dev/null || { echo "objdump (binutils) not found" >&2; exit 2; }
+# CTest passes a generator-expression list as one ';'-separated argument.
+objects=()
+for a in "$@"; do IFS=';' read -ra parts <<<"$a"; objects+=("${parts[@]}"); done
+bad=0 total=0
+for o in "${objects[@]}"; do
+  # Function headers are "ADDR <name>:"; instructions "  ADDR:\tMNEMONIC ...".
+  report=$(objdump -d --no-show-raw-insn -C "$o" | awk '
+    /^[0-9a-f]+ <.*>:$/ { name = $0; next }
+    /^ *[0-9a-f]+:\t/ { split($0, f, "\t"); split(f[2], m, " ");
+                        if (m[1] ~ /^v/) print name }' | sort -u)
+  [[ -z "$report" ]] && continue
+  total=$((total + $(wc -l <<<"$report")))
+  outside=$(grep -v 'depthbench::cpu_fused::avx2::' <<<"$report" || true)
+  if [[ -n "$outside" ]]; then
+    echo "AVX code outside depthbench::cpu_fused::avx2 in $o:" >&2
+    echo "$outside" >&2
+    bad=1
+  fi
+done
+if [[ $total -eq 0 ]]; then
+  echo "no AVX code at all in ${objects[*]}: the AVX2 build did not take effect" >&2
+  exit 1
+fi
+echo "$total functions with AVX code, all in depthbench::cpu_fused::avx2"
+exit $bad
