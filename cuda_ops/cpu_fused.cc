@@ -123,6 +123,17 @@ torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, doubl
   return RmsNormFunction::apply(x, weight, eps);
 }
 
+int ParallelForThreads() {
+  std::vector<int> used(static_cast<size_t>(std::max(1, at::get_num_threads())), 0);
+  at::parallel_for(0, 64, 1, [&](int64_t, int64_t) {
+    const int t = at::get_thread_num();
+    if (t >= 0 && t < static_cast<int>(used.size())) used[static_cast<size_t>(t)] = 1;
+  });
+  int n = 0;
+  for (int u : used) n += u;
+  return n;
+}
+
 }  // namespace DEPTHBENCH_CPU_FUSED_ISA
 }  // namespace cpu_fused
 }  // namespace depthbench

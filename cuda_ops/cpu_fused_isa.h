@@ -28,6 +28,8 @@
   torch::Tensor AttnResMix(const std::vector<torch::Tensor>& sources, const torch::Tensor& query, \
                            const torch::Tensor& key_gain, const torch::Tensor& out_gain,      \
                            double eps);                                                       \
+  /* Threads at::parallel_for ran a 64-task loop on, as compiled in this object. */          \
+  int ParallelForThreads();                                                                  \
   }
 
 namespace depthbench {

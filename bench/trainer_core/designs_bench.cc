@@ -15,13 +15,17 @@
 //   designs_bench [--layers 8] [--d 128] [--heads 4] [--seq 128] [--batch 8]
 //                 [--threads 2] [--rounds 5] [--steps 3]
 //                 [--archs pre_ln,hc,mhc,attnres_full] [--no-memory]
-//                 [--clock wall|cpu]
+//                 [--clock wall|cpu] [--trace PREFIX]
 // (--archs: a subset, Pre-LN always included; --no-memory: skip the
 // peak-memory children; --clock cpu: tokens per second of process CPU time
 // instead of wall time, steadier on a machine shared with other jobs; use it
-// with --threads 1, as idle OpenMP threads spin and count as CPU time.)
+// with --threads 1, as idle OpenMP threads spin and count as CPU time;
+// --trace PREFIX: after the timed rounds, one more step of each design under
+// LibTorch's profiler, written as a Chrome trace to PREFIX<design>.json, to
+// see which ops a design's extra time goes to.)
 #include <sys/resource.h>
 #include <time.h>
+#include <torch/csrc/autograd/profiler_legacy.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -48,6 +52,7 @@ struct Config {
   std::string archs;  // comma-separated subset; empty: all
   bool memory = true;
   bool cpu_clock = false;
+  std::string trace_prefix;  // --trace: Chrome traces of one step per design
 };
 
 // Seconds of wall time, or of this process's CPU time with --clock cpu.
@@ -122,6 +127,7 @@ int Main(int argc, char** argv) {
     else if (a == "--archs") c.archs = argv[++i];
     else if (a == "--no-memory") c.memory = false;
     else if (a == "--clock") c.cpu_clock = std::string(argv[++i]) == "cpu";
+    else if (a == "--trace") c.trace_prefix = argv[++i];
     else if (a.rfind("--memory_of=", 0) == 0) memory_of = a.substr(12);
   }
   if (!memory_of.empty()) return MemoryChild(*ParseArch(memory_of), c);
@@ -157,6 +163,13 @@ int Main(int argc, char** argv) {
       for (int s = 0; s < c.steps; ++s) Step(models[i], in, tgt);
       const double sec = Now(c.cpu_clock) - t0;
       tps[archs[i]].push_back(c.batch * c.seq * c.steps / sec);
+    }
+  }
+  if (!c.trace_prefix.empty()) {
+    for (size_t i = 0; i < archs.size(); ++i) {
+      torch::autograd::profiler::RecordProfile trace(c.trace_prefix +
+                                                     std::string(ArchName(archs[i])) + ".json");
+      Step(models[i], in, tgt);
     }
   }
   std::map<Arch, double> mem;

@@ -2,13 +2,15 @@
 // and gradients equal the composite reference on odd sizes, non-contiguous
 // inputs and one or two threads; a finite-difference gradcheck in double;
 // the dispatcher takes it for CPU tensors and the reference when fused ops
-// are disabled; repeated calls are bit-identical.
+// are disabled; repeated calls are bit-identical; the kernels' parallel
+// loops really run on the intra-op threads (compiled with OpenMP).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <vector>
 
 #include "cuda_ops/cpu_fused.h"
+#include "cuda_ops/cpu_fused_isa.h"
 #include "cuda_ops/ops.h"
 #include "cuda_ops/reference.h"
 #include "tests/cuda_ops/gradcheck.h"
@@ -31,6 +33,19 @@ Grads RunNorm(Fn&& fn, const torch::Tensor& x, const torch::Tensor& w, const tor
   torch::Tensor y = fn(xl, wl);
   (y * probe).sum().backward();
   return {y.detach(), xl.grad(), wl.grad()};
+}
+
+// at::parallel_for is serial in a file compiled without -fopenmp (ATen's
+// OpenMP backend is a header template): the kernels then ignore
+// torch::set_num_threads. Both ISA builds of the kernel objects must fan out.
+TEST(CpuFusedThreads, KernelLoopsRunOnEveryIntraOpThread) {
+  const int saved = torch::get_num_threads();
+  torch::set_num_threads(2);
+  EXPECT_EQ(cpu_fused::generic::ParallelForThreads(), 2);
+  if (cpu_fused::Avx2Available()) EXPECT_EQ(cpu_fused::avx2::ParallelForThreads(), 2);
+  torch::set_num_threads(1);
+  EXPECT_EQ(cpu_fused::generic::ParallelForThreads(), 1);
+  torch::set_num_threads(saved);
 }
 
 class CpuFusedRmsNorm : public ::testing::TestWithParam<int> {};
