@@ -52,6 +52,18 @@ torch::Tensor HcWrite(const torch::Tensor& h, const torch::Tensor& a, const torc
 // x [..., K] and w [K, m], one pass over x forward and one backward (the
 // normalised x is never materialised; dw is summed per thread as above).
 torch::Tensor RmsProject(const torch::Tensor& x, const torch::Tensor& w, double eps);
+// The HC routing coefficients from the projection u [..., n, n + 2]:
+// a = static_a + gain_a tanh(u[..., :n + 1]) [..., n, n + 1] and
+// b = static_b + gain_b tanh(u[..., n + 1]) [..., n]; gains hold one value.
+std::vector<torch::Tensor> HcCoefficients(const torch::Tensor& u, const torch::Tensor& static_a,
+                                          const torch::Tensor& static_b,
+                                          const torch::Tensor& gain_a,
+                                          const torch::Tensor& gain_b);
+// The mHC coefficients from u [..., n^2 + 2n]: z = g u + bias with gains
+// [3] per group (read, write, residual); returns read = sigmoid(z[:n]),
+// write = 2 sigmoid(z[n:2n]) [..., n] and the residual logits [..., n, n].
+std::vector<torch::Tensor> MhcCoefficients(const torch::Tensor& u, const torch::Tensor& gains,
+                                           const torch::Tensor& bias, int64_t n);
 // Sinkhorn-Knopp of logits [..., n, n] (n <= kMaxSinkhornStreams, iterations
 // <= kMaxSinkhornIterations), computed per matrix in double in the exp
 // domain: P = exp(z), then P /= (row sums + eps), P /= (column sums + eps),

@@ -74,6 +74,16 @@ torch::Tensor HcWrite(const torch::Tensor& h, const torch::Tensor& a, const torc
 torch::Tensor RmsProject(const torch::Tensor& x, const torch::Tensor& w, double eps) {
   return DEPTHBENCH_CPU_FUSED_CALL(RmsProject, x, w, eps);
 }
+std::vector<torch::Tensor> HcCoefficients(const torch::Tensor& u, const torch::Tensor& static_a,
+                                          const torch::Tensor& static_b,
+                                          const torch::Tensor& gain_a,
+                                          const torch::Tensor& gain_b) {
+  return DEPTHBENCH_CPU_FUSED_CALL(HcCoefficients, u, static_a, static_b, gain_a, gain_b);
+}
+std::vector<torch::Tensor> MhcCoefficients(const torch::Tensor& u, const torch::Tensor& gains,
+                                           const torch::Tensor& bias, int64_t n) {
+  return DEPTHBENCH_CPU_FUSED_CALL(MhcCoefficients, u, gains, bias, n);
+}
 torch::Tensor Sinkhorn(const torch::Tensor& logits, int iterations, double eps) {
   return DEPTHBENCH_CPU_FUSED_CALL(Sinkhorn, logits, iterations, eps);
 }

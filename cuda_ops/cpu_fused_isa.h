@@ -24,6 +24,12 @@
   torch::Tensor HcWrite(const torch::Tensor& h, const torch::Tensor& a, const torch::Tensor& b, \
                         const torch::Tensor& y);                                              \
   torch::Tensor RmsProject(const torch::Tensor& x, const torch::Tensor& w, double eps);       \
+  std::vector<torch::Tensor> HcCoefficients(const torch::Tensor& u, const torch::Tensor& static_a, \
+                                            const torch::Tensor& static_b,                   \
+                                            const torch::Tensor& gain_a,                     \
+                                            const torch::Tensor& gain_b);                    \
+  std::vector<torch::Tensor> MhcCoefficients(const torch::Tensor& u, const torch::Tensor& gains, \
+                                             const torch::Tensor& bias, int64_t n);          \
   torch::Tensor Sinkhorn(const torch::Tensor& logits, int iterations, double eps);            \
   torch::Tensor AttnResMix(const std::vector<torch::Tensor>& sources, const torch::Tensor& query, \
                            const torch::Tensor& key_gain, const torch::Tensor& out_gain,      \

@@ -230,14 +230,12 @@ class HcWriteFunction : public torch::autograd::Function<HcWriteFunction> {
 
 // ------------------------------------------------- RMS-normalised projection
 
-// Projections at most this many weights (m K; HC's (n + 2) d = 768 at
-// d = 128) run as hand loops, the normalisation and the products in one pass
-// over each row while it is in L1; wider ones (mHC's n d (n^2 + 2n) = 12,288)
-// as a norm pass plus ATen's BLAS GEMMs. Measured forward+backward over 1k
-// tokens at d = 128, 2 threads: HC's shape 0.33 ms by hand vs 0.54 ms with
-// OpenBLAS's skinny GEMMs; mHC's 0.89 ms by hand vs 0.62 ms with them.
-constexpr int64_t kHandProjectMaxWeights = 4096;
-
+// The routing projections are skinny (HC: [tokens n, d] x [d, n + 2]; mHC:
+// [tokens, n d] x [n d, n^2 + 2n]), where OpenBLAS's GEMMs run far below
+// peak: forward+backward over 1k tokens at d = 128, 2 threads, its version
+// took 1.1 ms (HC) and 1.2 ms (mHC), these loops 0.35 and 0.9 ms, with the
+// normalisation and the products in one pass over each row while it is in
+// L1 (bench/RESULTS.md).
 // Rows of x accumulated in the working precision before a parameter-gradient
 // partial is added into its double per-thread sum.
 constexpr int64_t kFlushRows = 16;
@@ -253,38 +251,29 @@ class RmsProjectFunction : public torch::autograd::Function<RmsProjectFunction> 
     TORCH_CHECK(w_in.dim() == 2 && w_in.size(0) == k, "RmsProject: w has ", w_in.sizes(),
                 ", expected [", k, ", m] for x of width ", k);
     const int64_t m = w_in.size(1);
-    const bool hand = m * k <= kHandProjectMaxWeights;
     torch::Tensor x2 = x.reshape({rows, k});
     torch::Tensor rs = torch::empty({rows, 1}, x.options());
     std::vector<int64_t> out_sizes(x.sizes().begin(), x.sizes().end() - 1);
     out_sizes.push_back(m);
     torch::Tensor u = torch::empty(out_sizes, x.options());
-    torch::Tensor wt = hand ? w_in.t().contiguous() : w_in;  // hand loops: [m, K] rows
+    torch::Tensor wt = w_in.t().contiguous();  // [m, K]: one row per output
     AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "cpu_fused::RmsProject", [&] {
       const scalar_t* xp = x2.data_ptr<scalar_t>();
-      const scalar_t* wp = hand ? wt.data_ptr<scalar_t>() : nullptr;
+      const scalar_t* wp = wt.data_ptr<scalar_t>();
       scalar_t* rp = rs.data_ptr<scalar_t>();
       scalar_t* up = u.data_ptr<scalar_t>();
-      at::parallel_for(0, rows, Grain(hand ? (m + 1) * k : k), [&](int64_t begin, int64_t end) {
+      at::parallel_for(0, rows, Grain((m + 1) * k), [&](int64_t begin, int64_t end) {
         for (int64_t r = begin; r < end; ++r) {
           const scalar_t* xr = xp + r * k;
           const scalar_t inv = static_cast<scalar_t>(
               1.0 / std::sqrt(static_cast<double>(Dot(xr, xr, k)) / static_cast<double>(k) + eps));
           rp[r] = inv;
-          if (hand) {
-            for (int64_t j = 0; j < m; ++j) up[r * m + j] = inv * Dot(xr, wp + j * k, k);
-          }
+          for (int64_t j = 0; j < m; ++j) up[r * m + j] = inv * Dot(xr, wp + j * k, k);
         }
       });
     });
-    if (!hand) {
-      torch::Tensor u2 = u.view({rows, m});
-      at::mm_out(u2, x2, w_in);
-      u2.mul_(rs);
-    }
     ctx->save_for_backward({x2, wt, rs, u});
     ctx->saved_data["x_sizes"] = x.sizes();
-    ctx->saved_data["hand"] = hand;
     return u;
   }
 
@@ -294,18 +283,12 @@ class RmsProjectFunction : public torch::autograd::Function<RmsProjectFunction> 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     variable_list saved = ctx->get_saved_variables();
     const torch::Tensor& x2 = saved[0];
-    const torch::Tensor& w = saved[1];  // [m, K] on the hand path, [K, m] otherwise
+    const torch::Tensor& w = saved[1];  // [m, K]
     const torch::Tensor& rs = saved[2];
     const int64_t rows = x2.size(0), k = x2.size(1);
     torch::Tensor u = saved[3].reshape({rows, -1});
     torch::Tensor du = grads[0].reshape({rows, -1}).contiguous();
     const std::vector<int64_t> x_sizes = ctx->saved_data["x_sizes"].toIntVector();
-    if (!ctx->saved_data["hand"].toBool()) {
-      torch::Tensor dp = du * rs;
-      torch::Tensor c = (du * u).sum(1, /*keepdim=*/true).mul_(rs * rs).div_(-static_cast<double>(k));
-      torch::Tensor dx = at::mm(dp, w.t()).addcmul_(x2, c);
-      return {dx.view(x_sizes), at::mm(x2.t(), dp), torch::Tensor()};
-    }
     const int64_t m = w.size(0);
     torch::Tensor dx = torch::empty_like(x2);
     const int64_t threads = at::get_num_threads();
@@ -352,6 +335,228 @@ class RmsProjectFunction : public torch::autograd::Function<RmsProjectFunction> 
       for (int64_t e = 0; e < m * k; ++e) sum_p[e] += partial[static_cast<size_t>(t * m * k + e)];
     }
     return {dx.view(x_sizes), dwt.t().to(x2.scalar_type()), torch::Tensor()};
+  }
+};
+
+// ------------------------------------------------ HC / mHC coefficients
+
+// Sums per-thread double partials [threads][count] into a tensor of `dtype`
+// shaped `sizes`.
+torch::Tensor SumPartials(const std::vector<double>& partial, int64_t threads, int64_t count,
+                          torch::IntArrayRef sizes, torch::ScalarType dtype) {
+  torch::Tensor sum = torch::zeros({count}, torch::kFloat64);
+  double* sp = sum.data_ptr<double>();
+  for (int64_t t = 0; t < threads; ++t) {
+    for (int64_t e = 0; e < count; ++e) sp[e] += partial[static_cast<size_t>(t * count + e)];
+  }
+  return sum.to(dtype).reshape(sizes);
+}
+
+// HC: from the projection u [rows, n, n + 2], per stream s and column j,
+//   a[s, j] = static_a[s, j] + gain_a tanh(u[s, j])     (j <= n)
+//   b[s]    = static_b[s]    + gain_b tanh(u[s, n + 1])
+// one pass each way instead of tanh, split and four broadcast ops forward
+// and their backward.
+class HcCoefficientsFunction : public torch::autograd::Function<HcCoefficientsFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& u_in,
+                               const torch::Tensor& static_a_in, const torch::Tensor& static_b_in,
+                               const torch::Tensor& gain_a, const torch::Tensor& gain_b) {
+    torch::Tensor u = u_in.contiguous();
+    torch::Tensor sa = static_a_in.contiguous(), sb = static_b_in.contiguous();
+    const int64_t n = sb.numel(), m = n + 2;
+    TORCH_CHECK(u.dim() >= 2 && u.size(-1) == m && u.size(-2) == n, "HcCoefficients: u has ",
+                u.sizes(), ", expected [..., ", n, ", ", m, "] for ", n, " streams");
+    TORCH_CHECK(sa.numel() == n * (n + 1), "HcCoefficients: static_a has ", sa.sizes(),
+                ", expected [", n, ", ", n + 1, "]");
+    TORCH_CHECK(gain_a.numel() == 1 && gain_b.numel() == 1,
+                "HcCoefficients: gain_a and gain_b must hold one value each");
+    const int64_t rows = u.numel() / (n * m);
+    std::vector<int64_t> a_sizes(u.sizes().begin(), u.sizes().end() - 1);
+    a_sizes.push_back(n + 1);
+    std::vector<int64_t> b_sizes(u.sizes().begin(), u.sizes().end() - 1);
+    torch::Tensor a = torch::empty(a_sizes, u.options());
+    torch::Tensor b = torch::empty(b_sizes, u.options());
+    AT_DISPATCH_FLOATING_TYPES(u.scalar_type(), "cpu_fused::HcCoefficients", [&] {
+      const scalar_t* up = u.data_ptr<scalar_t>();
+      const scalar_t* sap = sa.data_ptr<scalar_t>();
+      const scalar_t* sbp = sb.data_ptr<scalar_t>();
+      const scalar_t ga = gain_a.item<scalar_t>(), gb = gain_b.item<scalar_t>();
+      scalar_t* ap = a.data_ptr<scalar_t>();
+      scalar_t* bp = b.data_ptr<scalar_t>();
+      at::parallel_for(0, rows, Grain(4 * n * m), [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+          for (int64_t st = 0; st < n; ++st) {
+            const scalar_t* ur = up + (r * n + st) * m;
+            scalar_t* ar = ap + (r * n + st) * (n + 1);
+            for (int64_t j = 0; j <= n; ++j) ar[j] = sap[st * (n + 1) + j] + ga * std::tanh(ur[j]);
+            bp[r * n + st] = sbp[st] + gb * std::tanh(ur[n + 1]);
+          }
+        }
+      });
+    });
+    ctx->save_for_backward({u, gain_a, gain_b});
+    return {a, b};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list saved = ctx->get_saved_variables();
+    const torch::Tensor& u = saved[0];
+    const torch::Tensor& gain_a = saved[1];
+    const torch::Tensor& gain_b = saved[2];
+    const int64_t n = u.size(-2), m = n + 2, rows = u.numel() / (n * m);
+    // An output nobody used arrives undefined: a zero gradient.
+    torch::Tensor da = grads[0].defined() ? grads[0].contiguous() : torch::Tensor();
+    torch::Tensor db = grads[1].defined() ? grads[1].contiguous() : torch::Tensor();
+    torch::Tensor du = torch::empty_like(u);
+    const int64_t threads = at::get_num_threads();
+    // Per thread: dstatic_a [n (n + 1)], dstatic_b [n], dgain_a, dgain_b.
+    const int64_t count = n * (n + 1) + n + 2;
+    std::vector<double> partial(static_cast<size_t>(threads * count), 0.0);
+    AT_DISPATCH_FLOATING_TYPES(u.scalar_type(), "cpu_fused::HcCoefficientsBackward", [&] {
+      const scalar_t* up = u.data_ptr<scalar_t>();
+      const scalar_t* dap = da.defined() ? da.data_ptr<scalar_t>() : nullptr;
+      const scalar_t* dbp = db.defined() ? db.data_ptr<scalar_t>() : nullptr;
+      const scalar_t ga = gain_a.item<scalar_t>(), gb = gain_b.item<scalar_t>();
+      scalar_t* dup = du.data_ptr<scalar_t>();
+      at::parallel_for(0, rows, Grain(4 * n * m), [&](int64_t begin, int64_t end) {
+        double* acc = partial.data() + at::get_thread_num() * count;
+        double* acc_sb = acc + n * (n + 1);
+        double* acc_g = acc_sb + n;
+        for (int64_t r = begin; r < end; ++r) {
+          for (int64_t st = 0; st < n; ++st) {
+            const scalar_t* ur = up + (r * n + st) * m;
+            scalar_t* dur = dup + (r * n + st) * m;
+            for (int64_t j = 0; j <= n; ++j) {
+              const scalar_t t = std::tanh(ur[j]);
+              const scalar_t g = dap ? dap[(r * n + st) * (n + 1) + j] : scalar_t(0);
+              dur[j] = ga * g * (1 - t * t);
+              acc[st * (n + 1) + j] += g;
+              acc_g[0] += static_cast<double>(g) * t;
+            }
+            const scalar_t t = std::tanh(ur[n + 1]);
+            const scalar_t g = dbp ? dbp[r * n + st] : scalar_t(0);
+            dur[n + 1] = gb * g * (1 - t * t);
+            acc_sb[st] += g;
+            acc_g[1] += static_cast<double>(g) * t;
+          }
+        }
+      });
+    });
+    const auto dtype = u.scalar_type();
+    torch::Tensor sums = SumPartials(partial, threads, count, {count}, dtype);
+    return {du, sums.narrow(0, 0, n * (n + 1)).reshape({n, n + 1}),
+            sums.narrow(0, n * (n + 1), n).clone(),
+            sums.narrow(0, n * (n + 1) + n, 1).reshape(gain_a.sizes()),
+            sums.narrow(0, n * (n + 1) + n + 1, 1).reshape(gain_b.sizes())};
+  }
+};
+
+// mHC: from the projection u [rows, n^2 + 2n], with the group gains g (read,
+// write, residual) and bias,
+//   z = g u + bias;  read = sigmoid(z[0:n]);  write = 2 sigmoid(z[n:2n]);
+//   logits = z[2n:] as [n, n]
+// one pass each way instead of a concatenation of gains, six element-wise
+// ops and three slices forward and their backward.
+class MhcCoefficientsFunction : public torch::autograd::Function<MhcCoefficientsFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& u_in,
+                               const torch::Tensor& gains_in, const torch::Tensor& bias_in,
+                               int64_t n) {
+    torch::Tensor u = u_in.contiguous(), gains = gains_in.contiguous(), bias = bias_in.contiguous();
+    const int64_t m = n * n + 2 * n;
+    TORCH_CHECK(n >= 1 && u.dim() >= 1 && u.size(-1) == m, "MhcCoefficients: u has ", u.sizes(),
+                ", expected [..., ", m, "] for ", n, " streams");
+    TORCH_CHECK(gains.numel() == 3, "MhcCoefficients: gains has ", gains.sizes(), ", expected [3]");
+    TORCH_CHECK(bias.numel() == m, "MhcCoefficients: bias has ", bias.sizes(), ", expected [", m, "]");
+    const int64_t rows = u.numel() / m;
+    std::vector<int64_t> lead(u.sizes().begin(), u.sizes().end() - 1);
+    std::vector<int64_t> nn = lead;
+    nn.push_back(n);
+    std::vector<int64_t> square = nn;
+    square.push_back(n);
+    torch::Tensor read = torch::empty(nn, u.options()), write = torch::empty(nn, u.options());
+    torch::Tensor logits = torch::empty(square, u.options());
+    AT_DISPATCH_FLOATING_TYPES(u.scalar_type(), "cpu_fused::MhcCoefficients", [&] {
+      const scalar_t* up = u.data_ptr<scalar_t>();
+      const scalar_t* gp = gains.data_ptr<scalar_t>();
+      const scalar_t* bp = bias.data_ptr<scalar_t>();
+      scalar_t* rp = read.data_ptr<scalar_t>();
+      scalar_t* wp = write.data_ptr<scalar_t>();
+      scalar_t* lp = logits.data_ptr<scalar_t>();
+      at::parallel_for(0, rows, Grain(4 * m), [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+          const scalar_t* ur = up + r * m;
+          for (int64_t j = 0; j < n; ++j) {
+            rp[r * n + j] = 1 / (1 + std::exp(-(gp[0] * ur[j] + bp[j])));
+            wp[r * n + j] = 2 / (1 + std::exp(-(gp[1] * ur[n + j] + bp[n + j])));
+          }
+          for (int64_t j = 0; j < n * n; ++j) lp[r * n * n + j] = gp[2] * ur[2 * n + j] + bp[2 * n + j];
+        }
+      });
+    });
+    ctx->save_for_backward({u, gains, read, write});
+    ctx->saved_data["n"] = n;
+    ctx->saved_data["bias_sizes"] = bias_in.sizes();
+    return {read, write, logits};
+  }
+
+  // dz = dread s(1 - s) | dwrite 2 s(1 - s) | dlogits, with s the sigmoid
+  // (s = read, write / 2); du = g dz; dgains[group] += dz u; dbias += dz.
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list saved = ctx->get_saved_variables();
+    const torch::Tensor& u = saved[0];
+    const torch::Tensor& gains = saved[1];
+    const torch::Tensor& read = saved[2];
+    const torch::Tensor& write = saved[3];
+    const int64_t n = ctx->saved_data["n"].toInt(), m = n * n + 2 * n, rows = u.numel() / m;
+    torch::Tensor dr = grads[0].defined() ? grads[0].contiguous() : torch::Tensor();
+    torch::Tensor dw = grads[1].defined() ? grads[1].contiguous() : torch::Tensor();
+    torch::Tensor dl = grads[2].defined() ? grads[2].contiguous() : torch::Tensor();
+    torch::Tensor du = torch::empty_like(u);
+    const int64_t threads = at::get_num_threads();
+    const int64_t count = 3 + m;  // dgains, dbias
+    std::vector<double> partial(static_cast<size_t>(threads * count), 0.0);
+    AT_DISPATCH_FLOATING_TYPES(u.scalar_type(), "cpu_fused::MhcCoefficientsBackward", [&] {
+      const scalar_t* up = u.data_ptr<scalar_t>();
+      const scalar_t* gp = gains.data_ptr<scalar_t>();
+      const scalar_t* rp = read.data_ptr<scalar_t>();
+      const scalar_t* wp = write.data_ptr<scalar_t>();
+      const scalar_t* drp = dr.defined() ? dr.data_ptr<scalar_t>() : nullptr;
+      const scalar_t* dwp = dw.defined() ? dw.data_ptr<scalar_t>() : nullptr;
+      const scalar_t* dlp = dl.defined() ? dl.data_ptr<scalar_t>() : nullptr;
+      scalar_t* dup = du.data_ptr<scalar_t>();
+      at::parallel_for(0, rows, Grain(4 * m), [&](int64_t begin, int64_t end) {
+        double* acc_g = partial.data() + at::get_thread_num() * count;
+        double* acc_b = acc_g + 3;
+        for (int64_t r = begin; r < end; ++r) {
+          const scalar_t* ur = up + r * m;
+          scalar_t* dur = dup + r * m;
+          for (int64_t j = 0; j < m; ++j) {
+            scalar_t dz = 0;
+            int group = 2;
+            if (j < n) {
+              const scalar_t sg = rp[r * n + j];
+              dz = drp ? drp[r * n + j] * sg * (1 - sg) : scalar_t(0);
+              group = 0;
+            } else if (j < 2 * n) {
+              const scalar_t sg = wp[r * n + j - n] / 2;
+              dz = dwp ? dwp[r * n + j - n] * 2 * sg * (1 - sg) : scalar_t(0);
+              group = 1;
+            } else {
+              dz = dlp ? dlp[r * n * n + j - 2 * n] : scalar_t(0);
+            }
+            dur[j] = gp[group] * dz;
+            acc_g[group] += static_cast<double>(dz) * ur[j];
+            acc_b[j] += dz;
+          }
+        }
+      });
+    });
+    torch::Tensor sums = SumPartials(partial, threads, count, {count}, u.scalar_type());
+    return {du, sums.narrow(0, 0, 3).reshape(gains.sizes()),
+            sums.narrow(0, 3, m).reshape(ctx->saved_data["bias_sizes"].toIntVector()),
+            torch::Tensor()};
   }
 };
 
@@ -701,6 +906,18 @@ torch::Tensor HcWrite(const torch::Tensor& h, const torch::Tensor& a, const torc
 
 torch::Tensor RmsProject(const torch::Tensor& x, const torch::Tensor& w, double eps) {
   return RmsProjectFunction::apply(x, w, eps);
+}
+
+std::vector<torch::Tensor> HcCoefficients(const torch::Tensor& u, const torch::Tensor& static_a,
+                                          const torch::Tensor& static_b,
+                                          const torch::Tensor& gain_a,
+                                          const torch::Tensor& gain_b) {
+  return HcCoefficientsFunction::apply(u, static_a, static_b, gain_a, gain_b);
+}
+
+std::vector<torch::Tensor> MhcCoefficients(const torch::Tensor& u, const torch::Tensor& gains,
+                                           const torch::Tensor& bias, int64_t n) {
+  return MhcCoefficientsFunction::apply(u, gains, bias, n);
 }
 
 torch::Tensor Sinkhorn(const torch::Tensor& logits, int iterations, double eps) {

@@ -16,7 +16,7 @@ std::atomic<bool> g_enabled{true};
 
 // What runs fused on CPU tensors (cpu_fused.h), for FusedOpsDescription.
 constexpr const char* kCpuFused =
-    "CPU: fused RMSNorm, HC/mHC routing projection and read-write, Sinkhorn, AttnRes mix; SwiGLU composite";
+    "CPU: fused RMSNorm, HC/mHC routing projection, coefficients and read-write, Sinkhorn, AttnRes mix; SwiGLU composite";
 
 bool CpuFused(std::initializer_list<const torch::Tensor*> tensors) {
   return g_enabled.load(std::memory_order_relaxed) && cpu_fused::Supports(tensors);
@@ -95,6 +95,44 @@ torch::Tensor RmsProjectOp(const torch::Tensor& x, const torch::Tensor& w, doubl
               x.sizes());
   if (CpuFused({&x, &w})) return cpu_fused::RmsProject(x, w, eps);
   return torch::matmul(RmsNormalizeOp(x, eps), w);
+}
+
+HcCoefficientTensors HcCoefficientsOp(const torch::Tensor& u, const torch::Tensor& static_a,
+                                      const torch::Tensor& static_b, const torch::Tensor& gain_a,
+                                      const torch::Tensor& gain_b) {
+  const int64_t n = static_b.numel();
+  TORCH_CHECK(u.dim() >= 2 && u.size(-2) == n && u.size(-1) == n + 2, "HcCoefficientsOp: u has ",
+              u.sizes(), ", expected [..., ", n, ", ", n + 2, "] for ", n, " streams");
+  TORCH_CHECK(static_a.numel() == n * (n + 1) && gain_a.numel() == 1 && gain_b.numel() == 1,
+              "HcCoefficientsOp: static_a ", static_a.sizes(), ", gain_a ", gain_a.sizes(),
+              ", gain_b ", gain_b.sizes(), " do not match ", n, " streams");
+  if (CpuFused({&u, &static_a, &static_b, &gain_a, &gain_b})) {
+    std::vector<torch::Tensor> ab = cpu_fused::HcCoefficients(u, static_a, static_b, gain_a, gain_b);
+    return {ab[0], ab[1]};
+  }
+  std::vector<torch::Tensor> t = torch::tanh(u).split_with_sizes({n + 1, 1}, -1);
+  return {static_a + gain_a * t[0], static_b + gain_b * t[1].squeeze(-1)};
+}
+
+MhcCoefficientTensors MhcCoefficientsOp(const torch::Tensor& u, const torch::Tensor& gains,
+                                        const torch::Tensor& bias, int64_t n) {
+  const int64_t m = n * n + 2 * n;
+  TORCH_CHECK(n >= 1 && u.dim() >= 1 && u.size(-1) == m, "MhcCoefficientsOp: u has ", u.sizes(),
+              ", expected [..., ", m, "] for ", n, " streams");
+  TORCH_CHECK(gains.numel() == 3 && bias.numel() == m, "MhcCoefficientsOp: gains ", gains.sizes(),
+              " and bias ", bias.sizes(), ", expected [3] and [", m, "]");
+  if (CpuFused({&u, &gains, &bias})) {
+    std::vector<torch::Tensor> c = cpu_fused::MhcCoefficients(u, gains, bias, n);
+    return {c[0], c[1], c[2]};
+  }
+  torch::Tensor g = torch::cat({gains.narrow(0, 0, 1).expand({n}), gains.narrow(0, 1, 1).expand({n}),
+                                gains.narrow(0, 2, 1).expand({n * n})});
+  torch::Tensor z = u * g + bias;
+  std::vector<int64_t> sq(z.sizes().begin(), z.sizes().end() - 1);
+  sq.push_back(n);
+  sq.push_back(n);
+  return {torch::sigmoid(z.narrow(-1, 0, n)), 2.0 * torch::sigmoid(z.narrow(-1, n, n)),
+          z.narrow(-1, 2 * n, n * n).reshape(sq)};
 }
 
 torch::Tensor SwiGluGateOp(const torch::Tensor& g, const torch::Tensor& u) {

@@ -45,6 +45,27 @@ torch::Tensor RmsNormalizeOp(const torch::Tensor& x, double eps);
 // the fused RMSNorm kernel and a matmul.
 torch::Tensor RmsProjectOp(const torch::Tensor& x, const torch::Tensor& w, double eps);
 
+// The HC connector's routing coefficients from its projection u [..., n, n+2]
+// (hc.cc): a = static_a + gain_a tanh(u[..., :n+1]) and
+// b = static_b + gain_b tanh(u[..., n+1]). Fused on CPU; composite elsewhere.
+struct HcCoefficientTensors {
+  torch::Tensor a;  // [..., n, n + 1]: column 0 read, columns 1..n residual
+  torch::Tensor b;  // [..., n] write
+};
+HcCoefficientTensors HcCoefficientsOp(const torch::Tensor& u, const torch::Tensor& static_a,
+                                      const torch::Tensor& static_b, const torch::Tensor& gain_a,
+                                      const torch::Tensor& gain_b);
+
+// The mHC connector's coefficients from u [..., n^2 + 2n] (mhc.cc): with
+// z = u * (gains[0] x n, gains[1] x n, gains[2] x n^2) + bias, read =
+// sigmoid(z[:n]), write = 2 sigmoid(z[n:2n]), logits = z[2n:] as [n, n].
+struct MhcCoefficientTensors {
+  torch::Tensor read, write;  // [..., n]
+  torch::Tensor logits;       // [..., n, n], for SinkhornOp
+};
+MhcCoefficientTensors MhcCoefficientsOp(const torch::Tensor& u, const torch::Tensor& gains,
+                                        const torch::Tensor& bias, int64_t n);
+
 // silu(g) * u (the SwiGLU gate; the projections stay matmuls).
 torch::Tensor SwiGluGateOp(const torch::Tensor& g, const torch::Tensor& u);
 

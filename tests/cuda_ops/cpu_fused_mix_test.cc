@@ -182,6 +182,69 @@ TEST_P(CpuFusedRmsProject, EqualsNormaliseThenMatmul) {
 INSTANTIATE_TEST_SUITE_P(Threads, CpuFusedRmsProject, ::testing::Values(1, 2),
                          [](const auto& info) { return "threads" + std::to_string(info.param); });
 
+// ---- HC / mHC coefficients ----
+
+// Runs f with the fused ops on (the CPU kernels) or off (the composites).
+torch::Tensor WithFused(bool on, const std::function<torch::Tensor()>& f) {
+  SetFusedOpsEnabled(on);
+  torch::Tensor out = f();
+  SetFusedOpsEnabled(true);
+  return out;
+}
+
+class CpuFusedCoefficients : public ThreadsTest {};
+
+TEST_P(CpuFusedCoefficients, EqualTheComposites) {
+  torch::manual_seed(40 + GetParam());
+  for (int64_t n : {4, 2, 3}) {
+    SCOPED_TRACE(::testing::Message() << "n=" << n);
+    const int64_t B = 2, T = n == 4 ? 512 : 7;
+    torch::Tensor u = torch::randn({B, T, n, n + 2}) * 2;
+    torch::Tensor sa = torch::randn({n, n + 1}), sb = torch::randn({n});
+    torch::Tensor ga = torch::rand({1}) + 0.1, gb = torch::rand({1}) + 0.1;
+    torch::Tensor pa = torch::randn({B, T, n, n + 1}), pb = torch::randn({B, T, n});
+    // Both outputs into one probe; then only b (a's gradient arrives undefined).
+    for (bool only_b : {false, true}) {
+      auto f = [&](bool on) {
+        return [=](auto& in) {
+          return WithFused(on, [&] {
+            HcCoefficientTensors c = HcCoefficientsOp(in[0], in[1], in[2], in[3], in[4]);
+            torch::Tensor y = (c.b * pb).sum(-1, true);
+            return only_b ? y : y + (c.a * pa).sum({-2, -1}).unsqueeze(-1);
+          });
+        };
+      };
+      torch::Tensor probe = torch::randn({B, T, 1});
+      ExpectSame(Evaluate(f(true), {u, sa, sb, ga, gb}, probe),
+                 Evaluate(f(false), {u, sa, sb, ga, gb}, probe), 1e-4, 1e-4, "HcCoefficients");
+    }
+    const int64_t m = n * n + 2 * n;
+    torch::Tensor um = torch::randn({B, T, m}) * 2;
+    torch::Tensor gains = torch::rand({3}) + 0.1, bias = torch::randn({m});
+    torch::Tensor pr = torch::randn({B, T, n}), pw = torch::randn({B, T, n}), pl = torch::randn({B, T, n, n});
+    for (int skip = -1; skip < 3; ++skip) {  // every output, then each left out in turn
+      auto f = [&](bool on) {
+        return [=](auto& in) {
+          return WithFused(on, [&] {
+            MhcCoefficientTensors c = MhcCoefficientsOp(in[0], in[1], in[2], n);
+            torch::Tensor y = torch::zeros({B, T});
+            if (skip != 0) y = y + (c.read * pr).sum(-1);
+            if (skip != 1) y = y + (c.write * pw).sum(-1);
+            if (skip != 2) y = y + (c.logits * pl).sum({-2, -1});
+            return y;
+          });
+        };
+      };
+      torch::Tensor probe = torch::randn({B, T});
+      ExpectSame(Evaluate(f(true), {um, gains, bias}, probe), Evaluate(f(false), {um, gains, bias}, probe),
+                 1e-4, 1e-4, "MhcCoefficients");
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Threads, CpuFusedCoefficients, ::testing::Values(1, 2),
+                         [](const auto& info) { return "threads" + std::to_string(info.param); });
+
 // ---- Sinkhorn ----
 
 class CpuFusedSinkhorn : public ThreadsTest {};
@@ -284,6 +347,26 @@ TEST(CpuFusedMixGradcheck, RmsProject) {
   torch::manual_seed(53);
   torch::Tensor x = Var(torch::randn({2, 3, 7}, kF64)), w = Var(torch::randn({7, 4}, kF64));
   EXPECT_EQ(GradCheck([](const auto& in) { return cpu_fused::RmsProject(in[0], in[1], 1e-6); }, {x, w}), "");
+}
+
+TEST(CpuFusedMixGradcheck, Coefficients) {
+  torch::manual_seed(54);
+  const int64_t n = 3;
+  std::vector<torch::Tensor> hc = {Var(torch::randn({2, 2, n, n + 2}, kF64)), Var(torch::randn({n, n + 1}, kF64)),
+                                   Var(torch::randn({n}, kF64)), Var(torch::rand({1}, kF64) + 0.1),
+                                   Var(torch::rand({1}, kF64) + 0.1)};
+  EXPECT_EQ(GradCheck([](const auto& in) {
+              std::vector<torch::Tensor> ab = cpu_fused::HcCoefficients(in[0], in[1], in[2], in[3], in[4]);
+              return torch::cat({ab[0].flatten(), ab[1].flatten()});
+            }, hc),
+            "");
+  std::vector<torch::Tensor> mhc = {Var(torch::randn({2, 2, n * n + 2 * n}, kF64)),
+                                    Var(torch::rand({3}, kF64) + 0.1), Var(torch::randn({n * n + 2 * n}, kF64))};
+  EXPECT_EQ(GradCheck([](const auto& in) {
+              std::vector<torch::Tensor> c = cpu_fused::MhcCoefficients(in[0], in[1], in[2], 3);
+              return torch::cat({c[0].flatten(), c[1].flatten(), c[2].flatten()});
+            }, mhc),
+            "");
 }
 
 TEST(CpuFusedMixGradcheck, Sinkhorn) {
@@ -415,6 +498,12 @@ TEST(CpuFusedMixDispatch, BadShapesAreRejectedWithTheFieldNamed) {
     FAIL() << "no error";
   } catch (const c10::Error& e) {
     EXPECT_NE(std::string(e.what()).find("HcWrite: b"), std::string::npos) << e.what();
+  }
+  try {
+    MhcCoefficientsOp(torch::randn({2, 23}), torch::ones({3}), torch::zeros({24}), 4);
+    FAIL() << "no error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("MhcCoefficientsOp: u"), std::string::npos) << e.what();
   }
   try {
     RmsProjectOp(h, torch::randn({7, 6}), 1e-6);

@@ -68,14 +68,14 @@ class HcConnectorImpl : public torch::nn::Module {
     {
       AutocastOffGuard fp32_routing;  // coefficients stay fp32 under bf16 autocast
       // Per-stream RMS normalisation and one projection for both weight
-      // sets (the parameters stay separate; split's backward is one
-      // concatenation): one fused pass over h on CPU (cuda_ops RmsProjectOp).
-      std::vector<torch::Tensor> t =
-          torch::tanh(RmsProjectOp(h.to(torch::kFloat32),
-                                   torch::cat({dynamic_a, dynamic_b}, /*dim=*/1), kNormEps))
-              .split_with_sizes({n + 1, 1}, -1);
-      a = static_a + gain_a * t[0];
-      b = static_b + gain_b * t[1].squeeze(-1);
+      // sets (the parameters stay separate): one fused pass over h on CPU
+      // (cuda_ops RmsProjectOp).
+      torch::Tensor u = RmsProjectOp(h.to(torch::kFloat32),
+                                     torch::cat({dynamic_a, dynamic_b}, /*dim=*/1), kNormEps);
+      // tanh and the static/gain affine, one fused op on CPU.
+      HcCoefficientTensors c = HcCoefficientsOp(u, static_a, static_b, gain_a, gain_b);
+      a = c.a;
+      b = c.b;
     }
     // Read, residual mix and write go through the cuda_ops dispatcher: the
     // fused kernels on CUDA, the same composites (cuda_ops/hc_connector_ref.cc)

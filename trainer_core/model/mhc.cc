@@ -65,20 +65,15 @@ class MhcConnectorImpl : public torch::nn::Module {
     torch::Tensor read, write, map;
     {
       AutocastOffGuard fp32_routing;  // coefficients and Sinkhorn stay fp32
-      torch::Tensor g = torch::cat({gains.narrow(0, 0, 1).expand({n}),
-                                    gains.narrow(0, 1, 1).expand({n}),
-                                    gains.narrow(0, 2, 1).expand({n * n})});
       // RMS over the flattened n*d values, then Phi: one fused pass on CPU.
-      torch::Tensor z =
-          RmsProjectOp(h.to(torch::kFloat32).flatten(-2), phi, kNormEps) * g + bias;  // [B,T,m]
-      read = torch::sigmoid(z.narrow(-1, 0, n));
-      write = 2.0 * torch::sigmoid(z.narrow(-1, n, n));
-      std::vector<int64_t> sq(z.sizes().begin(), z.sizes().end() - 1);
-      sq.push_back(n);
-      sq.push_back(n);
-      // Fused log-domain Sinkhorn on CUDA, the same composite elsewhere.
-      map = SinkhornOp(z.narrow(-1, 2 * n, n * n).reshape(sq), kSinkhornIterations,
-                       kSinkhornEps);  // [B,T,n,n]
+      torch::Tensor u = RmsProjectOp(h.to(torch::kFloat32).flatten(-2), phi, kNormEps);  // [B,T,m]
+      // Group gains, bias, the two sigmoids and the residual logits: one
+      // fused op on CPU (cuda_ops MhcCoefficientsOp).
+      MhcCoefficientTensors c = MhcCoefficientsOp(u, gains, bias, n);
+      read = c.read;
+      write = c.write;
+      // Fused Sinkhorn on CUDA and CPU (cuda_ops SinkhornOp).
+      map = SinkhornOp(c.logits, kSinkhornIterations, kSinkhornEps);  // [B,T,n,n]
     }
     if (residual_map != nullptr) *residual_map = map.detach();
     torch::Tensor y = branch(HcReadOp(h, read));
