@@ -239,6 +239,9 @@ class HcWriteFunction : public torch::autograd::Function<HcWriteFunction> {
 // Rows of x accumulated in the working precision before a parameter-gradient
 // partial is added into its double per-thread sum.
 constexpr int64_t kFlushRows = 16;
+// RmsProject's backward: rows whose dw terms are added in one sweep of the
+// block (written out as four in the loop).
+constexpr int64_t kGroup = 4;
 
 class RmsProjectFunction : public torch::autograd::Function<RmsProjectFunction> {
  public:
@@ -303,25 +306,53 @@ class RmsProjectFunction : public torch::autograd::Function<RmsProjectFunction> 
       at::parallel_for(0, rows, Grain(3 * m * k), [&](int64_t begin, int64_t end) {
         double* acc = partial.data() + at::get_thread_num() * m * k;
         std::vector<scalar_t> block(static_cast<size_t>(m * k), 0);  // dw^T of <= kFlushRows rows
-        std::vector<scalar_t> dp(static_cast<size_t>(m));
+        // dp of the kGroup rows in hand ([kGroup][m]; rows past the end: 0).
+        std::vector<scalar_t> dp(static_cast<size_t>(kGroup * m));
         int64_t pending = 0;
-        for (int64_t r = begin; r < end; ++r) {
-          const scalar_t* xr = xp + r * k;
-          const scalar_t* g = gp + r * m;
-          const scalar_t inv = rp[r];
-          scalar_t gu = 0;
-          for (int64_t j = 0; j < m; ++j) {
-            dp[j] = inv * g[j];
-            gu += g[j] * upp[r * m + j];
+        for (int64_t r0 = begin; r0 < end; r0 += kGroup) {
+          const int64_t n_rows = std::min<int64_t>(kGroup, end - r0);
+          const scalar_t* xs[kGroup];
+          for (int64_t q = 0; q < kGroup; ++q) {
+            scalar_t* dq = dp.data() + q * m;
+            xs[q] = xp + (r0 + std::min(q, n_rows - 1)) * k;
+            if (q >= n_rows) {
+              std::fill(dq, dq + m, scalar_t(0));
+              continue;
+            }
+            const int64_t r = r0 + q;
+            const scalar_t* g = gp + r * m;
+            const scalar_t inv = rp[r];
+            scalar_t gu = 0;
+            for (int64_t j = 0; j < m; ++j) {
+              dq[j] = inv * g[j];
+              gu += g[j] * upp[r * m + j];
+            }
+            // dx row: accumulated over the m weight rows in registers, a
+            // chunk of kChunk columns at a time, and stored once.
+            const scalar_t c = -inv * inv * gu / static_cast<scalar_t>(k);
+            const scalar_t* xr = xs[q];
+            scalar_t* o = dxp + r * k;
+            for (int64_t i = 0; i < k; ++i) o[i] = c * xr[i];
+            // Four weight rows per sweep of o: one load and store per four
+            // products.
+            int64_t j = 0;
+            for (; j + 4 <= m; j += 4) {
+              const scalar_t a0 = dq[j], a1 = dq[j + 1], a2 = dq[j + 2], a3 = dq[j + 3];
+              const scalar_t *w0 = wp + j * k, *w1 = w0 + k, *w2 = w1 + k, *w3 = w2 + k;
+              for (int64_t i = 0; i < k; ++i) o[i] += (a0 * w0[i] + a1 * w1[i]) + (a2 * w2[i] + a3 * w3[i]);
+            }
+            for (; j < m; ++j) Axpy(dq[j], wp + j * k, o, k);
           }
-          const scalar_t c = -inv * inv * gu / static_cast<scalar_t>(k);
-          scalar_t* o = dxp + r * k;
-          for (int64_t i = 0; i < k; ++i) o[i] = c * xr[i];
+          // dw^T rows += the group's kGroup rank-1 terms: one load and store
+          // of the block per kGroup products.
           for (int64_t j = 0; j < m; ++j) {
-            Axpy(dp[j], wp + j * k, o, k);
-            Axpy(dp[j], xr, block.data() + j * k, k);
+            const scalar_t d0 = dp[j], d1 = dp[m + j], d2 = dp[2 * m + j], d3 = dp[3 * m + j];
+            const scalar_t *x0 = xs[0], *x1 = xs[1], *x2r = xs[2], *x3 = xs[3];
+            scalar_t* b = block.data() + j * k;
+            for (int64_t i = 0; i < k; ++i) b[i] += (d0 * x0[i] + d1 * x1[i]) + (d2 * x2r[i] + d3 * x3[i]);
           }
-          if (++pending == kFlushRows || r + 1 == end) {
+          pending += n_rows;
+          if (pending >= kFlushRows || r0 + n_rows == end) {
             for (int64_t e = 0; e < m * k; ++e) acc[e] += block[static_cast<size_t>(e)];
             std::fill(block.begin(), block.end(), scalar_t(0));
             pending = 0;
