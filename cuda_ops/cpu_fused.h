@@ -10,8 +10,8 @@
 // ahead of PyTorch eager (bench/RESULTS.md).
 //
 // Not fused on CPU: the SwiGLU gate. Its sigmoid needs exp per element, and
-// ATen's vectorised (Sleef, AVX2) silu beats a portable scalar loop built
-// without -mavx2 by more than the passes saved.
+// ATen's vectorised (Sleef) silu beats a plain loop by more than the passes
+// saved.
 //
 // float32 and float64 (the latter for gradcheck), any shape with the
 // normalised dimension last; inputs are made contiguous. No double

@@ -230,6 +230,18 @@ class HcWriteFunction : public torch::autograd::Function<HcWriteFunction> {
 
 // ------------------------------------------------- RMS-normalised projection
 
+// Sums per-thread double partials [threads][count] into a tensor of `dtype`
+// shaped `sizes`.
+torch::Tensor SumPartials(const std::vector<double>& partial, int64_t threads, int64_t count,
+                          torch::IntArrayRef sizes, torch::ScalarType dtype) {
+  torch::Tensor sum = torch::zeros({count}, torch::kFloat64);
+  double* sp = sum.data_ptr<double>();
+  for (int64_t t = 0; t < threads; ++t) {
+    for (int64_t e = 0; e < count; ++e) sp[e] += partial[static_cast<size_t>(t * count + e)];
+  }
+  return sum.to(dtype).reshape(sizes);
+}
+
 // The routing projections are skinny (HC: [tokens n, d] x [d, n + 2]; mHC:
 // [tokens, n d] x [n d, n^2 + 2n]), where OpenBLAS's GEMMs run far below
 // peak: forward+backward over 1k tokens at d = 128, 2 threads, its version
@@ -360,27 +372,17 @@ class RmsProjectFunction : public torch::autograd::Function<RmsProjectFunction> 
         }
       });
     });
-    torch::Tensor dwt = torch::zeros({m, k}, torch::kFloat64);
-    double* sum_p = dwt.data_ptr<double>();
-    for (int64_t t = 0; t < threads; ++t) {
-      for (int64_t e = 0; e < m * k; ++e) sum_p[e] += partial[static_cast<size_t>(t * m * k + e)];
-    }
-    return {dx.view(x_sizes), dwt.t().to(x2.scalar_type()), torch::Tensor()};
+    torch::Tensor dwt = SumPartials(partial, threads, m * k, {m, k}, x2.scalar_type());
+    return {dx.view(x_sizes), dwt.t(), torch::Tensor()};
   }
 };
 
 // ------------------------------------------------ HC / mHC coefficients
 
-// Sums per-thread double partials [threads][count] into a tensor of `dtype`
-// shaped `sizes`.
-torch::Tensor SumPartials(const std::vector<double>& partial, int64_t threads, int64_t count,
-                          torch::IntArrayRef sizes, torch::ScalarType dtype) {
-  torch::Tensor sum = torch::zeros({count}, torch::kFloat64);
-  double* sp = sum.data_ptr<double>();
-  for (int64_t t = 0; t < threads; ++t) {
-    for (int64_t e = 0; e < count; ++e) sp[e] += partial[static_cast<size_t>(t * count + e)];
-  }
-  return sum.to(dtype).reshape(sizes);
+// The gradient of an output, contiguous; an output nobody used gets an
+// undefined gradient (read as zero by the kernels), kept undefined.
+torch::Tensor ContiguousOrUndefined(const torch::Tensor& g) {
+  return g.defined() ? g.contiguous() : torch::Tensor();
 }
 
 // HC: from the projection u [rows, n, n + 2], per stream s and column j,
@@ -436,9 +438,8 @@ class HcCoefficientsFunction : public torch::autograd::Function<HcCoefficientsFu
     const torch::Tensor& gain_a = saved[1];
     const torch::Tensor& gain_b = saved[2];
     const int64_t n = u.size(-2), m = n + 2, rows = u.numel() / (n * m);
-    // An output nobody used arrives undefined: a zero gradient.
-    torch::Tensor da = grads[0].defined() ? grads[0].contiguous() : torch::Tensor();
-    torch::Tensor db = grads[1].defined() ? grads[1].contiguous() : torch::Tensor();
+    torch::Tensor da = ContiguousOrUndefined(grads[0]);
+    torch::Tensor db = ContiguousOrUndefined(grads[1]);
     torch::Tensor du = torch::empty_like(u);
     const int64_t threads = at::get_num_threads();
     // Per thread: dstatic_a [n (n + 1)], dstatic_b [n], dgain_a, dgain_b.
@@ -541,9 +542,9 @@ class MhcCoefficientsFunction : public torch::autograd::Function<MhcCoefficients
     const torch::Tensor& read = saved[2];
     const torch::Tensor& write = saved[3];
     const int64_t n = ctx->saved_data["n"].toInt(), m = n * n + 2 * n, rows = u.numel() / m;
-    torch::Tensor dr = grads[0].defined() ? grads[0].contiguous() : torch::Tensor();
-    torch::Tensor dw = grads[1].defined() ? grads[1].contiguous() : torch::Tensor();
-    torch::Tensor dl = grads[2].defined() ? grads[2].contiguous() : torch::Tensor();
+    torch::Tensor dr = ContiguousOrUndefined(grads[0]);
+    torch::Tensor dw = ContiguousOrUndefined(grads[1]);
+    torch::Tensor dl = ContiguousOrUndefined(grads[2]);
     torch::Tensor du = torch::empty_like(u);
     const int64_t threads = at::get_num_threads();
     const int64_t count = 3 + m;  // dgains, dbias

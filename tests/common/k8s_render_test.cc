@@ -124,7 +124,9 @@ TEST_F(K8sRenderTest, PortsAndProbesPointAtWhatTheDaemonsServe) {
     // The metrics port is the one the daemon's --metrics-listen binds.
     ASSERT_TRUE(ports.count("metrics")) << name;
     EXPECT_EQ(ports["metrics"], PortOf(Arg(c, "--metrics-listen"))) << name;
-    if (ports.count("grpc")) EXPECT_EQ(ports["grpc"], PortOf(Arg(c, "--listen"))) << name;
+    if (ports.count("grpc")) {
+      EXPECT_EQ(ports["grpc"], PortOf(Arg(c, "--listen"))) << name;
+    }
     // Liveness on /healthz, readiness on /readyz, both on the metrics port.
     ASSERT_TRUE(c["livenessProbe"]) << name;
     ASSERT_TRUE(c["readinessProbe"]) << name;

@@ -42,7 +42,9 @@ TEST(CpuFusedThreads, KernelLoopsRunOnEveryIntraOpThread) {
   const int saved = torch::get_num_threads();
   torch::set_num_threads(2);
   EXPECT_EQ(cpu_fused::generic::ParallelForThreads(), 2);
-  if (cpu_fused::Avx2Available()) EXPECT_EQ(cpu_fused::avx2::ParallelForThreads(), 2);
+  if (cpu_fused::Avx2Available()) {
+    EXPECT_EQ(cpu_fused::avx2::ParallelForThreads(), 2);
+  }
   torch::set_num_threads(1);
   EXPECT_EQ(cpu_fused::generic::ParallelForThreads(), 1);
   torch::set_num_threads(saved);

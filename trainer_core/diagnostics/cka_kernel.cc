@@ -8,7 +8,6 @@
 #include <cmath>
 #include <limits>
 #include <cstring>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -399,25 +398,43 @@ void ContractBlock(const T* k, int64_t ld, int64_t num_layers, int64_t p0,
   }
 }
 
+// Partial sums of one parallel loop, one buffer per intra-op thread (each
+// thread gets one contiguous range), added in thread order afterwards: the
+// result does not depend on which thread finished first.
+class PerThreadSums {
+ public:
+  explicit PerThreadSums(int64_t size)
+      : size_(size), sums_(static_cast<size_t>(size * std::max(1, at::get_num_threads())), 0.0) {}
+  double* Mine() { return sums_.data() + at::get_thread_num() * size_; }
+  // g[i][j] += w * sum over threads, upper triangle of [n, n].
+  void AddUpperTo(int64_t n, double w, double* g) const {
+    const int64_t threads = static_cast<int64_t>(sums_.size()) / std::max<int64_t>(size_, 1);
+    for (int64_t t = 0; t < threads; ++t) {
+      const double* a = sums_.data() + t * size_;
+      for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = i; j < n; ++j) g[i * n + j] += w * a[i * n + j];
+      }
+    }
+  }
+
+ private:
+  int64_t size_;
+  std::vector<double> sums_;
+};
+
 template <typename T>
 void Contract(const T* k, int64_t ld, int64_t num_layers, int64_t cols,
               double w, double* g) {
   const int64_t blocks = (cols + kContractCols - 1) / kContractCols;
-  std::mutex mu;
+  PerThreadSums acc(num_layers * num_layers);
   at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
-    std::vector<double> acc(static_cast<size_t>(num_layers * num_layers), 0.0);
+    double* a = acc.Mine();
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t p0 = b * kContractCols;
-      ContractBlock(k, ld, num_layers, p0, std::min(kContractCols, cols - p0),
-                    acc.data());
-    }
-    std::lock_guard<std::mutex> lock(mu);
-    for (int64_t i = 0; i < num_layers; ++i) {
-      for (int64_t j = i; j < num_layers; ++j) {
-        g[i * num_layers + j] += w * acc[i * num_layers + j];
-      }
+      ContractBlock(k, ld, num_layers, p0, std::min(kContractCols, cols - p0), a);
     }
   });
+  acc.AddUpperTo(num_layers, w, g);
 }
 
 
@@ -430,27 +447,21 @@ void Contract(const T* k, int64_t ld, int64_t num_layers, int64_t cols,
 template <typename T>
 void ContractUpper(const T* k, int64_t ld, int64_t num_layers, int64_t t,
                    double* g) {
-  std::mutex mu;
+  PerThreadSums acc(num_layers * num_layers);
   at::parallel_for(0, (t + 1) / 2, 1, [&](int64_t u0, int64_t u1) {
-    std::vector<double> acc(static_cast<size_t>(num_layers * num_layers), 0.0);
+    double* a = acc.Mine();
     auto row = [&](int64_t r) {
       const int64_t end = (r + 1) * t;
       for (int64_t p = r * t + r + 1; p < end; p += kContractCols) {
-        ContractBlock(k, ld, num_layers, p, std::min(kContractCols, end - p),
-                      acc.data());
+        ContractBlock(k, ld, num_layers, p, std::min(kContractCols, end - p), a);
       }
     };
     for (int64_t u = u0; u < u1; ++u) {
       row(u);
       if (t - 1 - u != u) row(t - 1 - u);
     }
-    std::lock_guard<std::mutex> lock(mu);
-    for (int64_t i = 0; i < num_layers; ++i) {
-      for (int64_t j = i; j < num_layers; ++j) {
-        g[i * num_layers + j] += 2.0 * acc[i * num_layers + j];
-      }
-    }
   });
+  acc.AddUpperTo(num_layers, 2.0, g);
   // The diagonal, gathered per layer, summed in float64.
   std::vector<double> diag(static_cast<size_t>(num_layers * t));
   for (int64_t l = 0; l < num_layers; ++l) {
