@@ -108,12 +108,7 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
       });
     });
     if (!need_dw) return {dx, torch::Tensor(), torch::Tensor()};
-    torch::Tensor dw_sum = torch::zeros({d}, torch::kFloat64);
-    double* dws = dw_sum.data_ptr<double>();
-    for (int64_t t = 0; t < threads; ++t) {
-      for (int64_t j = 0; j < d; ++j) dws[j] += partial[static_cast<size_t>(t * d + j)];
-    }
-    return {dx, dw_sum.to(w.scalar_type()), torch::Tensor()};
+    return {dx, SumPartials(partial, threads, d, {d}, w.scalar_type()), torch::Tensor()};
   }
 };
 

@@ -1,6 +1,7 @@
 // The cpu_fused:: entry points (cpu_fused.h): each runs the AVX2 + FMA build
 // of its kernel where the CPU has both, the baseline build otherwise
-// (cpu_fused_isa.h). The choice is made once per process.
+// (cpu_fused_isa.h). The choice is made once per process. Also the helpers
+// both builds share.
 #include <cstdlib>
 #include <cstring>
 
@@ -42,6 +43,16 @@ const char* KernelIsa() { return UseAvx2() ? "avx2" : "generic"; }
 #else
 #define DEPTHBENCH_CPU_FUSED_CALL(fn, ...) generic::fn(__VA_ARGS__)
 #endif
+
+torch::Tensor SumPartials(const std::vector<double>& partial, int64_t threads, int64_t count,
+                          torch::IntArrayRef sizes, torch::ScalarType dtype) {
+  torch::Tensor sum = torch::zeros({count}, torch::kFloat64);
+  double* sp = sum.data_ptr<double>();
+  for (int64_t t = 0; t < threads; ++t) {
+    for (int64_t e = 0; e < count; ++e) sp[e] += partial[static_cast<size_t>(t * count + e)];
+  }
+  return sum.to(dtype).reshape(sizes);
+}
 
 bool Supports(std::initializer_list<const torch::Tensor*> tensors) {
   c10::optional<torch::ScalarType> dtype;

@@ -9,7 +9,8 @@
 // Only the kernels' own code is built for AVX2: cpu_fused_target.h, included
 // last in a kernel file, switches the target after every header, so no
 // inline function shared with the rest of the program is compiled for AVX2
-// (cpu_fused_isa_test checks the AVX2 object's exported code for that).
+// (the ctest cpu_fused_avx2_code_stays_in_its_namespace checks the AVX2
+// object's code for that).
 #ifndef DEPTHBENCH_CUDA_OPS_CPU_FUSED_ISA_H_
 #define DEPTHBENCH_CUDA_OPS_CPU_FUSED_ISA_H_
 
@@ -43,6 +44,13 @@ namespace cpu_fused {
 
 DEPTHBENCH_CPU_FUSED_KERNELS(generic)
 DEPTHBENCH_CPU_FUSED_KERNELS(avx2)
+
+// Shared by both builds (defined once, in cpu_fused_dispatch.cc): sums
+// per-thread double partials [threads][count] in thread order into a tensor
+// of `dtype` shaped `sizes` (the kernels' parameter gradients, deterministic
+// for a fixed thread count).
+torch::Tensor SumPartials(const std::vector<double>& partial, int64_t threads, int64_t count,
+                          torch::IntArrayRef sizes, torch::ScalarType dtype);
 
 // Whether this build has the AVX2 kernels and the CPU runs them (cpuid:
 // AVX2 and FMA).

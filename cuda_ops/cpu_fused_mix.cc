@@ -230,24 +230,6 @@ class HcWriteFunction : public torch::autograd::Function<HcWriteFunction> {
 
 // ------------------------------------------------- RMS-normalised projection
 
-// Sums per-thread double partials [threads][count] into a tensor of `dtype`
-// shaped `sizes`.
-torch::Tensor SumPartials(const std::vector<double>& partial, int64_t threads, int64_t count,
-                          torch::IntArrayRef sizes, torch::ScalarType dtype) {
-  torch::Tensor sum = torch::zeros({count}, torch::kFloat64);
-  double* sp = sum.data_ptr<double>();
-  for (int64_t t = 0; t < threads; ++t) {
-    for (int64_t e = 0; e < count; ++e) sp[e] += partial[static_cast<size_t>(t * count + e)];
-  }
-  return sum.to(dtype).reshape(sizes);
-}
-
-// The routing projections are skinny (HC: [tokens n, d] x [d, n + 2]; mHC:
-// [tokens, n d] x [n d, n^2 + 2n]), where OpenBLAS's GEMMs run far below
-// peak: forward+backward over 1k tokens at d = 128, 2 threads, its version
-// took 1.1 ms (HC) and 1.2 ms (mHC), these loops 0.35 and 0.9 ms, with the
-// normalisation and the products in one pass over each row while it is in
-// L1 (bench/RESULTS.md).
 // Rows of x accumulated in the working precision before a parameter-gradient
 // partial is added into its double per-thread sum.
 constexpr int64_t kFlushRows = 16;
@@ -255,6 +237,12 @@ constexpr int64_t kFlushRows = 16;
 // block (written out as four in the loop).
 constexpr int64_t kGroup = 4;
 
+// The routing projections are skinny (HC: [tokens n, d] x [d, n + 2]; mHC:
+// [tokens, n d] x [n d, n^2 + 2n]), where OpenBLAS's GEMMs run far below
+// peak: forward+backward over 1k tokens at d = 128, 2 threads, its version
+// took 1.1 ms (HC) and 1.2 ms (mHC), these loops 0.26-0.30 and 0.70-0.75 ms,
+// with the normalisation and the products in one pass over each row while
+// it is in L1 (bench/RESULTS.md).
 class RmsProjectFunction : public torch::autograd::Function<RmsProjectFunction> {
  public:
   // x [..., K], w [K, m] -> u [..., m] = rs * (x w), rs = rsqrt(mean(x^2) + eps)
@@ -339,8 +327,7 @@ class RmsProjectFunction : public torch::autograd::Function<RmsProjectFunction> 
               dq[j] = inv * g[j];
               gu += g[j] * upp[r * m + j];
             }
-            // dx row: accumulated over the m weight rows in registers, a
-            // chunk of kChunk columns at a time, and stored once.
+            // dx row = c x + dp w^T.
             const scalar_t c = -inv * inv * gu / static_cast<scalar_t>(k);
             const scalar_t* xr = xs[q];
             scalar_t* o = dxp + r * k;
@@ -405,9 +392,9 @@ class HcCoefficientsFunction : public torch::autograd::Function<HcCoefficientsFu
     TORCH_CHECK(gain_a.numel() == 1 && gain_b.numel() == 1,
                 "HcCoefficients: gain_a and gain_b must hold one value each");
     const int64_t rows = u.numel() / (n * m);
-    std::vector<int64_t> a_sizes(u.sizes().begin(), u.sizes().end() - 1);
+    std::vector<int64_t> b_sizes(u.sizes().begin(), u.sizes().end() - 1);  // [..., n]
+    std::vector<int64_t> a_sizes = b_sizes;
     a_sizes.push_back(n + 1);
-    std::vector<int64_t> b_sizes(u.sizes().begin(), u.sizes().end() - 1);
     torch::Tensor a = torch::empty(a_sizes, u.options());
     torch::Tensor b = torch::empty(b_sizes, u.options());
     AT_DISPATCH_FLOATING_TYPES(u.scalar_type(), "cpu_fused::HcCoefficients", [&] {
@@ -502,8 +489,7 @@ class MhcCoefficientsFunction : public torch::autograd::Function<MhcCoefficients
     TORCH_CHECK(gains.numel() == 3, "MhcCoefficients: gains has ", gains.sizes(), ", expected [3]");
     TORCH_CHECK(bias.numel() == m, "MhcCoefficients: bias has ", bias.sizes(), ", expected [", m, "]");
     const int64_t rows = u.numel() / m;
-    std::vector<int64_t> lead(u.sizes().begin(), u.sizes().end() - 1);
-    std::vector<int64_t> nn = lead;
+    std::vector<int64_t> nn(u.sizes().begin(), u.sizes().end() - 1);
     nn.push_back(n);
     std::vector<int64_t> square = nn;
     square.push_back(n);
@@ -901,16 +887,11 @@ class AttnResMixFunction : public torch::autograd::Function<AttnResMixFunction> 
         }
       });
     });
-    torch::Tensor sums = torch::zeros({2, d}, torch::kFloat64);
-    double* sum_p = sums.data_ptr<double>();
-    for (int64_t t = 0; t < threads; ++t) {
-      for (int64_t e = 0; e < 2 * d; ++e) sum_p[e] += partial[static_cast<size_t>(t * 2 * d + e)];
-    }
-    const auto dtype = og.scalar_type();
-    torch::Tensor dgo = sums[0].to(dtype).reshape(og.sizes());
+    torch::Tensor sums = SumPartials(partial, threads, 2 * d, {2, d}, og.scalar_type());
+    torch::Tensor dgo = sums[0].reshape(og.sizes());
     variable_list out(dv.begin(), dv.end());
     if (has_query) {
-      torch::Tensor da = sums[1].to(dtype);
+      torch::Tensor da = sums[1];
       out.push_back((da * kg.reshape({-1})).reshape(q.sizes()));
       out.push_back((da * q.reshape({-1})).reshape(kg.sizes()));
     } else {

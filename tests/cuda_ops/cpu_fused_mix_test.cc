@@ -1,8 +1,8 @@
 // CPU tests of the fused multi-stream kernels (cuda_ops/cpu_fused.h: HC/mHC
-// routing projection, read and write, Sinkhorn, AttnRes mix): values and gradients equal the
-// composite references (autograd through them) and the hand-written backward
-// formulas the CUDA kernels implement (reference::*Backward), on one and two
-// threads, odd sizes and the model's broadcast (expanded) streams; a
+// routing projection, coefficients, read and write, Sinkhorn, AttnRes mix):
+// values and gradients equal the composite references (autograd through
+// them) and the hand-written backward formulas the CUDA kernels implement
+// (reference::*Backward), on one and two threads, odd sizes and the model's broadcast (expanded) streams; a
 // finite-difference gradcheck of each in double; the dispatcher takes them
 // for CPU float tensors and falls back to the references when disabled, for
 // bf16 and for Sinkhorn logits too large for the exp domain.
@@ -443,8 +443,7 @@ TEST(CpuFusedIsa, Avx2AndBaselineBuildsAgree) {
        }},
   };
   for (const Kernel& k : kernels) {
-    torch::Tensor probe = k.f(false, k.inputs).detach();
-    probe = torch::randn(probe.sizes());
+    torch::Tensor probe = torch::randn(k.f(false, k.inputs).sizes());
     // FMA contracts a*b+c into one rounding: equal up to float rounding.
     ExpectSame(Evaluate([&](auto& in) { return k.f(true, in); }, k.inputs, probe),
                Evaluate([&](auto& in) { return k.f(false, in); }, k.inputs, probe), 1e-5, 1e-5,
