@@ -81,6 +81,21 @@ torch::Tensor AttnResMix(const std::vector<torch::Tensor>& sources, const torch:
                          const torch::Tensor& key_gain, const torch::Tensor& out_gain,
                          double eps);
 
+// Causal self-attention over the sequence, softmax(scale q k^T + causal
+// mask) v, with optional same-token depth keys and values (MoDA) in the same
+// softmax: query t attends keys 0..t and its own S depth keys. q
+// [B, H, T, hd], k and v [B, KV, T, hd] with H a multiple of KV (GQA:
+// query head h reads key/value head h / (H / KV)); any strides with the
+// last dim contiguous (others are copied). depth_keys and depth_values
+// [B, H, T, S, hd] or both undefined. Returns [B, T, H * hd] (heads
+// concatenated per token, the output projection's input). One task per
+// (batch, key/value head) over the intra-op threads; the backward pass
+// recomputes the probabilities from the saved log-sum-exp
+// (cpu_fused_attn.cc).
+torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k,
+                              const torch::Tensor& v, const torch::Tensor& depth_keys,
+                              const torch::Tensor& depth_values, double scale);
+
 }  // namespace cpu_fused
 }  // namespace depthbench
 

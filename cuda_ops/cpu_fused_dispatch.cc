@@ -104,6 +104,12 @@ torch::Tensor AttnResMix(const std::vector<torch::Tensor>& sources, const torch:
   return DEPTHBENCH_CPU_FUSED_CALL(AttnResMix, sources, query, key_gain, out_gain, eps);
 }
 
+torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k,
+                              const torch::Tensor& v, const torch::Tensor& depth_keys,
+                              const torch::Tensor& depth_values, double scale) {
+  return DEPTHBENCH_CPU_FUSED_CALL(CausalAttention, q, k, v, depth_keys, depth_values, scale);
+}
+
 #undef DEPTHBENCH_CPU_FUSED_CALL
 
 }  // namespace cpu_fused

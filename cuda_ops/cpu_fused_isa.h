@@ -1,4 +1,5 @@
-// The fused CPU kernels (cpu_fused.cc, cpu_fused_mix.cc) are compiled twice
+// The fused CPU kernels (cpu_fused.cc, cpu_fused_mix.cc, cpu_fused_attn.cc) are
+// compiled twice
 // (cuda_ops/CMakeLists.txt): for the baseline x86-64 ISA and with AVX2 + FMA,
 // each object in its own namespace below. cpu_fused_dispatch.cc picks one per
 // process from the CPU's features, so a binary built here runs on any x86-64
@@ -35,6 +36,9 @@
   torch::Tensor AttnResMix(const std::vector<torch::Tensor>& sources, const torch::Tensor& query, \
                            const torch::Tensor& key_gain, const torch::Tensor& out_gain,      \
                            double eps);                                                       \
+  torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k,                \
+                                const torch::Tensor& v, const torch::Tensor& depth_keys,       \
+                                const torch::Tensor& depth_values, double scale);              \
   /* Threads at::parallel_for ran a 64-task loop on, as compiled in this object. */          \
   int ParallelForThreads();                                                                  \
   }

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
 
 #include "cuda_ops/cpu_fused.h"
 #include "cuda_ops/reference.h"
@@ -16,7 +19,8 @@ std::atomic<bool> g_enabled{true};
 
 // What runs fused on CPU tensors (cpu_fused.h), for FusedOpsDescription.
 constexpr const char* kCpuFused =
-    "CPU: fused RMSNorm, HC/mHC routing projection, coefficients and read-write, Sinkhorn, AttnRes mix; SwiGLU composite";
+    "CPU: fused RMSNorm, causal attention, HC/mHC routing projection, coefficients and "
+    "read-write, Sinkhorn, AttnRes mix; SwiGLU composite";
 
 bool CpuFused(std::initializer_list<const torch::Tensor*> tensors) {
   return g_enabled.load(std::memory_order_relaxed) && cpu_fused::Supports(tensors);
@@ -40,6 +44,87 @@ bool IsFloat(const torch::Tensor& t) {
   return !t.defined() || t.scalar_type() == torch::kFloat32;
 }
 #endif
+
+// DEPTHBENCH_CPU_ATTENTION=composite: CausalAttentionOp runs the composite
+// on CPU too (benchmarks compare the two in one binary).
+bool CpuAttentionFused() {
+  static const bool fused = [] {
+    const char* e = std::getenv("DEPTHBENCH_CPU_ATTENTION");
+    return e == nullptr || std::strcmp(e, "composite") != 0;
+  }();
+  return fused;
+}
+
+// Query chunks of the composite causal attention at length T (no depth
+// keys): 4 from T = 128, 2 from 64, else 1 (one T x T score matrix).
+// DEPTHBENCH_ATTN_CHUNKS overrides it (tests compare 1 against the default).
+int64_t CausalChunks(int64_t T) {
+  if (const char* e = std::getenv("DEPTHBENCH_ATTN_CHUNKS")) {
+    return std::clamp<int64_t>(std::atoll(e), 1, std::max<int64_t>(T, 1));
+  }
+  return T >= 128 ? 4 : T >= 64 ? 2 : 1;
+}
+
+// The additive causal mask [T, T] (-inf above the diagonal). Every attention
+// call of a step asks for the same one: keep the last built (per thread; the
+// tensor is only read by its users).
+torch::Tensor CausalMask(int64_t T, const torch::TensorOptions& options) {
+  thread_local torch::Tensor cached;
+  if (!cached.defined() || cached.size(0) != T || cached.device() != options.device() ||
+      cached.scalar_type() != c10::typeMetaToScalarType(options.dtype())) {
+    cached = torch::full({T, T}, -std::numeric_limits<float>::infinity(), options).triu(1);
+  }
+  return cached;
+}
+
+torch::Tensor CompositeCausalAttention(const torch::Tensor& q, const torch::Tensor& k_in,
+                                       const torch::Tensor& v_in, const torch::Tensor& depth_keys,
+                                       const torch::Tensor& depth_values, double scale) {
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), hd = q.size(3);
+  const int64_t groups = H / k_in.size(1);
+  torch::Tensor k = groups == 1 ? k_in : k_in.repeat_interleave(groups, /*dim=*/1);
+  torch::Tensor v = groups == 1 ? v_in : v_in.repeat_interleave(groups, /*dim=*/1);
+  // scale * q k^T + mask in one batched GEMM (beta = 1 adds the mask).
+  const torch::Tensor mask = CausalMask(T, q.options());
+  torch::Tensor qf = q.reshape({B * H, T, hd});
+  torch::Tensor kt = k.transpose(-2, -1).reshape({B * H, hd, T});
+  torch::Tensor vf = v.reshape({B * H, T, hd});
+  torch::Tensor out;
+  const int64_t chunks = depth_keys.defined() ? 1 : CausalChunks(T);
+  if (chunks > 1) {
+    // By query chunks: chunk c's queries only see keys [0, end_c), so the
+    // score, softmax and probability-times-V passes (and their backward) skip
+    // most of the masked upper triangle (10/16 of the T x T work with 4
+    // chunks). Same values up to GEMM blocking: the skipped entries are
+    // exactly zero after the softmax.
+    const int64_t len = (T + chunks - 1) / chunks;
+    std::vector<torch::Tensor> qc = qf.split(len, 1), outs;
+    int64_t t0 = 0;
+    for (const torch::Tensor& qi : qc) {
+      const int64_t n = qi.size(1), end = t0 + n;
+      torch::Tensor s = torch::baddbmm(mask.narrow(0, t0, n).narrow(1, 0, end), qi,
+                                       end == T ? kt : kt.narrow(2, 0, end), /*beta=*/1.0,
+                                       /*alpha=*/scale);
+      outs.push_back(torch::bmm(torch::softmax(s, -1), end == T ? vf : vf.narrow(1, 0, end)));
+      t0 = end;
+    }
+    out = torch::cat(outs, 1).view({B, H, T, hd});
+  } else {
+    torch::Tensor scores =
+        torch::baddbmm(mask, qf, kt, /*beta=*/1.0, /*alpha=*/scale).view({B, H, T, T});
+    if (!depth_keys.defined()) {
+      out = torch::matmul(torch::softmax(scores, -1), v);
+    } else {
+      // Same-token depth scores: [B, H, T, S].
+      torch::Tensor depth_scores = (q.unsqueeze(3) * depth_keys).sum(-1) * scale;
+      torch::Tensor probs = torch::softmax(torch::cat({scores, depth_scores}, -1), -1);
+      torch::Tensor p_seq = probs.narrow(-1, 0, T);
+      torch::Tensor p_depth = probs.narrow(-1, T, depth_scores.size(-1));
+      out = torch::matmul(p_seq, v) + (p_depth.unsqueeze(-1) * depth_values).sum(3);
+    }
+  }
+  return out.transpose(1, 2).contiguous().view({B, T, H * hd});
+}
 
 }  // namespace
 
@@ -192,6 +277,35 @@ torch::Tensor SinkhornOp(const torch::Tensor& logits, int iterations, double eps
     return cpu_fused::Sinkhorn(logits, iterations, eps);
   }
   return reference::Sinkhorn(logits, iterations, eps);
+}
+
+torch::Tensor CausalAttentionOp(const torch::Tensor& q, const torch::Tensor& k,
+                                const torch::Tensor& v, const torch::Tensor& depth_keys,
+                                const torch::Tensor& depth_values, double scale) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
+              "CausalAttentionOp: q, k and v need [B, heads, T, head_dim], have ", q.sizes(),
+              ", ", k.sizes(), ", ", v.sizes());
+  TORCH_CHECK(k.sizes() == v.sizes() && k.size(0) == q.size(0) && k.size(2) == q.size(2) &&
+                  k.size(3) == q.size(3) && k.size(1) >= 1 && q.size(1) % k.size(1) == 0,
+              "CausalAttentionOp: k ", k.sizes(), " and v ", v.sizes(), " must match q ",
+              q.sizes(), " in batch, length and head dim, with a head count dividing q's");
+  TORCH_CHECK(depth_keys.defined() == depth_values.defined(),
+              "CausalAttentionOp: depth keys and values come together");
+  const bool depth = depth_keys.defined() && depth_keys.numel() > 0;
+  if (depth_keys.defined()) {
+    TORCH_CHECK(depth_keys.dim() == 5 && depth_keys.sizes() == depth_values.sizes() &&
+                    depth_keys.size(0) == q.size(0) && depth_keys.size(1) == q.size(1) &&
+                    depth_keys.size(2) == q.size(2) && depth_keys.size(4) == q.size(3),
+                "CausalAttentionOp: depth keys ", depth_keys.sizes(), " and values ",
+                depth_values.sizes(), " must be [B, H, T, S, head_dim] for q ", q.sizes());
+  }
+  const torch::Tensor none;
+  const torch::Tensor& dk = depth ? depth_keys : none;
+  const torch::Tensor& dv = depth ? depth_values : none;
+  if (CpuAttentionFused() && CpuFused({&q, &k, &v}) && (!depth || CpuFused({&q, &dk, &dv}))) {
+    return cpu_fused::CausalAttention(q, k, v, dk, dv, scale);
+  }
+  return CompositeCausalAttention(q, k, v, dk, dv, scale);
 }
 
 torch::Tensor HcReadOp(const torch::Tensor& h, const torch::Tensor& read) {

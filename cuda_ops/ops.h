@@ -81,6 +81,19 @@ torch::Tensor AttnResMixOp(const std::vector<torch::Tensor>& sources,
 // exp(z) after `iterations` row-then-column normalisations.
 torch::Tensor SinkhornOp(const torch::Tensor& logits, int iterations = 20, double eps = 1e-6);
 
+// Causal self-attention softmax(scale q k^T + causal mask) v (the
+// attention layers, layers.cc), with optional same-token depth keys and
+// values in the same softmax (MoDA): q [B, H, T, hd]; k, v [B, KV, T, hd]
+// with H a multiple of KV (GQA); depth_keys and depth_values [B, H, T, S, hd]
+// or both undefined. Returns [B, T, H * hd]. Fused on CPU (cpu_fused.h;
+// DEPTHBENCH_CPU_ATTENTION=composite turns only this op's fused path off,
+// for benchmarks); elsewhere batched GEMMs and a softmax, by query chunks
+// when there are no depth keys (DEPTHBENCH_ATTN_CHUNKS, default 4 from
+// T = 128, 2 from 64, else 1).
+torch::Tensor CausalAttentionOp(const torch::Tensor& q, const torch::Tensor& k,
+                                const torch::Tensor& v, const torch::Tensor& depth_keys,
+                                const torch::Tensor& depth_values, double scale);
+
 // HC/mHC connector. h [..., n, d]; read, b [..., n]; a [..., n, n] or
 // undefined (identity, the HC code form); coefficients fp32.
 torch::Tensor HcReadOp(const torch::Tensor& h, const torch::Tensor& read);

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "nlohmann/json.hpp"
+#include "cuda_ops/ops.h"
 #include "tests/golden/golden_io.h"
 #include "trainer_core/arch.h"
 #include "trainer_core/batcher.h"
@@ -571,9 +572,10 @@ TEST(DesignGoldenTest, LogitsAndFirstAdamWStepsMatchPyTorch) {
   std::filesystem::remove_all(dir);
 }
 
-// Causal attention by query chunks (layers.cc, default from T = 64) equals
-// the single T x T score matrix (DEPTHBENCH_ATTN_CHUNKS=1) in values and
-// gradients, for T divisible by the chunk count and not, with GQA.
+// The composite causal attention by query chunks (ops.cc, default from
+// T = 64) equals the single T x T score matrix (DEPTHBENCH_ATTN_CHUNKS=1) in
+// values and gradients, for T divisible by the chunk count and not, with
+// GQA; and the fused CPU attention the model runs by default matches it.
 TEST(AttentionChunksTest, ChunkedEqualsOneScoreMatrix) {
   for (int64_t T : {128, 67, 200}) {
     for (int64_t kv_heads : {4, 2}) {
@@ -586,8 +588,11 @@ TEST(AttentionChunksTest, ChunkedEqualsOneScoreMatrix) {
       Attention attn(o);
       Rope rope(8, 256);
       torch::Tensor x = torch::randn({2, T, 32});
+      // chunks "fused": the fused CPU kernel; otherwise the composite.
       auto run = [&](const char* chunks) {
-        if (chunks != nullptr) {
+        const bool fused = chunks != nullptr && std::string(chunks) == "fused";
+        SetFusedOpsEnabled(fused);
+        if (chunks != nullptr && !fused) {
           ::setenv("DEPTHBENCH_ATTN_CHUNKS", chunks, 1);
         } else {
           ::unsetenv("DEPTHBENCH_ATTN_CHUNKS");
@@ -599,15 +604,18 @@ TEST(AttentionChunksTest, ChunkedEqualsOneScoreMatrix) {
         std::vector<torch::Tensor> out = {y.detach(), xl.grad()};
         for (auto& p : attn->parameters()) out.push_back(p.grad().clone());
         ::unsetenv("DEPTHBENCH_ATTN_CHUNKS");
+        SetFusedOpsEnabled(true);
         return out;
       };
-      std::vector<torch::Tensor> one = run("1"), dflt = run(nullptr), three = run("3");
+      std::vector<torch::Tensor> one = run("1"), dflt = run(nullptr), three = run("3"),
+                                 fused = run("fused");
       // fp32 sums in another order (the key/value gradients add per-chunk
       // parts): within 1e-5 of each tensor's largest magnitude.
       for (size_t i = 0; i < one.size(); ++i) {
         const double tol = 1e-5 * one[i].abs().max().item<double>() + 1e-7;
         EXPECT_LE((dflt[i] - one[i]).abs().max().item<double>(), tol) << "tensor " << i;
         EXPECT_LE((three[i] - one[i]).abs().max().item<double>(), tol) << "tensor " << i;
+        EXPECT_LE((fused[i] - one[i]).abs().max().item<double>(), tol) << "fused, tensor " << i;
       }
     }
   }

@@ -74,29 +74,6 @@ torch::Tensor Rope::Apply(const torch::Tensor& x) const {
 }
 
 namespace {
-// Query chunks of causal self-attention (no depth keys) at length T: 4 from
-// T = 128, 2 from 64, else 1 (one T x T score matrix). DEPTHBENCH_ATTN_CHUNKS
-// overrides it (benchmarks compare 1 against the default in one binary).
-int64_t CausalChunks(int64_t T) {
-  if (const char* e = std::getenv("DEPTHBENCH_ATTN_CHUNKS")) {
-    return std::clamp<int64_t>(std::atoll(e), 1, std::max<int64_t>(T, 1));
-  }
-  return T >= 128 ? 4 : T >= 64 ? 2 : 1;
-}
-}  // namespace
-
-torch::Tensor CausalMask(int64_t T, const torch::TensorOptions& options) {
-  // Every attention call of a step asks for the same mask: keep the last one
-  // built (per thread; the tensor is only read by its users).
-  thread_local torch::Tensor cached;
-  if (!cached.defined() || cached.size(0) != T || cached.device() != options.device() ||
-      cached.scalar_type() != c10::typeMetaToScalarType(options.dtype())) {
-    cached = torch::full({T, T}, -std::numeric_limits<float>::infinity(), options).triu(1);
-  }
-  return cached;
-}
-
-namespace {
 torch::nn::Linear NoBias(int64_t in, int64_t out) {
   return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
 }
@@ -140,56 +117,15 @@ torch::Tensor AttentionImpl::ForwardWithDepth(
   std::vector<torch::Tensor> qk_v = qkv.split_with_sizes({(H + KV) * hd, KV * hd}, -1);
   torch::Tensor qk = rope.Apply(qk_v[0].view({B, T, H + KV, hd}).transpose(1, 2));
   std::vector<torch::Tensor> q_k = qk.split_with_sizes({H, KV}, 1);
-  torch::Tensor q = q_k[0];                       // [B, H, T, hd]
-  torch::Tensor k = ExpandKv(q_k[1]);             // [B, H, T, hd]
-  torch::Tensor v = ExpandKv(Heads(qk_v[1], KV));
-  if (own_kv != nullptr) *own_kv = {k, v};
+  // [B, H, T, hd] and [B, KV, T, hd]: the attention op reads each key/value
+  // head for its query heads (GQA), expanded copies only for MoDA's cache.
+  torch::Tensor k = q_k[1], v = Heads(qk_v[1], KV);
+  if (own_kv != nullptr) *own_kv = {ExpandKv(k), ExpandKv(v)};
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
-  // scale * q k^T + mask in one batched GEMM (beta = 1 adds the mask).
-  const torch::Tensor mask = CausalMask(T, x.options().dtype(qk.scalar_type()));
-  torch::Tensor out;
-  const int64_t chunks = depth.empty() ? CausalChunks(T) : 1;
-  if (chunks > 1) {
-    // Causal attention by query chunks: chunk c's queries only see keys
-    // [0, end_c), so the score, softmax and probability-times-V passes (and
-    // their backward) skip most of the masked upper triangle (10/16 of the
-    // T x T work with 4 chunks). Same values up to GEMM blocking: the skipped
-    // entries are exactly zero after the softmax.
-    torch::Tensor qf = q.reshape({B * H, T, hd});
-    torch::Tensor kt = k.transpose(-2, -1).reshape({B * H, hd, T});
-    torch::Tensor vf = v.reshape({B * H, T, hd});
-    const int64_t len = (T + chunks - 1) / chunks;
-    std::vector<torch::Tensor> qc = qf.split(len, 1), outs;
-    int64_t t0 = 0;
-    for (const torch::Tensor& qi : qc) {
-      const int64_t n = qi.size(1), end = t0 + n;
-      torch::Tensor s = torch::baddbmm(mask.narrow(0, t0, n).narrow(1, 0, end), qi,
-                                       end == T ? kt : kt.narrow(2, 0, end), /*beta=*/1.0,
-                                       /*alpha=*/scale);
-      outs.push_back(torch::bmm(torch::softmax(s, -1), end == T ? vf : vf.narrow(1, 0, end)));
-      t0 = end;
-    }
-    out = torch::cat(outs, 1).view({B, H, T, hd});
-  } else if (depth.empty()) {
-    torch::Tensor scores =
-        torch::baddbmm(mask, q.reshape({B * H, T, hd}), k.transpose(-2, -1).reshape({B * H, hd, T}),
-                       /*beta=*/1.0, /*alpha=*/scale)
-            .view({B, H, T, T});
-    out = torch::matmul(torch::softmax(scores, -1), v);
-  } else {
-    torch::Tensor scores =
-        torch::baddbmm(mask, q.reshape({B * H, T, hd}), k.transpose(-2, -1).reshape({B * H, hd, T}),
-                       /*beta=*/1.0, /*alpha=*/scale)
-            .view({B, H, T, T});
-    // Same-token depth scores: [B,H,T,S].
-    torch::Tensor depth_scores =
-        (q.unsqueeze(3) * depth.keys).sum(-1) * scale;
-    torch::Tensor probs = torch::softmax(torch::cat({scores, depth_scores}, -1), -1);
-    torch::Tensor p_seq = probs.narrow(-1, 0, T);
-    torch::Tensor p_depth = probs.narrow(-1, T, depth_scores.size(-1));
-    out = torch::matmul(p_seq, v) + (p_depth.unsqueeze(-1) * depth.values).sum(3);
-  }
-  out = out.transpose(1, 2).contiguous().view({B, T, options_.d_model});
+  const bool with_depth = !depth.empty();
+  torch::Tensor out =
+      CausalAttentionOp(q_k[0], k, v, with_depth ? depth.keys : torch::Tensor(),
+                        with_depth ? depth.values : torch::Tensor(), scale);
   return o_proj->forward(out);
 }
 

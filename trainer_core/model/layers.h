@@ -121,10 +121,6 @@ class SwiGluImpl : public torch::nn::Module {
 };
 TORCH_MODULE(SwiGlu);
 
-// Additive causal mask [T, T], -inf above the diagonal; the last one built is
-// reused (per thread), so callers must not modify it in place.
-torch::Tensor CausalMask(int64_t T, const torch::TensorOptions& options);
-
 }  // namespace depthbench
 
 #endif  // DEPTHBENCH_TRAINER_CORE_MODEL_LAYERS_H_

@@ -1,0 +1,499 @@
+// Fused CPU causal self-attention with a hand-written backward pass (issue
+// 18, goal 2): softmax(scale q k^T + causal mask) v, optionally with
+// same-token depth keys and values in the same softmax (MoDA). See
+// cpu_fused.h for the contract.
+//
+// Why: as ATen ops the attention is baddbmm, softmax and bmm forward and
+// five batched GEMMs backward over B x H small matrices. ATen's CPU bmm runs
+// those as one GEMM call per matrix behind a dispatcher round trip each
+// (select, as_strided, resolve_conj, addmm_: ~74,000 op calls per training
+// step at d = 256 / 16 heads, B = 16, T = 128, about half the step's time in
+// a LibTorch profile); with a head dim of 16 the GEMMs themselves are too
+// small for BLAS blocking to pay. Here each (batch, key/value head) is one
+// task over the intra-op threads, whose keys and values stay in L1/L2 while
+// every query row of its heads runs against them; the scores of a row are
+// computed only up to its own position (no masked upper triangle), and the
+// backward pass recomputes them from q and k with the saved log-sum-exp
+// instead of keeping a B x H x T x T probability tensor (as flash attention
+// does on GPUs).
+//
+// No BLAS here: the products are short dot/axpy loops over a head dim of
+// 8-128, written so GCC vectorises them (register blocks of kBlock scores).
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include "cuda_ops/cpu_fused.h"
+#include "cuda_ops/cpu_fused_isa.h"
+// Last: the ISA of this object (cpu_fused_isa.h).
+#include "cuda_ops/cpu_fused_target.h"
+
+namespace depthbench {
+namespace cpu_fused {
+namespace DEPTHBENCH_CPU_FUSED_ISA {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Scores of one query row are computed kBlock keys at a time, the block's
+// partial sums held in registers across the head dim.
+constexpr int64_t kBlock = 32;
+
+int64_t RoundUp(int64_t n) { return (n + kBlock - 1) / kBlock * kBlock; }
+
+struct AttnShape {
+  int64_t B, H, KV, T, hd, S;  // S: depth keys per token (0: none)
+  int64_t group() const { return H / KV; }
+};
+
+// Rows of a [B, heads, T, hd] tensor whose last dim is contiguous.
+template <typename T>
+struct Rows {
+  const T* p;
+  int64_t sb, sh, st;
+  explicit Rows(const torch::Tensor& t)
+      : p(t.data_ptr<T>()), sb(t.stride(0)), sh(t.stride(1)), st(t.stride(2)) {}
+  const T* at(int64_t b, int64_t h, int64_t t) const { return p + b * sb + h * sh + t * st; }
+};
+
+// s[j] = sum_c a[c] * mt[c * tp + j] for j < n (n a multiple of kBlock, mt
+// zero-padded to tp columns): one query row against kBlock transposed keys
+// at a time.
+template <typename T, int HD>
+inline void RowTimesTransposed(const T* __restrict a, const T* __restrict mt, int64_t hd_rt, int64_t tp, int64_t n,
+                               T* __restrict s) {
+  const int64_t hd = HD > 0 ? HD : hd_rt;
+  for (int64_t j0 = 0; j0 < n; j0 += kBlock) {
+    T acc[kBlock] = {};
+    for (int64_t c = 0; c < hd; ++c) {
+      const T ac = a[c];
+      const T* m = mt + c * tp + j0;
+      for (int k = 0; k < kBlock; ++k) acc[k] += ac * m[k];
+    }
+    for (int k = 0; k < kBlock; ++k) s[j0 + k] = acc[k];
+  }
+}
+
+// 8 floats as a GCC vector (lowered to two SSE halves in the baseline
+// build): the head-dim loops below are a few vectors long, and GCC's
+// auto-vectoriser left them scalar (aliasing between rows it cannot rule
+// out, and the exp's clamp as control flow).
+// The vectors never cross a non-inline call (everything here is inline in
+// one file), so the ABI note for 32-byte vectors without AVX does not apply.
+#pragma GCC diagnostic ignored "-Wpsabi"
+typedef float V8f __attribute__((vector_size(32)));
+typedef int32_t V8i __attribute__((vector_size(32)));
+inline V8f Load8(const float* p) {
+  V8f v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void Store8(float* p, V8f v) { std::memcpy(p, &v, sizeof v); }
+inline V8f Broadcast8(float x) { return V8f{} + x; }
+
+// Whether the head-dim loops of a float kernel with head dim HD run on V8f.
+template <typename T, int HD>
+constexpr bool kVec8 = std::is_same_v<T, float> && HD > 0 && HD % 8 == 0;
+
+template <typename T, int HD>
+inline T DotHd(const T* a, const T* b, int64_t hd_rt) {
+  if constexpr (kVec8<T, HD>) {
+    V8f acc = Load8(a) * Load8(b);
+#pragma GCC unroll 16
+    for (int c = 8; c < HD; c += 8) acc += Load8(a + c) * Load8(b + c);
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  } else {
+    const int64_t hd = HD > 0 ? HD : hd_rt;
+    T sum = 0;
+    for (int64_t c = 0; c < hd; ++c) sum += a[c] * b[c];
+    return sum;
+  }
+}
+
+// y[c] += w * x[c] over the head dim.
+template <typename T, int HD>
+inline void AxpyHd(T w, const T* x, T* y, int64_t hd_rt) {
+  if constexpr (kVec8<T, HD>) {
+#pragma GCC unroll 16
+    for (int c = 0; c < HD; c += 8) Store8(y + c, Load8(y + c) + w * Load8(x + c));
+  } else {
+    const int64_t hd = HD > 0 ? HD : hd_rt;
+    for (int64_t c = 0; c < hd; ++c) y[c] += w * x[c];
+  }
+}
+
+// out[c] = sum_{j < n} w[j] rows[j * stride + c]: the probability-weighted
+// sum of value rows (and dq from the key rows), accumulated in registers on
+// the vector path.
+template <typename T, int HD>
+inline void WeightedRowSum(const T* w, int64_t n, const T* rows, int64_t stride, T* out,
+                           int64_t hd_rt) {
+  if constexpr (kVec8<T, HD>) {
+    V8f acc[HD / 8] = {};
+    for (int64_t j = 0; j < n; ++j) {
+      const float wj = w[j];
+      const float* r = rows + j * stride;
+#pragma GCC unroll 16
+      for (int c = 0; c < HD / 8; ++c) acc[c] += wj * Load8(r + 8 * c);
+    }
+    for (int c = 0; c < HD / 8; ++c) Store8(out + 8 * c, acc[c]);
+  } else {
+    const int64_t hd = HD > 0 ? HD : hd_rt;
+    std::fill(out, out + hd, T(0));
+    for (int64_t j = 0; j < n; ++j) AxpyHd<T, HD>(w[j], rows + j * stride, out, hd);
+  }
+}
+
+// Query rows per backward block: the key and value gradient rows are
+// updated once per block with kRows terms (one load and store of a row per
+// kRows products instead of per product).
+constexpr int kRows = 4;
+
+// dst[j][c] += sum_r coef[r * ld + j] * vecs[r * hd + c] for j < n, r < kRows.
+template <typename T, int HD>
+inline void RankUpdate(const T* coef, int64_t ld, const T* vecs, int64_t n, T* dst,
+                       int64_t hd_rt) {
+  if constexpr (kVec8<T, HD>) {
+    for (int64_t j = 0; j < n; ++j) {
+      const float c0 = coef[j], c1 = coef[ld + j], c2 = coef[2 * ld + j], c3 = coef[3 * ld + j];
+      float* d = dst + j * HD;
+#pragma GCC unroll 16
+      for (int c = 0; c < HD; c += 8) {
+        V8f acc = Load8(d + c);
+        acc += c0 * Load8(vecs + c);
+        acc += c1 * Load8(vecs + HD + c);
+        acc += c2 * Load8(vecs + 2 * HD + c);
+        acc += c3 * Load8(vecs + 3 * HD + c);
+        Store8(d + c, acc);
+      }
+    }
+  } else {
+    const int64_t hd = HD > 0 ? HD : hd_rt;
+    for (int64_t j = 0; j < n; ++j) {
+      for (int r = 0; r < kRows; ++r) AxpyHd<T, HD>(coef[r * ld + j], vecs + r * hd, dst + j * hd, hd);
+    }
+  }
+}
+
+// exp(x) of 8 floats for x <= 0 (softmax terms after the max or log-sum-exp
+// shift): 2^n by the exponent bits times a degree-6 polynomial on the
+// remainder (Cephes' expf coefficients; relative error about 1e-7, as
+// Sleef's u10 exp behind ATen's softmax). Inputs below -87 give exp(-87) ~
+// 1.6e-38 instead of a denormal or zero. A libm call per element kept these
+// loops scalar and cost a third of the kernel.
+inline V8f Exp8(V8f x) {
+  const V8f lo = Broadcast8(-87.0f);
+  x = x < lo ? lo : x;
+  // n = round(x / ln 2) by adding and subtracting 1.5 * 2^23.
+  const V8f magic = Broadcast8(12582912.0f);
+  const V8f n = (x * 1.44269504088896341f + magic) - magic;
+  V8f r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  V8f p = Broadcast8(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const V8i bits = (__builtin_convertvector(n, V8i) + 127) << 23;
+  V8f scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+// s[j] = exp(s[j] - shift) for j < n; returns the sum of the new values.
+inline float ExpShiftSum(float* s, int64_t n, float shift) {
+  const V8f sh = Broadcast8(shift);
+  V8f acc{};
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const V8f e = Exp8(Load8(s + j) - sh);
+    Store8(s + j, e);
+    acc += e;
+  }
+  float sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  if (j < n) {
+    float tail[8] = {};
+    for (int64_t k = j; k < n; ++k) tail[k - j] = s[k] - shift;
+    const V8f e = Exp8(Load8(tail));
+    for (int64_t k = j; k < n; ++k) {
+      s[k] = e[k - j];
+      sum += e[k - j];
+    }
+  }
+  return sum;
+}
+inline double ExpShiftSum(double* s, int64_t n, double shift) {
+  double sum = 0;
+  for (int64_t j = 0; j < n; ++j) sum += (s[j] = std::exp(s[j] - shift));
+  return sum;
+}
+
+template <typename T>
+inline T RowMax(const T* __restrict s, int64_t n) {
+  constexpr int kParts = 8;
+  T part[kParts];
+  for (int k = 0; k < kParts; ++k) part[k] = -std::numeric_limits<T>::infinity();
+  int64_t j = 0;
+  for (; j + kParts <= n; j += kParts) {
+    for (int k = 0; k < kParts; ++k) part[k] = part[k] < s[j + k] ? s[j + k] : part[k];
+  }
+  T m = part[0];
+  for (int k = 1; k < kParts; ++k) m = m < part[k] ? part[k] : m;
+  for (; j < n; ++j) m = m < s[j] ? s[j] : m;
+  return m;
+}
+
+// mt[c * tp + t] = rows(b, h, t)[c], zero for t >= T.
+template <typename T>
+void Transpose(const Rows<T>& rows, int64_t b, int64_t h, int64_t T_len, int64_t hd, int64_t tp,
+               T* mt) {
+  std::fill(mt, mt + hd * tp, T(0));
+  for (int64_t t = 0; t < T_len; ++t) {
+    const T* r = rows.at(b, h, t);
+    for (int64_t c = 0; c < hd; ++c) mt[c * tp + t] = r[c];
+  }
+}
+
+template <typename T, int HD>
+void Forward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& k,
+             const torch::Tensor& v, const torch::Tensor& dk, const torch::Tensor& dv,
+             double scale, torch::Tensor& out, torch::Tensor& lse) {
+  const Rows<T> qr(q), kr(k), vr(v);
+  const T* dkp = sh.S > 0 ? dk.data_ptr<T>() : nullptr;
+  const T* dvp = sh.S > 0 ? dv.data_ptr<T>() : nullptr;
+  T* op = out.data_ptr<T>();
+  T* lp = lse.data_ptr<T>();
+  const int64_t hd = HD > 0 ? HD : sh.hd, T_len = sh.T, S = sh.S, tp = RoundUp(T_len);
+  const T sc = static_cast<T>(scale);
+  at::parallel_for(0, sh.B * sh.KV, 1, [&](int64_t begin, int64_t end) {
+    std::vector<T> kt(static_cast<size_t>(hd * tp)), s(static_cast<size_t>(tp + S)),
+        qs(static_cast<size_t>(hd));
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t b = task / sh.KV, g = task % sh.KV;
+      Transpose(kr, b, g, T_len, hd, tp, kt.data());
+      for (int64_t h = g * sh.group(); h < (g + 1) * sh.group(); ++h) {
+        for (int64_t i = 0; i < T_len; ++i) {
+          const T* qi = qr.at(b, h, i);
+          for (int64_t c = 0; c < hd; ++c) qs[c] = qi[c] * sc;
+          RowTimesTransposed<T, HD>(qs.data(), kt.data(), hd, tp, RoundUp(i + 1), s.data());
+          // Depth scores after the i + 1 sequence scores.
+          const int64_t depth_row = ((b * sh.H + h) * T_len + i) * S;
+          T* e = s.data() + i + 1;
+          for (int64_t j = 0; j < S; ++j) e[j] = DotHd<T, HD>(qs.data(), dkp + (depth_row + j) * hd, hd);
+          const int64_t n = i + 1 + S;
+          const T m = RowMax(s.data(), n);
+          const T sum = ExpShiftSum(s.data(), n, m);
+          T* o = op + ((b * T_len + i) * sh.H + h) * hd;
+          WeightedRowSum<T, HD>(s.data(), i + 1, vr.at(b, g, 0), vr.st, o, hd);
+          for (int64_t j = 0; j < S; ++j) AxpyHd<T, HD>(e[j], dvp + (depth_row + j) * hd, o, hd);
+          const T inv = T(1) / sum;
+          for (int64_t c = 0; c < hd; ++c) o[c] *= inv;
+          lp[(b * sh.H + h) * T_len + i] = m + std::log(sum);
+        }
+      }
+    }
+  });
+}
+
+template <typename T, int HD>
+void Backward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& k,
+              const torch::Tensor& v, const torch::Tensor& dk, const torch::Tensor& dv,
+              double scale, const torch::Tensor& out, const torch::Tensor& lse,
+              const torch::Tensor& dout, torch::Tensor& gq, torch::Tensor& gk, torch::Tensor& gv,
+              torch::Tensor& gdk, torch::Tensor& gdv) {
+  const Rows<T> qr(q), kr(k), vr(v);
+  const T* dkp = sh.S > 0 ? dk.data_ptr<T>() : nullptr;
+  const T* dvp = sh.S > 0 ? dv.data_ptr<T>() : nullptr;
+  const T* op = out.data_ptr<T>();
+  const T* lp = lse.data_ptr<T>();
+  const T* gop = dout.data_ptr<T>();
+  T* gqp = gq.data_ptr<T>();  // [B, H, T, hd]
+  T* gkp = gk.data_ptr<T>();  // [B, KV, T, hd]
+  T* gvp = gv.data_ptr<T>();
+  T* gdkp = sh.S > 0 ? gdk.data_ptr<T>() : nullptr;  // [B, H, T, S, hd]
+  T* gdvp = sh.S > 0 ? gdv.data_ptr<T>() : nullptr;
+  const int64_t hd = HD > 0 ? HD : sh.hd, T_len = sh.T, S = sh.S, tp = RoundUp(T_len);
+  const T sc = static_cast<T>(scale);
+  at::parallel_for(0, sh.B * sh.KV, 1, [&](int64_t begin, int64_t end) {
+    // Per block of kRows query rows: probabilities P and score gradients
+    // dS (rows of tp, zero past each row's own position), the scaled
+    // queries and the output gradients.
+    std::vector<T> kt(static_cast<size_t>(hd * tp)), vt(static_cast<size_t>(hd * tp)),
+        P(static_cast<size_t>(kRows * tp)), DS(static_cast<size_t>(kRows * tp)),
+        qsb(static_cast<size_t>(kRows * hd)), gob(static_cast<size_t>(kRows * hd)),
+        pe(static_cast<size_t>(S)), dse(static_cast<size_t>(S));
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t b = task / sh.KV, g = task % sh.KV;
+      Transpose(kr, b, g, T_len, hd, tp, kt.data());
+      Transpose(vr, b, g, T_len, hd, tp, vt.data());
+      T* gk_task = gkp + task * T_len * hd;
+      T* gv_task = gvp + task * T_len * hd;
+      std::fill(gk_task, gk_task + T_len * hd, T(0));
+      std::fill(gv_task, gv_task + T_len * hd, T(0));
+      for (int64_t h = g * sh.group(); h < (g + 1) * sh.group(); ++h) {
+        for (int64_t i0 = 0; i0 < T_len; i0 += kRows) {
+          const int64_t n = std::min<int64_t>(i0 + kRows, T_len);  // keys the block sees
+          for (int r = 0; r < kRows; ++r) {
+            T* p = P.data() + r * tp;
+            T* ds = DS.data() + r * tp;
+            T* qs = qsb.data() + r * hd;
+            T* go = gob.data() + r * hd;
+            const int64_t i = i0 + r;
+            if (i >= T_len) {  // past the end: a block row of zeros
+              std::fill(p, p + n, T(0));
+              std::fill(ds, ds + n, T(0));
+              std::fill(qs, qs + hd, T(0));
+              std::fill(go, go + hd, T(0));
+              continue;
+            }
+            const T* qi = qr.at(b, h, i);
+            for (int64_t c = 0; c < hd; ++c) qs[c] = qi[c] * sc;
+            const T* goi = gop + ((b * T_len + i) * sh.H + h) * hd;
+            std::copy(goi, goi + hd, go);
+            const int64_t n_blk = RoundUp(i + 1);
+            // Probabilities, recomputed: exp(score - log-sum-exp).
+            RowTimesTransposed<T, HD>(qs, kt.data(), hd, tp, n_blk, p);
+            const int64_t depth_row = ((b * sh.H + h) * T_len + i) * S;
+            for (int64_t j = 0; j < S; ++j) pe[j] = DotHd<T, HD>(qs, dkp + (depth_row + j) * hd, hd);
+            const T l = lp[(b * sh.H + h) * T_len + i];
+            ExpShiftSum(p, i + 1, l);
+            if (S > 0) ExpShiftSum(pe.data(), S, l);
+            // dP = dO v^T; dS = P (dP - rowsum(dO o)).
+            const T D = DotHd<T, HD>(go, op + ((b * T_len + i) * sh.H + h) * hd, hd);
+            RowTimesTransposed<T, HD>(go, vt.data(), hd, tp, n_blk, ds);
+            for (int64_t j = 0; j <= i; ++j) ds[j] = p[j] * (ds[j] - D);
+            for (int64_t j = i + 1; j < n; ++j) p[j] = ds[j] = T(0);
+            for (int64_t j = 0; j < S; ++j) {
+              dse[j] = pe[j] * (DotHd<T, HD>(go, dvp + (depth_row + j) * hd, hd) - D);
+            }
+            // dq = scale (dS k + dS_depth k_depth).
+            T* gqi = gqp + ((b * sh.H + h) * T_len + i) * hd;
+            WeightedRowSum<T, HD>(ds, i + 1, kr.at(b, g, 0), kr.st, gqi, hd);
+            for (int64_t j = 0; j < S; ++j) {
+              const int64_t off = (depth_row + j) * hd;
+              AxpyHd<T, HD>(dse[j], dkp + off, gqi, hd);
+              for (int64_t c = 0; c < hd; ++c) {
+                gdkp[off + c] = dse[j] * qs[c];
+                gdvp[off + c] = pe[j] * go[c];
+              }
+            }
+            for (int64_t c = 0; c < hd; ++c) gqi[c] *= sc;
+          }
+          // dk_j += sum_r dS_rj scale q_r; dv_j += sum_r P_rj dO_r.
+          RankUpdate<T, HD>(DS.data(), tp, qsb.data(), n, gk_task, hd);
+          RankUpdate<T, HD>(P.data(), tp, gob.data(), n, gv_task, hd);
+        }
+      }
+    }
+  });
+}
+
+// Head dims compiled with a constant trip count (the dot/axpy loops unroll);
+// others run the same code with the dim at run time.
+template <typename T, typename Fn>
+void WithHeadDim(int64_t hd, Fn&& fn) {
+  switch (hd) {
+    case 16: fn(std::integral_constant<int, 16>{}); break;
+    case 32: fn(std::integral_constant<int, 32>{}); break;
+    case 64: fn(std::integral_constant<int, 64>{}); break;
+    default: fn(std::integral_constant<int, 0>{}); break;
+  }
+}
+
+torch::Tensor LastDimContiguous(const torch::Tensor& t) {
+  return t.stride(-1) == 1 ? t : t.contiguous();
+}
+
+class CausalAttentionFunction : public torch::autograd::Function<CausalAttentionFunction> {
+ public:
+  // has_depth false: depth_keys and depth_values are empty placeholders
+  // (autograd functions take no undefined inputs).
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q_in,
+                               const torch::Tensor& k_in, const torch::Tensor& v_in,
+                               const torch::Tensor& dk_in, const torch::Tensor& dv_in,
+                               double scale, bool has_depth) {
+    torch::Tensor q = LastDimContiguous(q_in), k = LastDimContiguous(k_in),
+                  v = LastDimContiguous(v_in);
+    torch::Tensor dk = has_depth ? dk_in.contiguous() : torch::Tensor();
+    torch::Tensor dv = has_depth ? dv_in.contiguous() : torch::Tensor();
+    const AttnShape sh{q.size(0), q.size(1), k.size(1), q.size(2), q.size(3),
+                       has_depth ? dk.size(3) : 0};
+    torch::Tensor out = torch::empty({sh.B, sh.T, sh.H * sh.hd}, q.options());
+    torch::Tensor lse = torch::empty({sh.B, sh.H, sh.T}, q.options());
+    AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "cpu_fused::CausalAttention", [&] {
+      WithHeadDim<scalar_t>(sh.hd, [&](auto hd_c) {
+        Forward<scalar_t, decltype(hd_c)::value>(sh, q, k, v, dk, dv, scale, out, lse);
+      });
+    });
+    ctx->save_for_backward({q, k, v, dk, dv, out, lse});
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["has_depth"] = has_depth;
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list saved = ctx->get_saved_variables();
+    const torch::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &dk = saved[3],
+                        &dv = saved[4], &out = saved[5], &lse = saved[6];
+    const double scale = ctx->saved_data["scale"].toDouble();
+    const bool has_depth = ctx->saved_data["has_depth"].toBool();
+    torch::Tensor dout = grads[0].contiguous();
+    const AttnShape sh{q.size(0), q.size(1), k.size(1), q.size(2), q.size(3),
+                       has_depth ? dk.size(3) : 0};
+    torch::Tensor gq = torch::empty({sh.B, sh.H, sh.T, sh.hd}, q.options());
+    torch::Tensor gk = torch::empty({sh.B, sh.KV, sh.T, sh.hd}, q.options());
+    torch::Tensor gv = torch::empty({sh.B, sh.KV, sh.T, sh.hd}, q.options());
+    torch::Tensor gdk, gdv;
+    if (has_depth) {
+      gdk = torch::empty_like(dk);
+      gdv = torch::empty_like(dv);
+    }
+    AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "cpu_fused::CausalAttentionBackward", [&] {
+      WithHeadDim<scalar_t>(sh.hd, [&](auto hd_c) {
+        Backward<scalar_t, decltype(hd_c)::value>(sh, q, k, v, dk, dv, scale, out, lse, dout, gq,
+                                                  gk, gv, gdk, gdv);
+      });
+    });
+    return {gq, gk, gv, gdk, gdv, torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k,
+                              const torch::Tensor& v, const torch::Tensor& depth_keys,
+                              const torch::Tensor& depth_values, double scale) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
+              "CausalAttention: q, k and v need [B, heads, T, head_dim], have ", q.sizes(), ", ",
+              k.sizes(), ", ", v.sizes());
+  TORCH_CHECK(k.sizes() == v.sizes() && k.size(0) == q.size(0) && k.size(2) == q.size(2) &&
+                  k.size(3) == q.size(3) && k.size(1) >= 1 && q.size(1) % k.size(1) == 0,
+              "CausalAttention: k ", k.sizes(), " and v ", v.sizes(),
+              " must match q ", q.sizes(), " in batch, length and head dim, with a head count dividing q's");
+  TORCH_CHECK(depth_keys.defined() == depth_values.defined(),
+              "CausalAttention: depth keys and values come together");
+  if (depth_keys.defined()) {
+    TORCH_CHECK(depth_keys.dim() == 5 && depth_keys.sizes() == depth_values.sizes() &&
+                    depth_keys.size(0) == q.size(0) && depth_keys.size(1) == q.size(1) &&
+                    depth_keys.size(2) == q.size(2) && depth_keys.size(4) == q.size(3),
+                "CausalAttention: depth keys ", depth_keys.sizes(), " and values ",
+                depth_values.sizes(), " must be [B, H, T, S, head_dim] for q ", q.sizes());
+
+    return CausalAttentionFunction::apply(q, k, v, depth_keys, depth_values, scale, true);
+  }
+  torch::Tensor none = torch::empty({0}, q.options());
+  return CausalAttentionFunction::apply(q, k, v, none, none, scale, false);
+}
+
+}  // namespace DEPTHBENCH_CPU_FUSED_ISA
+}  // namespace cpu_fused
+}  // namespace depthbench

@@ -1,0 +1,253 @@
+// CPU tests of the fused causal self-attention (cuda_ops/cpu_fused_attn.cc):
+// values and gradients equal the composite (batched GEMMs, softmax with the
+// additive mask, by query chunks) evaluated in double, for head dims on the
+// vector path (8, 16, 32, 64) and off it (12, 20), lengths 1 to 128, GQA,
+// the model's strided q/k/v views and MoDA's depth keys; one and two threads
+// give bit-identical results; a finite-difference gradcheck in double; the
+// dispatcher takes it for CPU tensors and the composite when disabled; bad
+// shapes are named.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "cuda_ops/cpu_fused.h"
+#include "cuda_ops/cpu_fused_isa.h"
+#include "cuda_ops/ops.h"
+#include "tests/cuda_ops/gradcheck.h"
+
+namespace depthbench {
+namespace {
+
+using testing::GradCheck;
+using testing::MaxAbsDiff;
+
+struct AttnCase {
+  int64_t B, H, KV, T, hd, S;  // S: depth keys per token (0: none)
+};
+
+std::string Describe(const AttnCase& c) {
+  return "B=" + std::to_string(c.B) + " H=" + std::to_string(c.H) + " KV=" + std::to_string(c.KV) +
+         " T=" + std::to_string(c.T) + " hd=" + std::to_string(c.hd) + " S=" + std::to_string(c.S);
+}
+
+// q, k, v as the model makes them: heads split out of [B, T, heads, hd]
+// memory (strided views), plus depth keys/values [B, H, T, S, hd].
+std::vector<torch::Tensor> Inputs(const AttnCase& c, torch::ScalarType dtype = torch::kFloat32) {
+  const auto o = torch::TensorOptions().dtype(dtype);
+  std::vector<torch::Tensor> in = {torch::randn({c.B, c.T, c.H, c.hd}, o).transpose(1, 2),
+                                   torch::randn({c.B, c.T, c.KV, c.hd}, o).transpose(1, 2),
+                                   torch::randn({c.B, c.T, c.KV, c.hd}, o).transpose(1, 2)};
+  if (c.S > 0) {
+    in.push_back(torch::randn({c.B, c.H, c.T, c.S, c.hd}, o));
+    in.push_back(torch::randn({c.B, c.H, c.T, c.S, c.hd}, o));
+  } else {
+    in.emplace_back();
+    in.emplace_back();
+  }
+  return in;
+}
+
+struct Outcome {
+  torch::Tensor y;
+  std::vector<torch::Tensor> grads;  // q, k, v, depth keys, depth values
+};
+
+// Output and gradients of sum(f * probe); the leaves keep the inputs'
+// strides (clone preserves them).
+Outcome RunAttention(const std::vector<torch::Tensor>& inputs, const torch::Tensor& probe, bool fused) {
+  std::vector<torch::Tensor> leaves;
+  for (const auto& t : inputs) {
+    leaves.push_back(t.defined() ? t.detach().clone().requires_grad_(true) : torch::Tensor());
+  }
+  const double scale = 1.0 / std::sqrt(static_cast<double>(leaves[0].size(3)));
+  torch::Tensor y;
+  if (fused) {
+    y = cpu_fused::CausalAttention(leaves[0], leaves[1], leaves[2], leaves[3], leaves[4], scale);
+  } else {
+    SetFusedOpsEnabled(false);
+    y = CausalAttentionOp(leaves[0], leaves[1], leaves[2], leaves[3], leaves[4], scale);
+    SetFusedOpsEnabled(true);
+  }
+  (y * probe.to(y.scalar_type())).sum().backward();
+  Outcome r{y.detach(), {}};
+  for (const auto& l : leaves) r.grads.push_back(l.defined() ? l.grad() : torch::Tensor());
+  return r;
+}
+
+const std::vector<AttnCase>& Cases() {
+  static const std::vector<AttnCase> cases = {
+      {2, 4, 4, 128, 16, 0},  // the benchmark's head dim, 4 x 32-key blocks
+      {1, 2, 2, 1, 16, 0},    // one token
+      {2, 4, 2, 33, 32, 0},   // GQA, a partial key block
+      {1, 8, 2, 70, 64, 0},   // four query heads per key/value head
+      {2, 2, 1, 40, 8, 0},    // head dim 8: one vector
+      {2, 3, 3, 19, 12, 0},   // head dim off the vector path
+      {1, 2, 2, 65, 20, 0},
+      {2, 4, 4, 37, 16, 3},   // MoDA depth keys
+      {1, 2, 1, 9, 12, 2},    // depth keys with GQA and a scalar head dim
+  };
+  return cases;
+}
+
+class CpuFusedAttention : public ::testing::TestWithParam<int> {
+ protected:
+  void SetUp() override {
+    saved_ = torch::get_num_threads();
+    torch::set_num_threads(GetParam());
+  }
+  void TearDown() override { torch::set_num_threads(saved_); }
+  int saved_ = 1;
+};
+
+TEST_P(CpuFusedAttention, EqualsTheCompositeInDouble) {
+  torch::manual_seed(80);
+  for (const AttnCase& c : Cases()) {
+    SCOPED_TRACE(Describe(c));
+    std::vector<torch::Tensor> in = Inputs(c);
+    torch::Tensor probe = torch::randn({c.B, c.T, c.H * c.hd});
+    std::vector<torch::Tensor> in64;
+    for (const auto& t : in) in64.push_back(t.defined() ? t.to(torch::kFloat64) : t);
+    const Outcome fused = RunAttention(in, probe, true), ref = RunAttention(in64, probe, false);
+    ASSERT_EQ(fused.y.sizes(), ref.y.sizes());
+    // Relative to the tensor's largest magnitude, at least 1 (with one key
+    // the score gradients are exactly zero in double and ~1e-7 in float).
+    auto tol = [](const torch::Tensor& t, double rel) {
+      return rel * std::max(1.0, t.abs().max().item<double>());
+    };
+    EXPECT_LE(MaxAbsDiff(fused.y.to(torch::kFloat64), ref.y), tol(ref.y, 2e-6)) << "forward";
+    for (size_t i = 0; i < ref.grads.size(); ++i) {
+      if (!ref.grads[i].defined()) {
+        EXPECT_FALSE(fused.grads[i].defined()) << "input " << i;
+        continue;
+      }
+      ASSERT_TRUE(fused.grads[i].defined()) << "input " << i << " has no gradient";
+      ASSERT_EQ(fused.grads[i].sizes(), ref.grads[i].sizes()) << "input " << i;
+      EXPECT_LE(MaxAbsDiff(fused.grads[i].to(torch::kFloat64), ref.grads[i]), tol(ref.grads[i], 1e-5))
+          << "gradient of input " << i;
+    }
+  }
+}
+
+// Each (batch, key/value head) is one task with a fixed loop order: the
+// thread count does not change a bit.
+TEST_P(CpuFusedAttention, ThreadCountDoesNotChangeTheResult) {
+  torch::manual_seed(81);
+  const AttnCase c{3, 4, 2, 50, 16, 2};
+  std::vector<torch::Tensor> in = Inputs(c);
+  torch::Tensor probe = torch::randn({c.B, c.T, c.H * c.hd});
+  const Outcome here = RunAttention(in, probe, true);
+  const int saved = torch::get_num_threads();
+  torch::set_num_threads(GetParam() == 1 ? 2 : 1);
+  const Outcome other = RunAttention(in, probe, true);
+  torch::set_num_threads(saved);
+  EXPECT_TRUE(torch::equal(here.y, other.y));
+  for (size_t i = 0; i < here.grads.size(); ++i) {
+    EXPECT_TRUE(torch::equal(here.grads[i], other.grads[i])) << "gradient of input " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Threads, CpuFusedAttention, ::testing::Values(1, 2),
+                         [](const auto& info) { return "threads" + std::to_string(info.param); });
+
+TEST(CpuFusedAttentionGradcheck, SequenceGqaAndDepthKeys) {
+  torch::manual_seed(82);
+  for (const AttnCase& c : {AttnCase{1, 2, 1, 5, 4, 0}, AttnCase{2, 2, 2, 4, 8, 2}}) {
+    SCOPED_TRACE(Describe(c));
+    std::vector<torch::Tensor> in = Inputs(c, torch::kFloat64), leaves;
+    for (const auto& t : in) {
+      // Contiguous: GradCheck perturbs the inputs through a flat view.
+      if (t.defined()) leaves.push_back(t.detach().contiguous().requires_grad_(true));
+    }
+    const bool depth = c.S > 0;
+    EXPECT_EQ(GradCheck([depth](const auto& x) {
+                return cpu_fused::CausalAttention(x[0], x[1], x[2], depth ? x[3] : torch::Tensor(),
+                                                  depth ? x[4] : torch::Tensor(), 0.7);
+              }, leaves),
+              "");
+  }
+}
+
+TEST(CpuFusedAttentionIsa, Avx2AndBaselineBuildsAgree) {
+  if (!cpu_fused::Avx2Available()) {
+    GTEST_SKIP() << "this CPU (or build) has no AVX2 + FMA kernels; the baseline build is the "
+                    "one every other test here runs";
+  }
+  torch::manual_seed(83);
+  for (const AttnCase& c : {AttnCase{2, 4, 2, 45, 16, 0}, AttnCase{1, 2, 2, 20, 12, 2}}) {
+    SCOPED_TRACE(Describe(c));
+    std::vector<torch::Tensor> in = Inputs(c);
+    torch::Tensor probe = torch::randn({c.B, c.T, c.H * c.hd});
+    auto run = [&](bool avx2) {
+      std::vector<torch::Tensor> l;
+      for (const auto& t : in) l.push_back(t.defined() ? t.clone().requires_grad_(true) : t);
+      torch::Tensor y = avx2 ? cpu_fused::avx2::CausalAttention(l[0], l[1], l[2], l[3], l[4], 0.25)
+                             : cpu_fused::generic::CausalAttention(l[0], l[1], l[2], l[3], l[4], 0.25);
+      (y * probe).sum().backward();
+      std::vector<torch::Tensor> out = {y.detach()};
+      for (const auto& t : l) {
+        if (t.defined()) out.push_back(t.grad());
+      }
+      return out;
+    };
+    std::vector<torch::Tensor> a = run(true), g = run(false);
+    for (size_t i = 0; i < a.size(); ++i) {
+      // FMA contracts a*b+c into one rounding: equal up to float rounding.
+      EXPECT_LE(MaxAbsDiff(a[i], g[i]), 1e-5 * g[i].abs().max().item<double>() + 1e-7) << "tensor " << i;
+    }
+  }
+}
+
+TEST(CpuFusedAttentionDispatch, OpUsesTheKernelOnCpuAndTheCompositeWhenDisabled) {
+  torch::manual_seed(84);
+  const AttnCase c{2, 4, 2, 70, 16, 0};
+  std::vector<torch::Tensor> in = Inputs(c);
+  const double scale = 0.25;
+  EXPECT_TRUE(torch::equal(CausalAttentionOp(in[0], in[1], in[2], {}, {}, scale),
+                           cpu_fused::CausalAttention(in[0], in[1], in[2], {}, {}, scale)));
+  // Empty depth lists (a MoDA layer with no earlier sub-layers) are no depth.
+  torch::Tensor none = torch::empty({c.B, c.H, c.T, 0, c.hd});
+  EXPECT_TRUE(torch::equal(CausalAttentionOp(in[0], in[1], in[2], none, none, scale),
+                           cpu_fused::CausalAttention(in[0], in[1], in[2], {}, {}, scale)));
+  EXPECT_NE(FusedOpsDescription().find("causal attention"), std::string::npos)
+      << FusedOpsDescription();
+  SetFusedOpsEnabled(false);
+  torch::Tensor composite = CausalAttentionOp(in[0], in[1], in[2], {}, {}, scale);
+  SetFusedOpsEnabled(true);
+  EXPECT_FALSE(torch::equal(composite, cpu_fused::CausalAttention(in[0], in[1], in[2], {}, {}, scale)))
+      << "the composite sums in another order; equal bits would mean it did not run";
+  EXPECT_LE(MaxAbsDiff(composite, cpu_fused::CausalAttention(in[0], in[1], in[2], {}, {}, scale)), 1e-5);
+}
+
+TEST(CpuFusedAttentionDispatch, BadShapesAreRejectedWithTheFieldNamed) {
+  auto expect_error = [](const std::function<void()>& f, const std::string& want) {
+    try {
+      f();
+      FAIL() << "no error, expected " << want;
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  };
+  torch::Tensor q = torch::randn({2, 4, 10, 8}), kv = torch::randn({2, 2, 10, 8});
+  expect_error([&] { CausalAttentionOp(q.flatten(2), kv, kv, {}, {}, 1.0); },
+               "CausalAttentionOp: q, k and v");
+  expect_error([&] { CausalAttentionOp(q, torch::randn({2, 3, 10, 8}), torch::randn({2, 3, 10, 8}), {}, {}, 1.0); },
+               "CausalAttentionOp: k");
+  expect_error([&] { CausalAttentionOp(q, kv, torch::randn({2, 2, 10, 4}), {}, {}, 1.0); },
+               "CausalAttentionOp: k");
+  expect_error([&] { CausalAttentionOp(q, kv, kv, torch::randn({2, 4, 10, 2, 8}), {}, 1.0); },
+               "CausalAttentionOp: depth keys and values");
+  expect_error([&] {
+    torch::Tensor d = torch::randn({2, 4, 9, 2, 8});
+    CausalAttentionOp(q, kv, kv, d, d, 1.0);
+  }, "CausalAttentionOp: depth keys");
+  expect_error([&] { cpu_fused::CausalAttention(q, kv.narrow(3, 0, 4), kv.narrow(3, 0, 4), {}, {}, 1.0); },
+               "CausalAttention: k");
+}
+
+}  // namespace
+}  // namespace depthbench
