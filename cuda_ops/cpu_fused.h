@@ -95,6 +95,11 @@ torch::Tensor AttnResMix(const std::vector<torch::Tensor>& sources, const torch:
 torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k,
                               const torch::Tensor& v, const torch::Tensor& depth_keys,
                               const torch::Tensor& depth_values, double scale);
+// The shape contract above, checked with errors that start with `op` and
+// name the offending argument (CausalAttention and CausalAttentionOp).
+void CheckCausalAttentionShapes(const char* op, const torch::Tensor& q, const torch::Tensor& k,
+                                const torch::Tensor& v, const torch::Tensor& depth_keys,
+                                const torch::Tensor& depth_values);
 
 }  // namespace cpu_fused
 }  // namespace depthbench

@@ -472,22 +472,8 @@ class CausalAttentionFunction : public torch::autograd::Function<CausalAttention
 torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k,
                               const torch::Tensor& v, const torch::Tensor& depth_keys,
                               const torch::Tensor& depth_values, double scale) {
-  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
-              "CausalAttention: q, k and v need [B, heads, T, head_dim], have ", q.sizes(), ", ",
-              k.sizes(), ", ", v.sizes());
-  TORCH_CHECK(k.sizes() == v.sizes() && k.size(0) == q.size(0) && k.size(2) == q.size(2) &&
-                  k.size(3) == q.size(3) && k.size(1) >= 1 && q.size(1) % k.size(1) == 0,
-              "CausalAttention: k ", k.sizes(), " and v ", v.sizes(),
-              " must match q ", q.sizes(), " in batch, length and head dim, with a head count dividing q's");
-  TORCH_CHECK(depth_keys.defined() == depth_values.defined(),
-              "CausalAttention: depth keys and values come together");
+  CheckCausalAttentionShapes("CausalAttention", q, k, v, depth_keys, depth_values);
   if (depth_keys.defined()) {
-    TORCH_CHECK(depth_keys.dim() == 5 && depth_keys.sizes() == depth_values.sizes() &&
-                    depth_keys.size(0) == q.size(0) && depth_keys.size(1) == q.size(1) &&
-                    depth_keys.size(2) == q.size(2) && depth_keys.size(4) == q.size(3),
-                "CausalAttention: depth keys ", depth_keys.sizes(), " and values ",
-                depth_values.sizes(), " must be [B, H, T, S, head_dim] for q ", q.sizes());
-
     return CausalAttentionFunction::apply(q, k, v, depth_keys, depth_values, scale, true);
   }
   torch::Tensor none = torch::empty({0}, q.options());

@@ -282,23 +282,8 @@ torch::Tensor SinkhornOp(const torch::Tensor& logits, int iterations, double eps
 torch::Tensor CausalAttentionOp(const torch::Tensor& q, const torch::Tensor& k,
                                 const torch::Tensor& v, const torch::Tensor& depth_keys,
                                 const torch::Tensor& depth_values, double scale) {
-  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
-              "CausalAttentionOp: q, k and v need [B, heads, T, head_dim], have ", q.sizes(),
-              ", ", k.sizes(), ", ", v.sizes());
-  TORCH_CHECK(k.sizes() == v.sizes() && k.size(0) == q.size(0) && k.size(2) == q.size(2) &&
-                  k.size(3) == q.size(3) && k.size(1) >= 1 && q.size(1) % k.size(1) == 0,
-              "CausalAttentionOp: k ", k.sizes(), " and v ", v.sizes(), " must match q ",
-              q.sizes(), " in batch, length and head dim, with a head count dividing q's");
-  TORCH_CHECK(depth_keys.defined() == depth_values.defined(),
-              "CausalAttentionOp: depth keys and values come together");
+  cpu_fused::CheckCausalAttentionShapes("CausalAttentionOp", q, k, v, depth_keys, depth_values);
   const bool depth = depth_keys.defined() && depth_keys.numel() > 0;
-  if (depth_keys.defined()) {
-    TORCH_CHECK(depth_keys.dim() == 5 && depth_keys.sizes() == depth_values.sizes() &&
-                    depth_keys.size(0) == q.size(0) && depth_keys.size(1) == q.size(1) &&
-                    depth_keys.size(2) == q.size(2) && depth_keys.size(4) == q.size(3),
-                "CausalAttentionOp: depth keys ", depth_keys.sizes(), " and values ",
-                depth_values.sizes(), " must be [B, H, T, S, head_dim] for q ", q.sizes());
-  }
   const torch::Tensor none;
   const torch::Tensor& dk = depth ? depth_keys : none;
   const torch::Tensor& dv = depth ? depth_values : none;

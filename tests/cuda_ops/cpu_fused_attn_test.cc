@@ -94,15 +94,7 @@ const std::vector<AttnCase>& Cases() {
   return cases;
 }
 
-class CpuFusedAttention : public ::testing::TestWithParam<int> {
- protected:
-  void SetUp() override {
-    saved_ = torch::get_num_threads();
-    torch::set_num_threads(GetParam());
-  }
-  void TearDown() override { torch::set_num_threads(saved_); }
-  int saved_ = 1;
-};
+class CpuFusedAttention : public testing::ThreadsTest {};
 
 TEST_P(CpuFusedAttention, EqualsTheCompositeInDouble) {
   torch::manual_seed(80);

@@ -25,6 +25,7 @@ namespace {
 using testing::AllClose;
 using testing::GradCheck;
 using testing::MaxAbsDiff;
+using testing::ThreadsTest;
 
 using Fn = std::function<torch::Tensor(const std::vector<torch::Tensor>&)>;
 
@@ -57,16 +58,6 @@ void ExpectSame(const Outcome& fused, const Outcome& ref, double rtol, double at
         << MaxAbsDiff(fused.grads[i], ref.grads[i]);
   }
 }
-
-class ThreadsTest : public ::testing::TestWithParam<int> {
- protected:
-  void SetUp() override {
-    saved_ = torch::get_num_threads();
-    torch::set_num_threads(GetParam());
-  }
-  void TearDown() override { torch::set_num_threads(saved_); }
-  int saved_ = 1;
-};
 
 // ---- HC read / write ----
 

@@ -5,6 +5,7 @@
 #ifndef DEPTHBENCH_TESTS_CUDA_OPS_GRADCHECK_H_
 #define DEPTHBENCH_TESTS_CUDA_OPS_GRADCHECK_H_
 
+#include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <functional>
@@ -62,6 +63,17 @@ inline bool AllClose(const torch::Tensor& a, const torch::Tensor& b, double rtol
 inline double MaxAbsDiff(const torch::Tensor& a, const torch::Tensor& b) {
   return (a.to(torch::kFloat64).cpu() - b.to(torch::kFloat64).cpu()).abs().max().item<double>();
 }
+
+// A test parameterised by LibTorch's intra-op thread count, restored after.
+class ThreadsTest : public ::testing::TestWithParam<int> {
+ protected:
+  void SetUp() override {
+    saved_ = torch::get_num_threads();
+    torch::set_num_threads(GetParam());
+  }
+  void TearDown() override { torch::set_num_threads(saved_); }
+  int saved_ = 1;
+};
 
 }  // namespace testing
 }  // namespace depthbench
