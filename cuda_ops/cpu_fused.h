@@ -64,6 +64,15 @@ std::vector<torch::Tensor> HcCoefficients(const torch::Tensor& u, const torch::T
 // write = 2 sigmoid(z[n:2n]) [..., n] and the residual logits [..., n, n].
 std::vector<torch::Tensor> MhcCoefficients(const torch::Tensor& u, const torch::Tensor& gains,
                                            const torch::Tensor& bias, int64_t n);
+// The mHC connector's routing up to its read in one function: u =
+// RmsProject(h [..., n, d] flattened to n d, phi [n d, n^2 + 2n]),
+// (read, write, logits) = MhcCoefficients(u, gains, bias, n) and x =
+// HcRead(h, read); returns {x [..., d], write [..., n], logits [..., n, n]}.
+// Its backward returns one gradient for h (the three ops return two that
+// autograd adds).
+std::vector<torch::Tensor> MhcRoute(const torch::Tensor& h, const torch::Tensor& phi,
+                                    const torch::Tensor& gains, const torch::Tensor& bias,
+                                    int64_t n, double eps);
 // Sinkhorn-Knopp of logits [..., n, n] (n <= kMaxSinkhornStreams, iterations
 // <= kMaxSinkhornIterations), computed per matrix in double in the exp
 // domain: P = exp(z), then P /= (row sums + eps), P /= (column sums + eps),

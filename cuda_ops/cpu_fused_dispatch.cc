@@ -116,6 +116,11 @@ std::vector<torch::Tensor> MhcCoefficients(const torch::Tensor& u, const torch::
                                            const torch::Tensor& bias, int64_t n) {
   return DEPTHBENCH_CPU_FUSED_CALL(MhcCoefficients, u, gains, bias, n);
 }
+std::vector<torch::Tensor> MhcRoute(const torch::Tensor& h, const torch::Tensor& phi,
+                                    const torch::Tensor& gains, const torch::Tensor& bias,
+                                    int64_t n, double eps) {
+  return DEPTHBENCH_CPU_FUSED_CALL(MhcRoute, h, phi, gains, bias, n, eps);
+}
 torch::Tensor Sinkhorn(const torch::Tensor& logits, int iterations, double eps) {
   return DEPTHBENCH_CPU_FUSED_CALL(Sinkhorn, logits, iterations, eps);
 }

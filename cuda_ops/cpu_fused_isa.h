@@ -32,6 +32,9 @@
                                             const torch::Tensor& gain_b);                    \
   std::vector<torch::Tensor> MhcCoefficients(const torch::Tensor& u, const torch::Tensor& gains, \
                                              const torch::Tensor& bias, int64_t n);          \
+  std::vector<torch::Tensor> MhcRoute(const torch::Tensor& h, const torch::Tensor& phi,     \
+                                      const torch::Tensor& gains, const torch::Tensor& bias, \
+                                      int64_t n, double eps);                                \
   torch::Tensor Sinkhorn(const torch::Tensor& logits, int iterations, double eps);            \
   torch::Tensor AttnResMix(const std::vector<torch::Tensor>& sources, const torch::Tensor& query, \
                            const torch::Tensor& key_gain, const torch::Tensor& out_gain,      \

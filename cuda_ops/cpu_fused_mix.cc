@@ -73,6 +73,33 @@ void CheckCoefficients(const char* op, const char* name, const torch::Tensor& t,
 
 // ---------------------------------------------------------------- HC read
 
+// x = sum_s c[s] h[s] for one token's streams h [n, d].
+template <typename T>
+inline void ReadRow(const T* hr, const T* c, int64_t n, int64_t d, T* xr) {
+  for (int64_t j = 0; j < d; ++j) xr[j] = c[0] * hr[j];
+  for (int64_t k = 1; k < n; ++k) Axpy(c[k], hr + k * d, xr, d);
+}
+
+// x [..., d] = sum_s read[r, s] h[r, s] for contiguous h [..., n, d] and
+// read [rows * n] (HcRead's forward and the mHC route's read).
+torch::Tensor ReadStreams(const torch::Tensor& h, const torch::Tensor& read) {
+  const StreamShape s = StreamsOf(h);
+  std::vector<int64_t> out_sizes(h.sizes().begin(), h.sizes().end() - 2);
+  out_sizes.push_back(s.d);
+  torch::Tensor x = torch::empty(out_sizes, h.options());
+  AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "cpu_fused::HcRead", [&] {
+    const scalar_t* hp = h.data_ptr<scalar_t>();
+    const scalar_t* rp = read.data_ptr<scalar_t>();
+    scalar_t* xp = x.data_ptr<scalar_t>();
+    at::parallel_for(0, s.rows, Grain(s.n * s.d), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        ReadRow(hp + r * s.n * s.d, rp + r * s.n, s.n, s.d, xp + r * s.d);
+      }
+    });
+  });
+  return x;
+}
+
 class HcReadFunction : public torch::autograd::Function<HcReadFunction> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& h_in,
@@ -80,23 +107,7 @@ class HcReadFunction : public torch::autograd::Function<HcReadFunction> {
     torch::Tensor h = h_in.contiguous(), read = read_in.contiguous();
     const StreamShape s = StreamsOf(h);
     CheckCoefficients("HcRead", "read", read, s.rows, s.n);
-    std::vector<int64_t> out_sizes(h.sizes().begin(), h.sizes().end() - 2);
-    out_sizes.push_back(s.d);
-    torch::Tensor x = torch::empty(out_sizes, h.options());
-    AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "cpu_fused::HcRead", [&] {
-      const scalar_t* hp = h.data_ptr<scalar_t>();
-      const scalar_t* rp = read.data_ptr<scalar_t>();
-      scalar_t* xp = x.data_ptr<scalar_t>();
-      at::parallel_for(0, s.rows, Grain(s.n * s.d), [&](int64_t begin, int64_t end) {
-        for (int64_t r = begin; r < end; ++r) {
-          scalar_t* xr = xp + r * s.d;
-          const scalar_t* hr = hp + r * s.n * s.d;
-          const scalar_t* c = rp + r * s.n;
-          for (int64_t j = 0; j < s.d; ++j) xr[j] = c[0] * hr[j];
-          for (int64_t k = 1; k < s.n; ++k) Axpy(c[k], hr + k * s.d, xr, s.d);
-        }
-      });
-    });
+    torch::Tensor x = ReadStreams(h, read);
     ctx->save_for_backward({h, read});
     return x;
   }
@@ -237,6 +248,127 @@ constexpr int64_t kFlushRows = 16;
 // block (written out as four in the loop).
 constexpr int64_t kGroup = 4;
 
+// One row of the projection: *rs = rsqrt(mean(x^2) + eps), u[j] = rs x . wt[j].
+template <typename T>
+inline void ProjectRow(const T* xr, const T* wp, int64_t k, int64_t m, double eps, T* rs, T* ur) {
+  const T inv = static_cast<T>(
+      1.0 / std::sqrt(static_cast<double>(Dot(xr, xr, k)) / static_cast<double>(k) + eps));
+  *rs = inv;
+  for (int64_t j = 0; j < m; ++j) ur[j] = inv * Dot(xr, wp + j * k, k);
+}
+
+// The projection u [rows, m] = rs * (x2 wt^T), rs [rows, 1] = rsqrt(mean(x2^2)
+// + eps) per row, for x2 [rows, K] and wt [m, K] (one row per output); the
+// normalised rows are never written out.
+struct Projection {
+  torch::Tensor u, rs;
+};
+Projection ProjectRows(const torch::Tensor& x2, const torch::Tensor& wt, double eps) {
+  const int64_t rows = x2.size(0), k = x2.size(1), m = wt.size(0);
+  Projection p{torch::empty({rows, m}, x2.options()), torch::empty({rows, 1}, x2.options())};
+  AT_DISPATCH_FLOATING_TYPES(x2.scalar_type(), "cpu_fused::RmsProject", [&] {
+    const scalar_t* xp = x2.data_ptr<scalar_t>();
+    const scalar_t* wp = wt.data_ptr<scalar_t>();
+    scalar_t* rp = p.rs.data_ptr<scalar_t>();
+    scalar_t* up = p.u.data_ptr<scalar_t>();
+    at::parallel_for(0, rows, Grain((m + 1) * k), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) ProjectRow(xp + r * k, wp, k, m, eps, rp + r, up + r * m);
+    });
+  });
+  return p;
+}
+
+// The rows kernel of ProjectBackward: du_row(r, scratch) returns row r of du
+// ([m]; it may compute it into `scratch`, m values of this thread's own).
+// readp/dreadp: the fused HcRead term, or null.
+template <typename T, typename DuRow>
+void ProjectBackwardRows(const T* xp, const T* wp, const T* rp, const T* upp, int64_t rows,
+                         int64_t k, int64_t m, const T* readp, const T* dreadp, int64_t n,
+                         std::vector<double>& partial, T* dxp, const DuRow& du_row) {
+  const int64_t d = k / n;
+  at::parallel_for(0, rows, Grain(3 * m * k), [&](int64_t begin, int64_t end) {
+    double* acc = partial.data() + at::get_thread_num() * m * k;
+    std::vector<T> block(static_cast<size_t>(m * k), 0);  // dw^T of <= kFlushRows rows
+    // dp of the kGroup rows in hand ([kGroup][m]; rows past the end: 0).
+    std::vector<T> dp(static_cast<size_t>(kGroup * m)), scratch(static_cast<size_t>(m));
+    int64_t pending = 0;
+    for (int64_t r0 = begin; r0 < end; r0 += kGroup) {
+      const int64_t n_rows = std::min<int64_t>(kGroup, end - r0);
+      const T* xs[kGroup];
+      for (int64_t q = 0; q < kGroup; ++q) {
+        T* dq = dp.data() + q * m;
+        xs[q] = xp + (r0 + std::min(q, n_rows - 1)) * k;
+        if (q >= n_rows) {
+          std::fill(dq, dq + m, T(0));
+          continue;
+        }
+        const int64_t r = r0 + q;
+        const T* g = du_row(r, scratch.data());
+        const T inv = rp[r];
+        T gu = 0;
+        for (int64_t j = 0; j < m; ++j) {
+          dq[j] = inv * g[j];
+          gu += g[j] * upp[r * m + j];
+        }
+        // dx row = c x + dp w^T.
+        const T c = -inv * inv * gu / static_cast<T>(k);
+        const T* xr = xs[q];
+        T* o = dxp + r * k;
+        for (int64_t i = 0; i < k; ++i) o[i] = c * xr[i];
+        // Four weight rows per sweep of o: one load and store per four
+        // products.
+        int64_t j = 0;
+        for (; j + 4 <= m; j += 4) {
+          const T a0 = dq[j], a1 = dq[j + 1], a2 = dq[j + 2], a3 = dq[j + 3];
+          const T *w0 = wp + j * k, *w1 = w0 + k, *w2 = w1 + k, *w3 = w2 + k;
+          for (int64_t i = 0; i < k; ++i) o[i] += (a0 * w0[i] + a1 * w1[i]) + (a2 * w2[i] + a3 * w3[i]);
+        }
+        for (; j < m; ++j) Axpy(dq[j], wp + j * k, o, k);
+        if (readp != nullptr) {
+          for (int64_t s = 0; s < n; ++s) Axpy(readp[r * n + s], dreadp + r * d, o + s * d, d);
+        }
+      }
+      // dw^T rows += the group's kGroup rank-1 terms: one load and store
+      // of the block per kGroup products.
+      for (int64_t j = 0; j < m; ++j) {
+        const T d0 = dp[j], d1 = dp[m + j], d2 = dp[2 * m + j], d3 = dp[3 * m + j];
+        const T *x0 = xs[0], *x1 = xs[1], *x2r = xs[2], *x3 = xs[3];
+        T* b = block.data() + j * k;
+        for (int64_t i = 0; i < k; ++i) b[i] += (d0 * x0[i] + d1 * x1[i]) + (d2 * x2r[i] + d3 * x3[i]);
+      }
+      pending += n_rows;
+      if (pending >= kFlushRows || r0 + n_rows == end) {
+        for (int64_t e = 0; e < m * k; ++e) acc[e] += block[static_cast<size_t>(e)];
+        std::fill(block.begin(), block.end(), T(0));
+        pending = 0;
+      }
+    }
+  });
+}
+
+// The projection's backward for du [rows, m]: {dx [rows, K], dw^T [m, K]}.
+// With p = x w (= u / rs), per row:
+//   dp = rs du;  dw = x^T dp;  dx = dp w^T - (rs^2 / K) (du . u) x
+// (the last term is d rs / dx = -rs^3 x / K times du . p).
+std::pair<torch::Tensor, torch::Tensor> ProjectBackward(const torch::Tensor& x2,
+                                                        const torch::Tensor& w,
+                                                        const torch::Tensor& rs,
+                                                        const torch::Tensor& u,
+                                                        const torch::Tensor& du) {
+  const int64_t rows = x2.size(0), k = x2.size(1), m = w.size(0);
+  torch::Tensor dx = torch::empty_like(x2);
+  const int64_t threads = at::get_num_threads();
+  std::vector<double> partial(static_cast<size_t>(threads * m * k), 0.0);
+  AT_DISPATCH_FLOATING_TYPES(x2.scalar_type(), "cpu_fused::RmsProjectBackward", [&] {
+    const scalar_t* gp = du.data_ptr<scalar_t>();
+    ProjectBackwardRows<scalar_t>(
+        x2.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(), rs.data_ptr<scalar_t>(),
+        u.data_ptr<scalar_t>(), rows, k, m, nullptr, nullptr, 1, partial,
+        dx.data_ptr<scalar_t>(), [gp, m](int64_t r, scalar_t*) { return gp + r * m; });
+  });
+  return {dx, SumPartials(partial, threads, m * k, {m, k}, x2.scalar_type())};
+}
+
 // The routing projections are skinny (HC: [tokens n, d] x [d, n + 2]; mHC:
 // [tokens, n d] x [n d, n^2 + 2n]), where OpenBLAS's GEMMs run far below
 // peak: forward+backward over 1k tokens at d = 128, 2 threads, its version
@@ -245,122 +377,29 @@ constexpr int64_t kGroup = 4;
 // it is in L1 (bench/RESULTS.md).
 class RmsProjectFunction : public torch::autograd::Function<RmsProjectFunction> {
  public:
-  // x [..., K], w [K, m] -> u [..., m] = rs * (x w), rs = rsqrt(mean(x^2) + eps)
-  // per row; the normalised rows are never written out.
+  // x [..., K], w [K, m] -> u [..., m].
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x_in,
                                const torch::Tensor& w_in, double eps) {
     torch::Tensor x = x_in.contiguous();
     const int64_t k = x.size(-1), rows = x.numel() / std::max<int64_t>(k, 1);
     TORCH_CHECK(w_in.dim() == 2 && w_in.size(0) == k, "RmsProject: w has ", w_in.sizes(),
                 ", expected [", k, ", m] for x of width ", k);
-    const int64_t m = w_in.size(1);
     torch::Tensor x2 = x.reshape({rows, k});
-    torch::Tensor rs = torch::empty({rows, 1}, x.options());
-    std::vector<int64_t> out_sizes(x.sizes().begin(), x.sizes().end() - 1);
-    out_sizes.push_back(m);
-    torch::Tensor u = torch::empty(out_sizes, x.options());
     torch::Tensor wt = w_in.t().contiguous();  // [m, K]: one row per output
-    AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "cpu_fused::RmsProject", [&] {
-      const scalar_t* xp = x2.data_ptr<scalar_t>();
-      const scalar_t* wp = wt.data_ptr<scalar_t>();
-      scalar_t* rp = rs.data_ptr<scalar_t>();
-      scalar_t* up = u.data_ptr<scalar_t>();
-      at::parallel_for(0, rows, Grain((m + 1) * k), [&](int64_t begin, int64_t end) {
-        for (int64_t r = begin; r < end; ++r) {
-          const scalar_t* xr = xp + r * k;
-          const scalar_t inv = static_cast<scalar_t>(
-              1.0 / std::sqrt(static_cast<double>(Dot(xr, xr, k)) / static_cast<double>(k) + eps));
-          rp[r] = inv;
-          for (int64_t j = 0; j < m; ++j) up[r * m + j] = inv * Dot(xr, wp + j * k, k);
-        }
-      });
-    });
-    ctx->save_for_backward({x2, wt, rs, u});
+    Projection p = ProjectRows(x2, wt, eps);
+    ctx->save_for_backward({x2, wt, p.rs, p.u});
     ctx->saved_data["x_sizes"] = x.sizes();
-    return u;
+    std::vector<int64_t> out_sizes(x.sizes().begin(), x.sizes().end() - 1);
+    out_sizes.push_back(wt.size(0));
+    return p.u.view(out_sizes);
   }
 
-  // With p = x w (= u / rs) and du, per row:
-  //   dp = rs du;  dw = x^T dp;  dx = dp w^T - (rs^2 / K) (du . u) x
-  // (the last term is d rs / dx = -rs^3 x / K times du . p).
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     variable_list saved = ctx->get_saved_variables();
-    const torch::Tensor& x2 = saved[0];
-    const torch::Tensor& w = saved[1];  // [m, K]
-    const torch::Tensor& rs = saved[2];
-    const int64_t rows = x2.size(0), k = x2.size(1);
-    torch::Tensor u = saved[3].reshape({rows, -1});
+    const int64_t rows = saved[0].size(0);
     torch::Tensor du = grads[0].reshape({rows, -1}).contiguous();
-    const std::vector<int64_t> x_sizes = ctx->saved_data["x_sizes"].toIntVector();
-    const int64_t m = w.size(0);
-    torch::Tensor dx = torch::empty_like(x2);
-    const int64_t threads = at::get_num_threads();
-    std::vector<double> partial(static_cast<size_t>(threads * m * k), 0.0);
-    AT_DISPATCH_FLOATING_TYPES(x2.scalar_type(), "cpu_fused::RmsProjectBackward", [&] {
-      const scalar_t* xp = x2.data_ptr<scalar_t>();
-      const scalar_t* wp = w.data_ptr<scalar_t>();
-      const scalar_t* rp = rs.data_ptr<scalar_t>();
-      const scalar_t* upp = u.data_ptr<scalar_t>();
-      const scalar_t* gp = du.data_ptr<scalar_t>();
-      scalar_t* dxp = dx.data_ptr<scalar_t>();
-      at::parallel_for(0, rows, Grain(3 * m * k), [&](int64_t begin, int64_t end) {
-        double* acc = partial.data() + at::get_thread_num() * m * k;
-        std::vector<scalar_t> block(static_cast<size_t>(m * k), 0);  // dw^T of <= kFlushRows rows
-        // dp of the kGroup rows in hand ([kGroup][m]; rows past the end: 0).
-        std::vector<scalar_t> dp(static_cast<size_t>(kGroup * m));
-        int64_t pending = 0;
-        for (int64_t r0 = begin; r0 < end; r0 += kGroup) {
-          const int64_t n_rows = std::min<int64_t>(kGroup, end - r0);
-          const scalar_t* xs[kGroup];
-          for (int64_t q = 0; q < kGroup; ++q) {
-            scalar_t* dq = dp.data() + q * m;
-            xs[q] = xp + (r0 + std::min(q, n_rows - 1)) * k;
-            if (q >= n_rows) {
-              std::fill(dq, dq + m, scalar_t(0));
-              continue;
-            }
-            const int64_t r = r0 + q;
-            const scalar_t* g = gp + r * m;
-            const scalar_t inv = rp[r];
-            scalar_t gu = 0;
-            for (int64_t j = 0; j < m; ++j) {
-              dq[j] = inv * g[j];
-              gu += g[j] * upp[r * m + j];
-            }
-            // dx row = c x + dp w^T.
-            const scalar_t c = -inv * inv * gu / static_cast<scalar_t>(k);
-            const scalar_t* xr = xs[q];
-            scalar_t* o = dxp + r * k;
-            for (int64_t i = 0; i < k; ++i) o[i] = c * xr[i];
-            // Four weight rows per sweep of o: one load and store per four
-            // products.
-            int64_t j = 0;
-            for (; j + 4 <= m; j += 4) {
-              const scalar_t a0 = dq[j], a1 = dq[j + 1], a2 = dq[j + 2], a3 = dq[j + 3];
-              const scalar_t *w0 = wp + j * k, *w1 = w0 + k, *w2 = w1 + k, *w3 = w2 + k;
-              for (int64_t i = 0; i < k; ++i) o[i] += (a0 * w0[i] + a1 * w1[i]) + (a2 * w2[i] + a3 * w3[i]);
-            }
-            for (; j < m; ++j) Axpy(dq[j], wp + j * k, o, k);
-          }
-          // dw^T rows += the group's kGroup rank-1 terms: one load and store
-          // of the block per kGroup products.
-          for (int64_t j = 0; j < m; ++j) {
-            const scalar_t d0 = dp[j], d1 = dp[m + j], d2 = dp[2 * m + j], d3 = dp[3 * m + j];
-            const scalar_t *x0 = xs[0], *x1 = xs[1], *x2r = xs[2], *x3 = xs[3];
-            scalar_t* b = block.data() + j * k;
-            for (int64_t i = 0; i < k; ++i) b[i] += (d0 * x0[i] + d1 * x1[i]) + (d2 * x2r[i] + d3 * x3[i]);
-          }
-          pending += n_rows;
-          if (pending >= kFlushRows || r0 + n_rows == end) {
-            for (int64_t e = 0; e < m * k; ++e) acc[e] += block[static_cast<size_t>(e)];
-            std::fill(block.begin(), block.end(), scalar_t(0));
-            pending = 0;
-          }
-        }
-      });
-    });
-    torch::Tensor dwt = SumPartials(partial, threads, m * k, {m, k}, x2.scalar_type());
-    return {dx.view(x_sizes), dwt.t(), torch::Tensor()};
+    auto [dx, dwt] = ProjectBackward(saved[0], saved[1], saved[2], saved[3], du);
+    return {dx.view(ctx->saved_data["x_sizes"].toIntVector()), dwt.t(), torch::Tensor()};
   }
 };
 
@@ -471,6 +510,106 @@ class HcCoefficientsFunction : public torch::autograd::Function<HcCoefficientsFu
   }
 };
 
+// One token's mHC coefficients from its projection ur [n^2 + 2n].
+template <typename T>
+inline void MhcCoefficientsRow(const T* ur, const T* gp, const T* bp, int64_t n, T* read,
+                               T* write, T* logits) {
+  for (int64_t j = 0; j < n; ++j) {
+    read[j] = 1 / (1 + std::exp(-(gp[0] * ur[j] + bp[j])));
+    write[j] = 2 / (1 + std::exp(-(gp[1] * ur[n + j] + bp[n + j])));
+  }
+  for (int64_t j = 0; j < n * n; ++j) logits[j] = gp[2] * ur[2 * n + j] + bp[2 * n + j];
+}
+
+// Its backward: dz = dread s(1 - s) | dwrite 2 s(1 - s) | dlogits, with s
+// the sigmoid (s = read, write / 2); dur = g dz; acc_g[group] += dz u;
+// acc_b += dz. Null output gradients count as zero.
+template <typename T>
+inline void MhcCoefficientsBackwardRow(const T* ur, const T* gp, const T* read, const T* write,
+                                       const T* dr, const T* dw, const T* dl, int64_t n, T* dur,
+                                       double* acc_g, double* acc_b) {
+  const int64_t m = n * n + 2 * n;
+  for (int64_t j = 0; j < m; ++j) {
+    T dz = 0;
+    int group = 2;
+    if (j < n) {
+      const T sg = read[j];
+      dz = dr ? dr[j] * sg * (1 - sg) : T(0);
+      group = 0;
+    } else if (j < 2 * n) {
+      const T sg = write[j - n] / 2;
+      dz = dw ? dw[j - n] * 2 * sg * (1 - sg) : T(0);
+      group = 1;
+    } else {
+      dz = dl ? dl[j - 2 * n] : T(0);
+    }
+    dur[j] = gp[group] * dz;
+    acc_g[group] += static_cast<double>(dz) * ur[j];
+    acc_b[j] += dz;
+  }
+}
+
+// mHC coefficients. Forward: {read, write [..., n], logits [..., n, n]} from u [..., m], m =
+// n^2 + 2n (u, gains and bias contiguous).
+variable_list MhcCoefficientsForward(const torch::Tensor& u, const torch::Tensor& gains,
+                                     const torch::Tensor& bias, int64_t n) {
+  const int64_t m = n * n + 2 * n, rows = u.numel() / m;
+  std::vector<int64_t> nn(u.sizes().begin(), u.sizes().end() - 1);
+  nn.push_back(n);
+  std::vector<int64_t> square = nn;
+  square.push_back(n);
+  torch::Tensor read = torch::empty(nn, u.options()), write = torch::empty(nn, u.options());
+  torch::Tensor logits = torch::empty(square, u.options());
+  AT_DISPATCH_FLOATING_TYPES(u.scalar_type(), "cpu_fused::MhcCoefficients", [&] {
+    const scalar_t* up = u.data_ptr<scalar_t>();
+    const scalar_t* gp = gains.data_ptr<scalar_t>();
+    const scalar_t* bp = bias.data_ptr<scalar_t>();
+    scalar_t* rp = read.data_ptr<scalar_t>();
+    scalar_t* wp = write.data_ptr<scalar_t>();
+    scalar_t* lp = logits.data_ptr<scalar_t>();
+    at::parallel_for(0, rows, Grain(4 * m), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        MhcCoefficientsRow(up + r * m, gp, bp, n, rp + r * n, wp + r * n, lp + r * n * n);
+      }
+    });
+  });
+  return {read, write, logits};
+}
+
+// Backward (MhcCoefficientsBackwardRow per token; undefined output
+// gradients count as zero): {du, dgains [3], dbias [m]}.
+variable_list MhcCoefficientsBackward(const torch::Tensor& u, const torch::Tensor& gains,
+                                      const torch::Tensor& read, const torch::Tensor& write,
+                                      const torch::Tensor& dr, const torch::Tensor& dw,
+                                      const torch::Tensor& dl, int64_t n) {
+  const int64_t m = n * n + 2 * n, rows = u.numel() / m;
+  torch::Tensor du = torch::empty_like(u);
+  const int64_t threads = at::get_num_threads();
+  const int64_t count = 3 + m;  // dgains, dbias
+  std::vector<double> partial(static_cast<size_t>(threads * count), 0.0);
+  AT_DISPATCH_FLOATING_TYPES(u.scalar_type(), "cpu_fused::MhcCoefficientsBackward", [&] {
+    const scalar_t* up = u.data_ptr<scalar_t>();
+    const scalar_t* gp = gains.data_ptr<scalar_t>();
+    const scalar_t* rp = read.data_ptr<scalar_t>();
+    const scalar_t* wp = write.data_ptr<scalar_t>();
+    const scalar_t* drp = dr.defined() ? dr.data_ptr<scalar_t>() : nullptr;
+    const scalar_t* dwp = dw.defined() ? dw.data_ptr<scalar_t>() : nullptr;
+    const scalar_t* dlp = dl.defined() ? dl.data_ptr<scalar_t>() : nullptr;
+    scalar_t* dup = du.data_ptr<scalar_t>();
+    at::parallel_for(0, rows, Grain(4 * m), [&](int64_t begin, int64_t end) {
+      double* acc_g = partial.data() + at::get_thread_num() * count;
+      double* acc_b = acc_g + 3;
+      for (int64_t r = begin; r < end; ++r) {
+        MhcCoefficientsBackwardRow(up + r * m, gp, rp + r * n, wp + r * n,
+                                   drp ? drp + r * n : nullptr, dwp ? dwp + r * n : nullptr,
+                                   dlp ? dlp + r * n * n : nullptr, n, dup + r * m, acc_g, acc_b);
+      }
+    });
+  });
+  torch::Tensor sums = SumPartials(partial, threads, count, {count}, u.scalar_type());
+  return {du, sums.narrow(0, 0, 3), sums.narrow(0, 3, m)};
+}
+
 // mHC: from the projection u [rows, n^2 + 2n], with the group gains g (read,
 // write, residual) and bias,
 //   z = g u + bias;  read = sigmoid(z[0:n]);  write = 2 sigmoid(z[n:2n]);
@@ -488,93 +627,142 @@ class MhcCoefficientsFunction : public torch::autograd::Function<MhcCoefficients
                 ", expected [..., ", m, "] for ", n, " streams");
     TORCH_CHECK(gains.numel() == 3, "MhcCoefficients: gains has ", gains.sizes(), ", expected [3]");
     TORCH_CHECK(bias.numel() == m, "MhcCoefficients: bias has ", bias.sizes(), ", expected [", m, "]");
-    const int64_t rows = u.numel() / m;
-    std::vector<int64_t> nn(u.sizes().begin(), u.sizes().end() - 1);
-    nn.push_back(n);
-    std::vector<int64_t> square = nn;
-    square.push_back(n);
-    torch::Tensor read = torch::empty(nn, u.options()), write = torch::empty(nn, u.options());
-    torch::Tensor logits = torch::empty(square, u.options());
-    AT_DISPATCH_FLOATING_TYPES(u.scalar_type(), "cpu_fused::MhcCoefficients", [&] {
-      const scalar_t* up = u.data_ptr<scalar_t>();
+    variable_list out = MhcCoefficientsForward(u, gains, bias, n);
+    ctx->save_for_backward({u, gains, out[0], out[1]});
+    ctx->saved_data["n"] = n;
+    ctx->saved_data["bias_sizes"] = bias_in.sizes();
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list saved = ctx->get_saved_variables();
+    const torch::Tensor& gains = saved[1];
+    variable_list g = MhcCoefficientsBackward(
+        saved[0], gains, saved[2], saved[3], ContiguousOrUndefined(grads[0]),
+        ContiguousOrUndefined(grads[1]), ContiguousOrUndefined(grads[2]),
+        ctx->saved_data["n"].toInt());
+    return {g[0], g[1].reshape(gains.sizes()),
+            g[2].reshape(ctx->saved_data["bias_sizes"].toIntVector()), torch::Tensor()};
+  }
+};
+
+// ------------------------------------------------------------ mHC route
+
+// The mHC connector's routing up to its read, as one function: projection
+// u = RmsProject(h flattened to n d, phi), coefficients (read, write,
+// logits) = MhcCoefficients(u), and x = HcRead(h, read), with the same
+// per-token kernels as the three ops but one pass over the streams each
+// way, and one node: its backward returns one gradient for the streams
+// (the projection's dx pass adds read_s dx to stream s), where the three ops
+// return two that autograd then adds (a 2 MB sum per connector at the
+// benchmark shape) after a separate HcRead backward pass.
+// Streams per token the route takes (its backward keeps d read on the stack).
+constexpr int64_t kMaxRouteStreams = 64;
+
+class MhcRouteFunction : public torch::autograd::Function<MhcRouteFunction> {
+ public:
+  // h [..., n, d], phi [n d, n^2 + 2n] -> {x [..., d], write [..., n],
+  // logits [..., n, n]}.
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& h_in,
+                               const torch::Tensor& phi, const torch::Tensor& gains_in,
+                               const torch::Tensor& bias_in, int64_t n, double eps) {
+    torch::Tensor h = h_in.contiguous();
+    TORCH_CHECK(n >= 1 && n <= kMaxRouteStreams && h.dim() >= 2 && h.size(-2) == n,
+                "MhcRoute: h has ", h.sizes(), ", expected [..., ", n, ", d] with 1 <= n <= ",
+                kMaxRouteStreams);
+    const int64_t d = h.size(-1), k = n * d, m = n * n + 2 * n;
+    const int64_t rows = h.numel() / std::max<int64_t>(k, 1);
+    TORCH_CHECK(phi.dim() == 2 && phi.size(0) == k && phi.size(1) == m, "MhcRoute: phi has ",
+                phi.sizes(), ", expected [", k, ", ", m, "]");
+    torch::Tensor gains = gains_in.contiguous(), bias = bias_in.contiguous();
+    TORCH_CHECK(gains.numel() == 3, "MhcRoute: gains has ", gains.sizes(), ", expected [3]");
+    TORCH_CHECK(bias.numel() == m, "MhcRoute: bias has ", bias.sizes(), ", expected [", m, "]");
+    torch::Tensor x2 = h.reshape({rows, k});
+    torch::Tensor wt = phi.t().contiguous();
+    const auto opts = h.options();
+    torch::Tensor rs = torch::empty({rows, 1}, opts), u = torch::empty({rows, m}, opts);
+    torch::Tensor read = torch::empty({rows, n}, opts), write = torch::empty({rows, n}, opts);
+    torch::Tensor logits = torch::empty({rows, n, n}, opts);
+    std::vector<int64_t> x_sizes(h.sizes().begin(), h.sizes().end() - 2);
+    x_sizes.push_back(d);
+    torch::Tensor x = torch::empty(x_sizes, opts);
+    // One pass over each token's streams: projection, coefficients, read.
+    AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "cpu_fused::MhcRoute", [&] {
+      const scalar_t* hp = x2.data_ptr<scalar_t>();
+      const scalar_t* wp = wt.data_ptr<scalar_t>();
       const scalar_t* gp = gains.data_ptr<scalar_t>();
       const scalar_t* bp = bias.data_ptr<scalar_t>();
-      scalar_t* rp = read.data_ptr<scalar_t>();
-      scalar_t* wp = write.data_ptr<scalar_t>();
-      scalar_t* lp = logits.data_ptr<scalar_t>();
-      at::parallel_for(0, rows, Grain(4 * m), [&](int64_t begin, int64_t end) {
+      scalar_t *rsp = rs.data_ptr<scalar_t>(), *up = u.data_ptr<scalar_t>();
+      scalar_t *rp = read.data_ptr<scalar_t>(), *wrp = write.data_ptr<scalar_t>();
+      scalar_t *lp = logits.data_ptr<scalar_t>(), *xp = x.data_ptr<scalar_t>();
+      at::parallel_for(0, rows, Grain((m + 2) * k), [&](int64_t begin, int64_t end) {
         for (int64_t r = begin; r < end; ++r) {
-          const scalar_t* ur = up + r * m;
-          for (int64_t j = 0; j < n; ++j) {
-            rp[r * n + j] = 1 / (1 + std::exp(-(gp[0] * ur[j] + bp[j])));
-            wp[r * n + j] = 2 / (1 + std::exp(-(gp[1] * ur[n + j] + bp[n + j])));
-          }
-          for (int64_t j = 0; j < n * n; ++j) lp[r * n * n + j] = gp[2] * ur[2 * n + j] + bp[2 * n + j];
+          const scalar_t* hr = hp + r * k;
+          ProjectRow(hr, wp, k, m, eps, rsp + r, up + r * m);
+          MhcCoefficientsRow(up + r * m, gp, bp, n, rp + r * n, wrp + r * n, lp + r * n * n);
+          ReadRow(hr, rp + r * n, n, d, xp + r * d);
         }
       });
     });
-    ctx->save_for_backward({u, gains, read, write});
+    ctx->save_for_backward({x2, wt, rs, u, gains, read, write});
     ctx->saved_data["n"] = n;
+    ctx->saved_data["h_sizes"] = h.sizes();
     ctx->saved_data["bias_sizes"] = bias_in.sizes();
-    return {read, write, logits};
+    std::vector<int64_t> batch(h.sizes().begin(), h.sizes().end() - 2);
+    std::vector<int64_t> nn = batch, square = batch;
+    nn.push_back(n);
+    square.push_back(n);
+    square.push_back(n);
+    return {x, write.view(nn), logits.view(square)};
   }
 
-  // dz = dread s(1 - s) | dwrite 2 s(1 - s) | dlogits, with s the sigmoid
-  // (s = read, write / 2); du = g dz; dgains[group] += dz u; dbias += dz.
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     variable_list saved = ctx->get_saved_variables();
-    const torch::Tensor& u = saved[0];
-    const torch::Tensor& gains = saved[1];
-    const torch::Tensor& read = saved[2];
-    const torch::Tensor& write = saved[3];
-    const int64_t n = ctx->saved_data["n"].toInt(), m = n * n + 2 * n, rows = u.numel() / m;
-    torch::Tensor dr = ContiguousOrUndefined(grads[0]);
-    torch::Tensor dw = ContiguousOrUndefined(grads[1]);
-    torch::Tensor dl = ContiguousOrUndefined(grads[2]);
-    torch::Tensor du = torch::empty_like(u);
+    const torch::Tensor &x2 = saved[0], &wt = saved[1], &rs = saved[2], &u = saved[3],
+                        &gains = saved[4], &read = saved[5], &write = saved[6];
+    const int64_t n = ctx->saved_data["n"].toInt();
+    const int64_t rows = x2.size(0), d = x2.size(1) / n;
+    const int64_t m = n * n + 2 * n, k = n * d;
+    torch::Tensor dx = ContiguousOrUndefined(grads[0]);
+    torch::Tensor dwrite = ContiguousOrUndefined(grads[1]), dlogits = ContiguousOrUndefined(grads[2]);
+    torch::Tensor dh = torch::empty_like(x2);
     const int64_t threads = at::get_num_threads();
+    std::vector<double> partial_w(static_cast<size_t>(threads * m * k), 0.0);
     const int64_t count = 3 + m;  // dgains, dbias
-    std::vector<double> partial(static_cast<size_t>(threads * count), 0.0);
-    AT_DISPATCH_FLOATING_TYPES(u.scalar_type(), "cpu_fused::MhcCoefficientsBackward", [&] {
+    std::vector<double> partial_c(static_cast<size_t>(threads * count), 0.0);
+    // One pass over each token's streams: d read = h . dx, the coefficients'
+    // backward to du, then the projection's backward with read_s dx added to
+    // stream s of dh.
+    AT_DISPATCH_FLOATING_TYPES(x2.scalar_type(), "cpu_fused::MhcRouteBackward", [&] {
+      const scalar_t* hp = x2.data_ptr<scalar_t>();
       const scalar_t* up = u.data_ptr<scalar_t>();
       const scalar_t* gp = gains.data_ptr<scalar_t>();
       const scalar_t* rp = read.data_ptr<scalar_t>();
-      const scalar_t* wp = write.data_ptr<scalar_t>();
-      const scalar_t* drp = dr.defined() ? dr.data_ptr<scalar_t>() : nullptr;
-      const scalar_t* dwp = dw.defined() ? dw.data_ptr<scalar_t>() : nullptr;
-      const scalar_t* dlp = dl.defined() ? dl.data_ptr<scalar_t>() : nullptr;
-      scalar_t* dup = du.data_ptr<scalar_t>();
-      at::parallel_for(0, rows, Grain(4 * m), [&](int64_t begin, int64_t end) {
-        double* acc_g = partial.data() + at::get_thread_num() * count;
-        double* acc_b = acc_g + 3;
-        for (int64_t r = begin; r < end; ++r) {
-          const scalar_t* ur = up + r * m;
-          scalar_t* dur = dup + r * m;
-          for (int64_t j = 0; j < m; ++j) {
-            scalar_t dz = 0;
-            int group = 2;
-            if (j < n) {
-              const scalar_t sg = rp[r * n + j];
-              dz = drp ? drp[r * n + j] * sg * (1 - sg) : scalar_t(0);
-              group = 0;
-            } else if (j < 2 * n) {
-              const scalar_t sg = wp[r * n + j - n] / 2;
-              dz = dwp ? dwp[r * n + j - n] * 2 * sg * (1 - sg) : scalar_t(0);
-              group = 1;
-            } else {
-              dz = dlp ? dlp[r * n * n + j - 2 * n] : scalar_t(0);
-            }
-            dur[j] = gp[group] * dz;
-            acc_g[group] += static_cast<double>(dz) * ur[j];
-            acc_b[j] += dz;
-          }
+      const scalar_t* wrp = write.data_ptr<scalar_t>();
+      const scalar_t* dxp = dx.defined() ? dx.data_ptr<scalar_t>() : nullptr;
+      const scalar_t* dwp = dwrite.defined() ? dwrite.data_ptr<scalar_t>() : nullptr;
+      const scalar_t* dlp = dlogits.defined() ? dlogits.data_ptr<scalar_t>() : nullptr;
+      auto du_row = [&](int64_t r, scalar_t* scratch) -> const scalar_t* {
+        scalar_t dread[kMaxRouteStreams];
+        if (dxp != nullptr) {
+          for (int64_t s = 0; s < n; ++s) dread[s] = Dot(hp + r * k + s * d, dxp + r * d, d);
         }
-      });
+        double* acc_g = partial_c.data() + at::get_thread_num() * count;
+        MhcCoefficientsBackwardRow(up + r * m, gp, rp + r * n, wrp + r * n,
+                                   dxp ? dread : nullptr, dwp ? dwp + r * n : nullptr,
+                                   dlp ? dlp + r * n * n : nullptr, n, scratch, acc_g, acc_g + 3);
+        return scratch;
+      };
+      ProjectBackwardRows<scalar_t>(hp, wt.data_ptr<scalar_t>(), rs.data_ptr<scalar_t>(), up,
+                                    rows, k, m, dxp ? rp : nullptr, dxp, n, partial_w,
+                                    dh.data_ptr<scalar_t>(), du_row);
     });
-    torch::Tensor sums = SumPartials(partial, threads, count, {count}, u.scalar_type());
-    return {du, sums.narrow(0, 0, 3).reshape(gains.sizes()),
+    torch::Tensor dwt = SumPartials(partial_w, threads, m * k, {m, k}, x2.scalar_type());
+    torch::Tensor sums = SumPartials(partial_c, threads, count, {count}, x2.scalar_type());
+    return {dh.view(ctx->saved_data["h_sizes"].toIntVector()), dwt.t(),
+            sums.narrow(0, 0, 3).reshape(gains.sizes()),
             sums.narrow(0, 3, m).reshape(ctx->saved_data["bias_sizes"].toIntVector()),
-            torch::Tensor()};
+            torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -931,6 +1119,12 @@ std::vector<torch::Tensor> HcCoefficients(const torch::Tensor& u, const torch::T
 std::vector<torch::Tensor> MhcCoefficients(const torch::Tensor& u, const torch::Tensor& gains,
                                            const torch::Tensor& bias, int64_t n) {
   return MhcCoefficientsFunction::apply(u, gains, bias, n);
+}
+
+std::vector<torch::Tensor> MhcRoute(const torch::Tensor& h, const torch::Tensor& phi,
+                                    const torch::Tensor& gains, const torch::Tensor& bias,
+                                    int64_t n, double eps) {
+  return MhcRouteFunction::apply(h, phi, gains, bias, n, eps);
 }
 
 torch::Tensor Sinkhorn(const torch::Tensor& logits, int iterations, double eps) {

@@ -20,7 +20,8 @@ std::atomic<bool> g_enabled{true};
 // What runs fused on CPU tensors (cpu_fused.h), for FusedOpsDescription.
 constexpr const char* kCpuFused =
     "CPU: fused RMSNorm, causal attention, HC/mHC routing projection, coefficients and "
-    "read-write, Sinkhorn, AttnRes mix; SwiGLU composite";
+    "read-write (mHC's projection, coefficients and read as one op), Sinkhorn, AttnRes mix; "
+    "SwiGLU composite";
 
 bool CpuFused(std::initializer_list<const torch::Tensor*> tensors) {
   return g_enabled.load(std::memory_order_relaxed) && cpu_fused::Supports(tensors);
@@ -218,6 +219,24 @@ MhcCoefficientTensors MhcCoefficientsOp(const torch::Tensor& u, const torch::Ten
   sq.push_back(n);
   return {torch::sigmoid(z.narrow(-1, 0, n)), 2.0 * torch::sigmoid(z.narrow(-1, n, n)),
           z.narrow(-1, 2 * n, n * n).reshape(sq)};
+}
+
+MhcRouteTensors MhcRouteOp(const torch::Tensor& h, const torch::Tensor& phi,
+                           const torch::Tensor& gains, const torch::Tensor& bias, int64_t n,
+                           double eps) {
+  TORCH_CHECK(n >= 1 && h.dim() >= 2 && h.size(-2) == n, "MhcRouteOp: h has ", h.sizes(),
+              ", expected [..., ", n, ", d]");
+  TORCH_CHECK(phi.dim() == 2 && phi.size(0) == n * h.size(-1) && phi.size(1) == n * n + 2 * n,
+              "MhcRouteOp: phi has ", phi.sizes(), ", expected [", n * h.size(-1), ", ",
+              n * n + 2 * n, "]");
+  if (CpuFused({&h, &phi, &gains, &bias})) {
+    std::vector<torch::Tensor> r = cpu_fused::MhcRoute(h, phi, gains, bias, n, eps);
+    return {r[0], r[1], r[2]};
+  }
+  // The routing runs in phi's precision (fp32 in the model, h may be bf16).
+  torch::Tensor u = RmsProjectOp(h.to(phi.scalar_type()).flatten(-2), phi, eps);
+  MhcCoefficientTensors c = MhcCoefficientsOp(u, gains, bias, n);
+  return {HcReadOp(h, c.read), c.write, c.logits};
 }
 
 torch::Tensor SwiGluGateOp(const torch::Tensor& g, const torch::Tensor& u) {

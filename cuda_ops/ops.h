@@ -66,6 +66,20 @@ struct MhcCoefficientTensors {
 MhcCoefficientTensors MhcCoefficientsOp(const torch::Tensor& u, const torch::Tensor& gains,
                                         const torch::Tensor& bias, int64_t n);
 
+// The mHC connector's routing up to its read (mhc.cc): u = RmsProjectOp(h
+// flattened to [..., n d], phi, eps) in fp32, MhcCoefficientsOp(u, gains,
+// bias, n), and x = HcReadOp(h, read). h [..., n, d], phi [n d, n^2 + 2n].
+// One fused function on CPU (one stream gradient instead of two for
+// autograd to add); the three ops elsewhere.
+struct MhcRouteTensors {
+  torch::Tensor x;       // [..., d]: the read, the sub-layer's input
+  torch::Tensor write;   // [..., n]
+  torch::Tensor logits;  // [..., n, n], for SinkhornOp
+};
+MhcRouteTensors MhcRouteOp(const torch::Tensor& h, const torch::Tensor& phi,
+                           const torch::Tensor& gains, const torch::Tensor& bias, int64_t n,
+                           double eps);
+
 // silu(g) * u (the SwiGLU gate; the projections stay matmuls).
 torch::Tensor SwiGluGateOp(const torch::Tensor& g, const torch::Tensor& u);
 

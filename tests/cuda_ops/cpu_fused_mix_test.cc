@@ -236,6 +236,58 @@ TEST_P(CpuFusedCoefficients, EqualTheComposites) {
 INSTANTIATE_TEST_SUITE_P(Threads, CpuFusedCoefficients, ::testing::Values(1, 2),
                          [](const auto& info) { return "threads" + std::to_string(info.param); });
 
+// ---- mHC route: projection, coefficients and read as one function ----
+
+class CpuFusedMhcRoute : public ThreadsTest {};
+
+// MhcRouteOp's CPU function equals the three ops it fuses (RmsProjectOp,
+// MhcCoefficientsOp, HcReadOp) run as composites in double: values and the
+// gradients of h, phi, gains and bias, with every output used and with each
+// left out (its gradient arrives undefined), for the model's broadcast
+// first-block streams too.
+TEST_P(CpuFusedMhcRoute, EqualsTheThreeOpsInDouble) {
+  torch::manual_seed(90 + GetParam());
+  for (int64_t n : {4, 2, 3}) {
+    SCOPED_TRACE(::testing::Message() << "n=" << n);
+    const int64_t B = 2, T = n == 4 ? 256 : 9, d = n == 4 ? 128 : 20, m = n * n + 2 * n;
+    torch::Tensor h = torch::randn({B, T, n, d}) * 2, phi = torch::randn({n * d, m}) * 0.05;
+    torch::Tensor gains = torch::rand({3}) + 0.1, bias = torch::randn({m});
+    torch::Tensor px = torch::randn({B, T, d}), pw = torch::randn({B, T, n}),
+                  pl = torch::randn({B, T, n, n});
+    for (bool broadcast : {false, true}) {
+      for (int skip = -1; skip < 3; ++skip) {  // every output, then each left out in turn
+        SCOPED_TRACE(::testing::Message() << "broadcast=" << broadcast << " skip=" << skip);
+        auto f = [&](bool fused) {
+          return [=](auto& in) {
+            torch::Tensor hh = broadcast ? in[0].narrow(2, 0, 1).expand({B, T, n, d}) : in[0];
+            MhcRouteTensors r;
+            if (fused) {
+              std::vector<torch::Tensor> v = cpu_fused::MhcRoute(hh, in[1], in[2], in[3], n, 1e-6);
+              r = {v[0], v[1], v[2]};
+            } else {
+              SetFusedOpsEnabled(false);
+              auto c = [&](const torch::Tensor& t) { return t.to(torch::kFloat64); };
+              r = MhcRouteOp(c(hh), c(in[1]), c(in[2]), c(in[3]), n, 1e-6);
+              SetFusedOpsEnabled(true);
+            }
+            torch::Tensor y = torch::zeros({B, T}, r.x.options());
+            if (skip != 0) y = y + (r.x * px.to(r.x.scalar_type())).sum(-1);
+            if (skip != 1) y = y + (r.write * pw.to(r.x.scalar_type())).sum(-1);
+            if (skip != 2) y = y + (r.logits * pl.to(r.x.scalar_type())).sum({-2, -1});
+            return y.to(torch::kFloat32);
+          };
+        };
+        torch::Tensor probe = torch::randn({B, T});
+        ExpectSame(Evaluate(f(true), {h, phi, gains, bias}, probe),
+                   Evaluate(f(false), {h, phi, gains, bias}, probe), 1e-4, 2e-4, "MhcRoute");
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Threads, CpuFusedMhcRoute, ::testing::Values(1, 2),
+                         [](const auto& info) { return "threads" + std::to_string(info.param); });
+
 // ---- Sinkhorn ----
 
 class CpuFusedSinkhorn : public ThreadsTest {};
@@ -360,6 +412,18 @@ TEST(CpuFusedMixGradcheck, Coefficients) {
             "");
 }
 
+TEST(CpuFusedMixGradcheck, MhcRoute) {
+  torch::manual_seed(55);
+  const int64_t n = 3, d = 4, m = n * n + 2 * n;
+  std::vector<torch::Tensor> in = {Var(torch::randn({2, 2, n, d}, kF64)), Var(torch::randn({n * d, m}, kF64) * 0.3),
+                                   Var(torch::rand({3}, kF64) + 0.5), Var(torch::randn({m}, kF64))};
+  EXPECT_EQ(GradCheck([](const auto& x) {
+              std::vector<torch::Tensor> r = cpu_fused::MhcRoute(x[0], x[1], x[2], x[3], 3, 1e-6);
+              return torch::cat({r[0].flatten(), r[1].flatten(), r[2].flatten()});
+            }, in),
+            "");
+}
+
 TEST(CpuFusedMixGradcheck, Sinkhorn) {
   torch::manual_seed(51);
   torch::Tensor z = Var(torch::randn({3, 4, 4}, kF64));
@@ -424,6 +488,14 @@ TEST(CpuFusedIsa, Avx2AndBaselineBuildsAgree) {
          return v ? cpu_fused::avx2::RmsProject(in[0], in[1], 1e-6)
                   : cpu_fused::generic::RmsProject(in[0], in[1], 1e-6);
        }},
+      {"MhcRoute", {h, torch::randn({n * d, n * n + 2 * n}) * 0.05, torch::rand({3}) + 0.1,
+                    torch::randn({n * n + 2 * n})},
+       [](bool v, auto& in) {
+         std::vector<torch::Tensor> r =
+             v ? cpu_fused::avx2::MhcRoute(in[0], in[1], in[2], in[3], 4, 1e-6)
+               : cpu_fused::generic::MhcRoute(in[0], in[1], in[2], in[3], 4, 1e-6);
+         return torch::cat({r[0].flatten(), r[1].flatten(), r[2].flatten()});
+       }},
       {"Sinkhorn", {z}, [](bool v, auto& in) {
          return v ? cpu_fused::avx2::Sinkhorn(in[0], 20, 1e-6) : cpu_fused::generic::Sinkhorn(in[0], 20, 1e-6);
        }},
@@ -461,6 +533,10 @@ TEST(CpuFusedMixDispatch, OpsUseTheKernelsOnCpuAndTheReferencesOtherwise) {
   EXPECT_TRUE(torch::equal(SinkhornOp(z, 20, 1e-6), cpu_fused::Sinkhorn(z, 20, 1e-6)));
   EXPECT_TRUE(torch::equal(AttnResMixOp(src, q, kg, og, 1e-6),
                            cpu_fused::AttnResMix(src, q, kg, og, 1e-6)));
+  torch::Tensor phi = torch::randn({32, 24}) * 0.1, gains = torch::rand({3}) + 0.1,
+                bias = torch::randn({24});
+  EXPECT_TRUE(torch::equal(MhcRouteOp(h, phi, gains, bias, 4, 1e-6).x,
+                           cpu_fused::MhcRoute(h, phi, gains, bias, 4, 1e-6)[0]));
   EXPECT_NE(FusedOpsDescription().find("Sinkhorn"), std::string::npos) << FusedOpsDescription();
 
   // Logits beyond the exp domain's range take the log-domain reference.
@@ -472,6 +548,13 @@ TEST(CpuFusedMixDispatch, OpsUseTheKernelsOnCpuAndTheReferencesOtherwise) {
   EXPECT_TRUE(torch::equal(HcReadOp(hb, read), reference::HcRead(hb, read)));
 
   SetFusedOpsEnabled(false);
+  {
+    MhcRouteTensors r = MhcRouteOp(h, phi, gains, bias, 4, 1e-6);
+    MhcCoefficientTensors c =
+        MhcCoefficientsOp(RmsProjectComposite(h.flatten(-2), phi, 1e-6), gains, bias, 4);
+    EXPECT_TRUE(torch::equal(r.x, reference::HcRead(h, c.read)));
+    EXPECT_TRUE(torch::equal(r.logits, c.logits));
+  }
   EXPECT_TRUE(torch::equal(RmsProjectOp(h, w, 1e-6), RmsProjectComposite(h, w, 1e-6)));
   EXPECT_TRUE(torch::equal(HcReadOp(h, read), reference::HcRead(h, read)));
   EXPECT_TRUE(torch::equal(HcWriteOp(h, a, b, y), reference::HcWrite(h, a, b, y)));
@@ -501,6 +584,15 @@ TEST(CpuFusedMixDispatch, BadShapesAreRejectedWithTheFieldNamed) {
   } catch (const c10::Error& e) {
     EXPECT_NE(std::string(e.what()).find("RmsProjectOp: w"), std::string::npos) << e.what();
   }
+  try {
+    MhcRouteOp(torch::randn({2, 4, 8}), torch::randn({31, 24}), torch::ones({3}), torch::zeros({24}), 4, 1e-6);
+    FAIL() << "no error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("MhcRouteOp: phi"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(cpu_fused::MhcRoute(torch::randn({2, 4, 8}), torch::randn({32, 24}), torch::ones({2}),
+                                   torch::zeros({24}), 4, 1e-6),
+               c10::Error);
   EXPECT_THROW(cpu_fused::Sinkhorn(torch::randn({2, 3, 4}), 20, 1e-6), c10::Error);
   EXPECT_THROW(cpu_fused::AttnResMix({torch::randn({2, 8}), torch::randn({3, 8})}, torch::Tensor(),
                                      torch::Tensor(), torch::ones({8}), 1e-6),

@@ -62,21 +62,21 @@ class MhcConnectorImpl : public torch::nn::Module {
   template <typename Branch>
   torch::Tensor forward(const torch::Tensor& h, Branch&& branch, torch::Tensor* residual_map) {
     const int64_t n = n_;
-    torch::Tensor read, write, map;
+    torch::Tensor x, write, map;
     {
       AutocastOffGuard fp32_routing;  // coefficients and Sinkhorn stay fp32
-      // RMS over the flattened n*d values, then Phi: one fused pass on CPU.
-      torch::Tensor u = RmsProjectOp(h.to(torch::kFloat32).flatten(-2), phi, kNormEps);  // [B,T,m]
-      // Group gains, bias, the two sigmoids and the residual logits: one
-      // fused op on CPU (cuda_ops MhcCoefficientsOp).
-      MhcCoefficientTensors c = MhcCoefficientsOp(u, gains, bias, n);
-      read = c.read;
-      write = c.write;
+      // RMS over the flattened n*d values, then Phi; group gains, bias, the
+      // two sigmoids and the residual logits; the read sum_r read_r H_r.
+      // One fused function on CPU (cuda_ops MhcRouteOp; the read is
+      // element-wise, which autocast leaves alone either way).
+      MhcRouteTensors r = MhcRouteOp(h, phi, gains, bias, n, kNormEps);
+      x = r.x;
+      write = r.write;
       // Fused Sinkhorn on CUDA and CPU (cuda_ops SinkhornOp).
-      map = SinkhornOp(c.logits, kSinkhornIterations, kSinkhornEps);  // [B,T,n,n]
+      map = SinkhornOp(r.logits, kSinkhornIterations, kSinkhornEps);  // [B,T,n,n]
     }
     if (residual_map != nullptr) *residual_map = map.detach();
-    torch::Tensor y = branch(HcReadOp(h, read));
+    torch::Tensor y = branch(x);
     // out_t = sum_s map[s, t] h_s + write_t y, i.e. map^T h + write y.
     return HcWriteOp(h, map, write, y);
   }
