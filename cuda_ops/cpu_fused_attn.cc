@@ -81,6 +81,31 @@ inline void RowTimesTransposed(const T* __restrict a, const T* __restrict mt, in
   }
 }
 
+// Two query rows at once (s0, s1 as RowTimesTransposed's s): each key block
+// is loaded once for both rows, which halves the loads per product (one row
+// at a time, the loop is bound by its loads).
+template <typename T, int HD>
+inline void TwoRowsTimesTransposed(const T* __restrict a0, const T* __restrict a1,
+                                   const T* __restrict mt, int64_t hd_rt, int64_t tp, int64_t n,
+                                   T* __restrict s0, T* __restrict s1) {
+  const int64_t hd = HD > 0 ? HD : hd_rt;
+  for (int64_t j0 = 0; j0 < n; j0 += kBlock) {
+    T acc0[kBlock] = {}, acc1[kBlock] = {};
+    for (int64_t c = 0; c < hd; ++c) {
+      const T x0 = a0[c], x1 = a1[c];
+      const T* m = mt + c * tp + j0;
+      for (int k = 0; k < kBlock; ++k) {
+        acc0[k] += x0 * m[k];
+        acc1[k] += x1 * m[k];
+      }
+    }
+    for (int k = 0; k < kBlock; ++k) {
+      s0[j0 + k] = acc0[k];
+      s1[j0 + k] = acc1[k];
+    }
+  }
+}
+
 // 8 floats as a GCC vector (lowered to two SSE halves in the baseline
 // build): the head-dim loops below are a few vectors long, and GCC's
 // auto-vectoriser left them scalar (aliasing between rows it cannot rule
@@ -275,29 +300,44 @@ void Forward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& k
   const int64_t hd = HD > 0 ? HD : sh.hd, T_len = sh.T, S = sh.S, tp = RoundUp(T_len);
   const T sc = static_cast<T>(scale);
   at::parallel_for(0, sh.B * sh.KV, 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> kt(static_cast<size_t>(hd * tp)), s(static_cast<size_t>(tp + S)),
-        qs(static_cast<size_t>(hd));
+    // Scores of two query rows (row r at s + r * (tp + S)), their scaled
+    // queries at qs + r * hd.
+    std::vector<T> kt(static_cast<size_t>(hd * tp)), sb(static_cast<size_t>(2 * (tp + S))),
+        qs(static_cast<size_t>(2 * hd));
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / sh.KV, g = task % sh.KV;
       Transpose(kr, b, g, T_len, hd, tp, kt.data());
       for (int64_t h = g * sh.group(); h < (g + 1) * sh.group(); ++h) {
-        for (int64_t i = 0; i < T_len; ++i) {
-          const T* qi = qr.at(b, h, i);
-          for (int64_t c = 0; c < hd; ++c) qs[c] = qi[c] * sc;
-          RowTimesTransposed<T, HD>(qs.data(), kt.data(), hd, tp, RoundUp(i + 1), s.data());
-          // Depth scores after the i + 1 sequence scores.
-          const int64_t depth_row = ((b * sh.H + h) * T_len + i) * S;
-          T* e = s.data() + i + 1;
-          for (int64_t j = 0; j < S; ++j) e[j] = DotHd<T, HD>(qs.data(), dkp + (depth_row + j) * hd, hd);
-          const int64_t n = i + 1 + S;
-          const T m = RowMax(s.data(), n);
-          const T sum = ExpShiftSum(s.data(), n, m);
-          T* o = op + ((b * T_len + i) * sh.H + h) * hd;
-          WeightedRowSum<T, HD>(s.data(), i + 1, vr.at(b, g, 0), vr.st, o, hd);
-          for (int64_t j = 0; j < S; ++j) AxpyHd<T, HD>(e[j], dvp + (depth_row + j) * hd, o, hd);
-          const T inv = T(1) / sum;
-          for (int64_t c = 0; c < hd; ++c) o[c] *= inv;
-          lp[(b * sh.H + h) * T_len + i] = m + std::log(sum);
+        for (int64_t i0 = 0; i0 < T_len; i0 += 2) {
+          const int64_t rows = std::min<int64_t>(2, T_len - i0);
+          for (int64_t r = 0; r < rows; ++r) {
+            const T* qi = qr.at(b, h, i0 + r);
+            for (int64_t c = 0; c < hd; ++c) qs[r * hd + c] = qi[c] * sc;
+          }
+          if (rows == 2) {
+            TwoRowsTimesTransposed<T, HD>(qs.data(), qs.data() + hd, kt.data(), hd, tp,
+                                          RoundUp(i0 + 2), sb.data(), sb.data() + tp + S);
+          } else {
+            RowTimesTransposed<T, HD>(qs.data(), kt.data(), hd, tp, RoundUp(i0 + 1), sb.data());
+          }
+          for (int64_t r = 0; r < rows; ++r) {
+            const int64_t i = i0 + r;
+            T* s = sb.data() + r * (tp + S);
+            const T* qsi = qs.data() + r * hd;
+            // Depth scores after the i + 1 sequence scores.
+            const int64_t depth_row = ((b * sh.H + h) * T_len + i) * S;
+            T* e = s + i + 1;
+            for (int64_t j = 0; j < S; ++j) e[j] = DotHd<T, HD>(qsi, dkp + (depth_row + j) * hd, hd);
+            const int64_t n = i + 1 + S;
+            const T m = RowMax(s, n);
+            const T sum = ExpShiftSum(s, n, m);
+            T* o = op + ((b * T_len + i) * sh.H + h) * hd;
+            WeightedRowSum<T, HD>(s, i + 1, vr.at(b, g, 0), vr.st, o, hd);
+            for (int64_t j = 0; j < S; ++j) AxpyHd<T, HD>(e[j], dvp + (depth_row + j) * hd, o, hd);
+            const T inv = T(1) / sum;
+            for (int64_t c = 0; c < hd; ++c) o[c] *= inv;
+            lp[(b * sh.H + h) * T_len + i] = m + std::log(sum);
+          }
         }
       }
     }
@@ -342,15 +382,14 @@ void Backward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& 
       for (int64_t h = g * sh.group(); h < (g + 1) * sh.group(); ++h) {
         for (int64_t i0 = 0; i0 < T_len; i0 += kRows) {
           const int64_t n = std::min<int64_t>(i0 + kRows, T_len);  // keys the block sees
+          // Scaled queries and output gradients of the block's rows (zeros
+          // past the end), then their score rows P and dO v^T rows (in DS)
+          // two rows at a time, up to the block's last key.
           for (int r = 0; r < kRows; ++r) {
-            T* p = P.data() + r * tp;
-            T* ds = DS.data() + r * tp;
             T* qs = qsb.data() + r * hd;
             T* go = gob.data() + r * hd;
             const int64_t i = i0 + r;
-            if (i >= T_len) {  // past the end: a block row of zeros
-              std::fill(p, p + n, T(0));
-              std::fill(ds, ds + n, T(0));
+            if (i >= T_len) {
               std::fill(qs, qs + hd, T(0));
               std::fill(go, go + hd, T(0));
               continue;
@@ -359,9 +398,29 @@ void Backward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& 
             for (int64_t c = 0; c < hd; ++c) qs[c] = qi[c] * sc;
             const T* goi = gop + ((b * T_len + i) * sh.H + h) * hd;
             std::copy(goi, goi + hd, go);
-            const int64_t n_blk = RoundUp(i + 1);
+          }
+          const int64_t n_blk = RoundUp(n);
+          static_assert(kRows % 2 == 0, "rows are scored in pairs");
+          for (int r = 0; r < kRows; r += 2) {
+            TwoRowsTimesTransposed<T, HD>(qsb.data() + r * hd, qsb.data() + (r + 1) * hd, kt.data(),
+                                          hd, tp, n_blk, P.data() + r * tp,
+                                          P.data() + (r + 1) * tp);
+            TwoRowsTimesTransposed<T, HD>(gob.data() + r * hd, gob.data() + (r + 1) * hd, vt.data(),
+                                          hd, tp, n_blk, DS.data() + r * tp,
+                                          DS.data() + (r + 1) * tp);
+          }
+          for (int r = 0; r < kRows; ++r) {
+            T* p = P.data() + r * tp;
+            T* ds = DS.data() + r * tp;
+            const T* qs = qsb.data() + r * hd;
+            const T* go = gob.data() + r * hd;
+            const int64_t i = i0 + r;
+            if (i >= T_len) {  // past the end: a block row of zeros
+              std::fill(p, p + n, T(0));
+              std::fill(ds, ds + n, T(0));
+              continue;
+            }
             // Probabilities, recomputed: exp(score - log-sum-exp).
-            RowTimesTransposed<T, HD>(qs, kt.data(), hd, tp, n_blk, p);
             const int64_t depth_row = ((b * sh.H + h) * T_len + i) * S;
             for (int64_t j = 0; j < S; ++j) pe[j] = DotHd<T, HD>(qs, dkp + (depth_row + j) * hd, hd);
             const T l = lp[(b * sh.H + h) * T_len + i];
@@ -369,7 +428,6 @@ void Backward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& 
             if (S > 0) ExpShiftSum(pe.data(), S, l);
             // dP = dO v^T; dS = P (dP - rowsum(dO o)).
             const T D = DotHd<T, HD>(go, op + ((b * T_len + i) * sh.H + h) * hd, hd);
-            RowTimesTransposed<T, HD>(go, vt.data(), hd, tp, n_blk, ds);
             for (int64_t j = 0; j <= i; ++j) ds[j] = p[j] * (ds[j] - D);
             for (int64_t j = i + 1; j < n; ++j) p[j] = ds[j] = T(0);
             for (int64_t j = 0; j < S; ++j) {
