@@ -63,27 +63,12 @@ struct Rows {
   const T* at(int64_t b, int64_t h, int64_t t) const { return p + b * sb + h * sh + t * st; }
 };
 
-// s[j] = sum_c a[c] * mt[c * tp + j] for j < n (n a multiple of kBlock, mt
-// zero-padded to tp columns): one query row against kBlock transposed keys
-// at a time.
-template <typename T, int HD>
-inline void RowTimesTransposed(const T* __restrict a, const T* __restrict mt, int64_t hd_rt, int64_t tp, int64_t n,
-                               T* __restrict s) {
-  const int64_t hd = HD > 0 ? HD : hd_rt;
-  for (int64_t j0 = 0; j0 < n; j0 += kBlock) {
-    T acc[kBlock] = {};
-    for (int64_t c = 0; c < hd; ++c) {
-      const T ac = a[c];
-      const T* m = mt + c * tp + j0;
-      for (int k = 0; k < kBlock; ++k) acc[k] += ac * m[k];
-    }
-    for (int k = 0; k < kBlock; ++k) s[j0 + k] = acc[k];
-  }
-}
-
-// Two query rows at once (s0, s1 as RowTimesTransposed's s): each key block
-// is loaded once for both rows, which halves the loads per product (one row
-// at a time, the loop is bound by its loads).
+// s0[j] = sum_c a0[c] * mt[c * tp + j] and s1 likewise from a1, for j < n
+// (n a multiple of kBlock, mt zero-padded to tp columns): two query rows
+// against kBlock transposed keys at a time, partial sums in registers
+// across the head dim. Each key block is loaded once for both rows, which
+// halves the loads per product (one row at a time, the loop is bound by its
+// loads).
 template <typename T, int HD>
 inline void TwoRowsTimesTransposed(const T* __restrict a0, const T* __restrict a1,
                                    const T* __restrict mt, int64_t hd_rt, int64_t tp, int64_t n,
@@ -310,16 +295,14 @@ void Forward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& k
       for (int64_t h = g * sh.group(); h < (g + 1) * sh.group(); ++h) {
         for (int64_t i0 = 0; i0 < T_len; i0 += 2) {
           const int64_t rows = std::min<int64_t>(2, T_len - i0);
+          // An odd last row is scored beside a row of zeros (discarded).
+          if (rows == 1) std::fill(qs.begin() + hd, qs.end(), T(0));
           for (int64_t r = 0; r < rows; ++r) {
             const T* qi = qr.at(b, h, i0 + r);
             for (int64_t c = 0; c < hd; ++c) qs[r * hd + c] = qi[c] * sc;
           }
-          if (rows == 2) {
-            TwoRowsTimesTransposed<T, HD>(qs.data(), qs.data() + hd, kt.data(), hd, tp,
-                                          RoundUp(i0 + 2), sb.data(), sb.data() + tp + S);
-          } else {
-            RowTimesTransposed<T, HD>(qs.data(), kt.data(), hd, tp, RoundUp(i0 + 1), sb.data());
-          }
+          TwoRowsTimesTransposed<T, HD>(qs.data(), qs.data() + hd, kt.data(), hd, tp,
+                                        RoundUp(i0 + rows), sb.data(), sb.data() + tp + S);
           for (int64_t r = 0; r < rows; ++r) {
             const int64_t i = i0 + r;
             T* s = sb.data() + r * (tp + S);
@@ -457,7 +440,7 @@ void Backward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& 
 
 // Head dims compiled with a constant trip count (the dot/axpy loops unroll);
 // others run the same code with the dim at run time.
-template <typename T, typename Fn>
+template <typename Fn>
 void WithHeadDim(int64_t hd, Fn&& fn) {
   switch (hd) {
     case 16: fn(std::integral_constant<int, 16>{}); break;
@@ -488,7 +471,7 @@ class CausalAttentionFunction : public torch::autograd::Function<CausalAttention
     torch::Tensor out = torch::empty({sh.B, sh.T, sh.H * sh.hd}, q.options());
     torch::Tensor lse = torch::empty({sh.B, sh.H, sh.T}, q.options());
     AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "cpu_fused::CausalAttention", [&] {
-      WithHeadDim<scalar_t>(sh.hd, [&](auto hd_c) {
+      WithHeadDim(sh.hd, [&](auto hd_c) {
         Forward<scalar_t, decltype(hd_c)::value>(sh, q, k, v, dk, dv, scale, out, lse);
       });
     });
@@ -516,7 +499,7 @@ class CausalAttentionFunction : public torch::autograd::Function<CausalAttention
       gdv = torch::empty_like(dv);
     }
     AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "cpu_fused::CausalAttentionBackward", [&] {
-      WithHeadDim<scalar_t>(sh.hd, [&](auto hd_c) {
+      WithHeadDim(sh.hd, [&](auto hd_c) {
         Backward<scalar_t, decltype(hd_c)::value>(sh, q, k, v, dk, dv, scale, out, lse, dout, gq,
                                                   gk, gv, gdk, gdv);
       });

@@ -16,8 +16,8 @@
 
 #include <unistd.h>
 
-#include "nlohmann/json.hpp"
 #include "cuda_ops/ops.h"
+#include "nlohmann/json.hpp"
 #include "tests/golden/golden_io.h"
 #include "trainer_core/arch.h"
 #include "trainer_core/batcher.h"

@@ -2,10 +2,7 @@
 
 #include "cuda_ops/ops.h"
 
-#include <algorithm>
 #include <cmath>
-#include <cstdlib>
-#include <limits>
 #include <vector>
 
 namespace depthbench {
@@ -122,10 +119,8 @@ torch::Tensor AttentionImpl::ForwardWithDepth(
   torch::Tensor k = q_k[1], v = Heads(qk_v[1], KV);
   if (own_kv != nullptr) *own_kv = {ExpandKv(k), ExpandKv(v)};
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
-  const bool with_depth = !depth.empty();
-  torch::Tensor out =
-      CausalAttentionOp(q_k[0], k, v, with_depth ? depth.keys : torch::Tensor(),
-                        with_depth ? depth.values : torch::Tensor(), scale);
+  // Undefined or empty (S = 0) depth lists are plain causal attention.
+  torch::Tensor out = CausalAttentionOp(q_k[0], k, v, depth.keys, depth.values, scale);
   return o_proj->forward(out);
 }
 
