@@ -1,7 +1,8 @@
-// The fused CPU RMSNorm (cpu_fused.h); compiled once per ISA
-// (cpu_fused_isa.h), the entry point is in cpu_fused_dispatch.cc.
+// The fused CPU RMSNorm and SwiGLU gate (cpu_fused.h); compiled once per ISA
+// (cpu_fused_isa.h), the entry points are in cpu_fused_dispatch.cc.
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -9,6 +10,7 @@
 #include "cuda_ops/cpu_fused_isa.h"
 // Last: the ISA of this object (cpu_fused_isa.h).
 #include "cuda_ops/cpu_fused_target.h"
+#include "cuda_ops/cpu_fused_vec.h"
 
 namespace depthbench {
 namespace cpu_fused {
@@ -112,7 +114,117 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
   }
 };
 
+// The SwiGLU gate on 8 lanes: sigmoid(g) from exp(-|g|) <= 1 (Exp8's
+// range), then y = g sigmoid(g) u and, given dy, the two gradients.
+struct SwiGlu8 {
+  V8f g, u, s;  // s = sigmoid(g)
+  SwiGlu8(V8f g_in, V8f u_in) : g(g_in), u(u_in) {
+    const V8f zero = Broadcast8(0.0f);
+    const V8f e = Exp8(g < zero ? g : -g);
+    const V8f inv = 1.0f / (1.0f + e);
+    s = g < zero ? e * inv : inv;
+  }
+  V8f y() const { return g * s * u; }
+  V8f du(V8f dy) const { return dy * g * s; }
+  V8f dg(V8f dy) const { return dy * u * s * (1.0f + g * (1.0f - s)); }
+};
+
+// fn(c, lanes) over one row of n floats in 8-lane chunks; the last partial
+// chunk goes through zero-padded copies (lanes < 8).
+template <typename Fn>
+inline void Chunks8(int64_t n, Fn&& fn) {
+  int64_t c = 0;
+  for (; c + 8 <= n; c += 8) fn(c, 8);
+  if (c < n) fn(c, static_cast<int>(n - c));
+}
+inline V8f LoadN(const float* p, int lanes) {
+  if (lanes == 8) return Load8(p);
+  float b[8] = {};
+  std::copy(p, p + lanes, b);
+  return Load8(b);
+}
+inline void StoreN(float* p, V8f v, int lanes) {
+  if (lanes == 8) return Store8(p, v);
+  float b[8];
+  Store8(b, v);
+  std::copy(b, b + lanes, p);
+}
+
+// One row: gate g and up u (F each) -> y; float on 8 lanes, double scalar.
+inline void SwiGluRow(const float* g, const float* u, int64_t F, float* y) {
+  Chunks8(F, [&](int64_t c, int lanes) {
+    StoreN(y + c, SwiGlu8(LoadN(g + c, lanes), LoadN(u + c, lanes)).y(), lanes);
+  });
+}
+inline void SwiGluRow(const double* g, const double* u, int64_t F, double* y) {
+  for (int64_t c = 0; c < F; ++c) y[c] = g[c] / (1.0 + std::exp(-g[c])) * u[c];
+}
+inline void SwiGluBackwardRow(const float* g, const float* u, const float* dy, int64_t F,
+                              float* dg, float* du) {
+  Chunks8(F, [&](int64_t c, int lanes) {
+    const SwiGlu8 v(LoadN(g + c, lanes), LoadN(u + c, lanes));
+    const V8f d = LoadN(dy + c, lanes);
+    StoreN(dg + c, v.dg(d), lanes);
+    StoreN(du + c, v.du(d), lanes);
+  });
+}
+inline void SwiGluBackwardRow(const double* g, const double* u, const double* dy, int64_t F,
+                              double* dg, double* du) {
+  for (int64_t c = 0; c < F; ++c) {
+    const double s = 1.0 / (1.0 + std::exp(-g[c]));
+    du[c] = dy[c] * g[c] * s;
+    dg[c] = dy[c] * u[c] * s * (1.0 + g[c] * (1.0 - s));
+  }
+}
+
+class SwiGluPackedFunction : public torch::autograd::Function<SwiGluPackedFunction> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& gu_in) {
+    torch::Tensor gu = gu_in.contiguous();
+    const int64_t F = gu.size(-1) / 2, rows = gu.numel() / std::max<int64_t>(2 * F, 1);
+    std::vector<int64_t> sizes = gu.sizes().vec();
+    sizes.back() = F;
+    torch::Tensor y = torch::empty(sizes, gu.options());
+    AT_DISPATCH_FLOATING_TYPES(gu.scalar_type(), "cpu_fused::SwiGluPacked", [&] {
+      const scalar_t* p = gu.data_ptr<scalar_t>();
+      scalar_t* yp = y.data_ptr<scalar_t>();
+      at::parallel_for(0, rows, RowGrain(2 * F), [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+          SwiGluRow(p + r * 2 * F, p + r * 2 * F + F, F, yp + r * F);
+        }
+      });
+    });
+    ctx->save_for_backward({gu});
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const torch::Tensor gu = ctx->get_saved_variables()[0];
+    torch::Tensor dy = grads[0].contiguous();
+    const int64_t F = gu.size(-1) / 2, rows = gu.numel() / std::max<int64_t>(2 * F, 1);
+    torch::Tensor dgu = torch::empty_like(gu);
+    AT_DISPATCH_FLOATING_TYPES(gu.scalar_type(), "cpu_fused::SwiGluPackedBackward", [&] {
+      const scalar_t* p = gu.data_ptr<scalar_t>();
+      const scalar_t* dyp = dy.data_ptr<scalar_t>();
+      scalar_t* dp = dgu.data_ptr<scalar_t>();
+      at::parallel_for(0, rows, RowGrain(2 * F), [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+          const int64_t o = r * 2 * F;
+          SwiGluBackwardRow(p + o, p + o + F, dyp + r * F, F, dp + o, dp + o + F);
+        }
+      });
+    });
+    return {dgu};
+  }
+};
+
 }  // namespace
+
+torch::Tensor SwiGluPacked(const torch::Tensor& gu) {
+  TORCH_CHECK(gu.dim() >= 1 && gu.size(-1) % 2 == 0,
+              "SwiGluPacked: gu needs [..., 2 F] (gate, then up), has ", gu.sizes());
+  return SwiGluPackedFunction::apply(gu);
+}
 
 torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
   return RmsNormFunction::apply(x, weight, eps);

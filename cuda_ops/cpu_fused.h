@@ -9,9 +9,10 @@
 // On the issue-2 benchmark model that is part of what puts depthbench-train
 // ahead of PyTorch eager (bench/RESULTS.md).
 //
-// Not fused on CPU: the SwiGLU gate. Its sigmoid needs exp per element, and
-// ATen's vectorised (Sleef) silu beats a plain loop by more than the passes
-// saved.
+// Also the SwiGLU gate on the packed gate/up projection: one pass each way
+// with an 8-lane exp (cpu_fused_vec.h; a libm exp per element lost to
+// ATen's vectorised silu), and one gradient for the packed input where
+// chunk + silu * up return two halves for autograd to concatenate.
 //
 // float32 and float64 (the latter for gradcheck), any shape with the
 // normalised dimension last; inputs are made contiguous. No double
@@ -34,6 +35,9 @@ bool Supports(std::initializer_list<const torch::Tensor*> tensors);
 
 // y = x * rsqrt(mean(x^2, -1) + eps) * weight; weight [d], x [..., d].
 torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+
+// silu(gu[..., :F]) * gu[..., F:] for gu [..., 2 F] -> [..., F].
+torch::Tensor SwiGluPacked(const torch::Tensor& gu);
 
 // The multi-stream mixing ops of HC/mHC and AttnRes (issue 18), same math as
 // their references in cuda_ops/reference.h and their CUDA kernels, each one
@@ -73,6 +77,14 @@ std::vector<torch::Tensor> MhcCoefficients(const torch::Tensor& u, const torch::
 std::vector<torch::Tensor> MhcRoute(const torch::Tensor& h, const torch::Tensor& phi,
                                     const torch::Tensor& gains, const torch::Tensor& bias,
                                     int64_t n, double eps);
+// The HC connector's routing up to its read in one function: u =
+// RmsProject(h [..., n, d], w [d, n + 2]) per stream, (a, b) =
+// HcCoefficients(u, ...) and x = HcRead(h, a[..., 0]); returns {x [..., d],
+// ar = a[..., 1:] [..., n, n], b [..., n]} and one gradient for h.
+std::vector<torch::Tensor> HcRoute(const torch::Tensor& h, const torch::Tensor& w,
+                                   const torch::Tensor& static_a, const torch::Tensor& static_b,
+                                   const torch::Tensor& gain_a, const torch::Tensor& gain_b,
+                                   double eps);
 // Sinkhorn-Knopp of logits [..., n, n] (n <= kMaxSinkhornStreams, iterations
 // <= kMaxSinkhornIterations), computed per matrix in double in the exp
 // domain: P = exp(z), then P /= (row sums + eps), P /= (column sums + eps),
@@ -109,6 +121,22 @@ torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k,
 void CheckCausalAttentionShapes(const char* op, const torch::Tensor& q, const torch::Tensor& k,
                                 const torch::Tensor& v, const torch::Tensor& depth_keys,
                                 const torch::Tensor& depth_values);
+// The same attention from the packed projection qkv [B, T, H + 2 KV, hd]
+// (query heads, then key heads, then value heads, per token: the fused
+// Q/K/V linear's output viewed per head), with the rotary embedding applied
+// to q and k inside the kernel: q_t <- q_t cos[t] + swap(q_t) sin[t] with
+// swap exchanging the two halves of the head dim, cos and sin [T, hd]
+// (trainer_core's Rope tables, the sign of rotate_half in sin), likewise k.
+// Its backward returns one gradient for qkv (none for the tables, which
+// must not require one). Returns [B, T, H * hd].
+torch::Tensor CausalAttentionQkv(const torch::Tensor& qkv, int64_t heads, int64_t kv_heads,
+                                 const torch::Tensor& cos, const torch::Tensor& sin,
+                                 const torch::Tensor& depth_keys,
+                                 const torch::Tensor& depth_values, double scale);
+void CheckCausalAttentionQkvShapes(const char* op, const torch::Tensor& qkv, int64_t heads,
+                                   int64_t kv_heads, const torch::Tensor& cos,
+                                   const torch::Tensor& sin, const torch::Tensor& depth_keys,
+                                   const torch::Tensor& depth_values);
 
 }  // namespace cpu_fused
 }  // namespace depthbench

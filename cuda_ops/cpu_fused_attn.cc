@@ -22,17 +22,20 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "cuda_ops/cpu_fused.h"
 #include "cuda_ops/cpu_fused_isa.h"
 // Last: the ISA of this object (cpu_fused_isa.h).
 #include "cuda_ops/cpu_fused_target.h"
+#include "cuda_ops/cpu_fused_vec.h"
 
 namespace depthbench {
 namespace cpu_fused {
@@ -62,6 +65,49 @@ struct Rows {
       : p(t.data_ptr<T>()), sb(t.stride(0)), sh(t.stride(1)), st(t.stride(2)) {}
   const T* at(int64_t b, int64_t h, int64_t t) const { return p + b * sb + h * sh + t * st; }
 };
+// The same for a gradient written through any strides (the views of one
+// packed q/k/v gradient).
+template <typename T>
+struct OutRows {
+  T* p;
+  int64_t sb, sh, st;
+  explicit OutRows(torch::Tensor& t)
+      : p(t.data_ptr<T>()), sb(t.stride(0)), sh(t.stride(1)), st(t.stride(2)) {}
+  T* at(int64_t b, int64_t h, int64_t t) const { return p + b * sb + h * sh + t * st; }
+};
+
+// Rotary embedding tables [T, hd] (trainer_core's Rope: cos, and sin with
+// the first half negated): rope_t(x)[c] = x[c] cos[t][c] + x[c'] sin[t][c]
+// with c' the same position in the other half. Null: q and k are used as
+// given.
+template <typename T>
+struct RopeTables {
+  const T* cos = nullptr;
+  const T* sin = nullptr;
+  explicit operator bool() const { return cos != nullptr; }
+};
+
+// y = mul rope_t(x) for one row (cs, sn: row t of the tables).
+template <typename T, int HD>
+inline void RopeRow(const T* __restrict x, const T* __restrict cs, const T* __restrict sn,
+                    int64_t hd_rt, T mul, T* __restrict y) {
+  const int64_t half = (HD > 0 ? HD : hd_rt) / 2;
+  for (int64_t c = 0; c < half; ++c) {
+    y[c] = (x[c] * cs[c] + x[c + half] * sn[c]) * mul;
+    y[c + half] = (x[c + half] * cs[c + half] + x[c] * sn[c + half]) * mul;
+  }
+}
+
+// y = mul rope_t^T(g), the adjoint: g cos plus the other half's g sin.
+template <typename T, int HD>
+inline void RopeAdjointRow(const T* __restrict g, const T* __restrict cs, const T* __restrict sn,
+                           int64_t hd_rt, T mul, T* __restrict y) {
+  const int64_t half = (HD > 0 ? HD : hd_rt) / 2;
+  for (int64_t c = 0; c < half; ++c) {
+    y[c] = (g[c] * cs[c] + g[c + half] * sn[c + half]) * mul;
+    y[c + half] = (g[c + half] * cs[c + half] + g[c] * sn[c]) * mul;
+  }
+}
 
 // s0[j] = sum_c a0[c] * mt[c * tp + j] and s1 likewise from a1, for j < n
 // (n a multiple of kBlock, mt zero-padded to tp columns): two query rows
@@ -91,23 +137,6 @@ inline void TwoRowsTimesTransposed(const T* __restrict a0, const T* __restrict a
   }
 }
 
-// 8 floats as a GCC vector (lowered to two SSE halves in the baseline
-// build): the head-dim loops below are a few vectors long, and GCC's
-// auto-vectoriser left them scalar (aliasing between rows it cannot rule
-// out, and the exp's clamp as control flow).
-// The vectors never cross a non-inline call (everything here is inline in
-// one file), so the ABI note for 32-byte vectors without AVX does not apply.
-#pragma GCC diagnostic ignored "-Wpsabi"
-typedef float V8f __attribute__((vector_size(32)));
-typedef int32_t V8i __attribute__((vector_size(32)));
-inline V8f Load8(const float* p) {
-  V8f v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-inline void Store8(float* p, V8f v) { std::memcpy(p, &v, sizeof v); }
-inline V8f Broadcast8(float x) { return V8f{} + x; }
-
 // Whether the head-dim loops of a float kernel with head dim HD run on V8f.
 template <typename T, int HD>
 constexpr bool kVec8 = std::is_same_v<T, float> && HD > 0 && HD % 8 == 0;
@@ -118,7 +147,7 @@ inline T DotHd(const T* a, const T* b, int64_t hd_rt) {
     V8f acc = Load8(a) * Load8(b);
 #pragma GCC unroll 16
     for (int c = 8; c < HD; c += 8) acc += Load8(a + c) * Load8(b + c);
-    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    return Sum8(acc);
   } else {
     const int64_t hd = HD > 0 ? HD : hd_rt;
     T sum = 0;
@@ -192,33 +221,6 @@ inline void RankUpdate(const T* coef, int64_t ld, const T* vecs, int64_t n, T* d
   }
 }
 
-// exp(x) of 8 floats for x <= 0 (softmax terms after the max or log-sum-exp
-// shift): 2^n by the exponent bits times a degree-6 polynomial on the
-// remainder (Cephes' expf coefficients; relative error about 1e-7, as
-// Sleef's u10 exp behind ATen's softmax). Inputs below -87 give exp(-87) ~
-// 1.6e-38 instead of a denormal or zero. A libm call per element kept these
-// loops scalar and cost a third of the kernel.
-inline V8f Exp8(V8f x) {
-  const V8f lo = Broadcast8(-87.0f);
-  x = x < lo ? lo : x;
-  // n = round(x / ln 2) by adding and subtracting 1.5 * 2^23.
-  const V8f magic = Broadcast8(12582912.0f);
-  const V8f n = (x * 1.44269504088896341f + magic) - magic;
-  V8f r = x - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  V8f p = Broadcast8(1.9875691500e-4f);
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const V8i bits = (__builtin_convertvector(n, V8i) + 127) << 23;
-  V8f scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return p * scale;
-}
-
 // s[j] = exp(s[j] - shift) for j < n; returns the sum of the new values.
 inline float ExpShiftSum(float* s, int64_t n, float shift) {
   const V8f sh = Broadcast8(shift);
@@ -229,7 +231,7 @@ inline float ExpShiftSum(float* s, int64_t n, float shift) {
     Store8(s + j, e);
     acc += e;
   }
-  float sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  float sum = Sum8(acc);
   if (j < n) {
     float tail[8] = {};
     for (int64_t k = j; k < n; ++k) tail[k - j] = s[k] - shift;
@@ -262,21 +264,43 @@ inline T RowMax(const T* __restrict s, int64_t n) {
   return m;
 }
 
-// mt[c * tp + t] = rows(b, h, t)[c], zero for t >= T.
+// mt[c * tp + t] = rows(b, h, t)[c] (rotated by the tables if given), zero
+// for t >= T.
 template <typename T>
 void Transpose(const Rows<T>& rows, int64_t b, int64_t h, int64_t T_len, int64_t hd, int64_t tp,
-               T* mt) {
+               const RopeTables<T>& rope, T* mt) {
   std::fill(mt, mt + hd * tp, T(0));
+  const int64_t half = hd / 2;
   for (int64_t t = 0; t < T_len; ++t) {
     const T* r = rows.at(b, h, t);
-    for (int64_t c = 0; c < hd; ++c) mt[c * tp + t] = r[c];
+    if (rope) {
+      const T *cs = rope.cos + t * hd, *sn = rope.sin + t * hd;
+      for (int64_t c = 0; c < half; ++c) {
+        mt[c * tp + t] = r[c] * cs[c] + r[c + half] * sn[c];
+        mt[(c + half) * tp + t] = r[c + half] * cs[c + half] + r[c] * sn[c + half];
+      }
+    } else {
+      for (int64_t c = 0; c < hd; ++c) mt[c * tp + t] = r[c];
+    }
+  }
+}
+
+// qs = scale rope_i(q row (b, h, i)), or scale q without tables.
+template <typename T, int HD>
+inline void ScaledQuery(const Rows<T>& qr, const RopeTables<T>& rope, int64_t b, int64_t h,
+                        int64_t i, int64_t hd, T sc, T* qs) {
+  const T* qi = qr.at(b, h, i);
+  if (rope) {
+    RopeRow<T, HD>(qi, rope.cos + i * hd, rope.sin + i * hd, hd, sc, qs);
+  } else {
+    for (int64_t c = 0; c < hd; ++c) qs[c] = qi[c] * sc;
   }
 }
 
 template <typename T, int HD>
 void Forward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& k,
              const torch::Tensor& v, const torch::Tensor& dk, const torch::Tensor& dv,
-             double scale, torch::Tensor& out, torch::Tensor& lse) {
+             double scale, const RopeTables<T>& rope, torch::Tensor& out, torch::Tensor& lse) {
   const Rows<T> qr(q), kr(k), vr(v);
   const T* dkp = sh.S > 0 ? dk.data_ptr<T>() : nullptr;
   const T* dvp = sh.S > 0 ? dv.data_ptr<T>() : nullptr;
@@ -291,15 +315,14 @@ void Forward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& k
         qs(static_cast<size_t>(2 * hd));
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / sh.KV, g = task % sh.KV;
-      Transpose(kr, b, g, T_len, hd, tp, kt.data());
+      Transpose(kr, b, g, T_len, hd, tp, rope, kt.data());
       for (int64_t h = g * sh.group(); h < (g + 1) * sh.group(); ++h) {
         for (int64_t i0 = 0; i0 < T_len; i0 += 2) {
           const int64_t rows = std::min<int64_t>(2, T_len - i0);
           // An odd last row is scored beside a row of zeros (discarded).
           if (rows == 1) std::fill(qs.begin() + hd, qs.end(), T(0));
           for (int64_t r = 0; r < rows; ++r) {
-            const T* qi = qr.at(b, h, i0 + r);
-            for (int64_t c = 0; c < hd; ++c) qs[r * hd + c] = qi[c] * sc;
+            ScaledQuery<T, HD>(qr, rope, b, h, i0 + r, hd, sc, qs.data() + r * hd);
           }
           TwoRowsTimesTransposed<T, HD>(qs.data(), qs.data() + hd, kt.data(), hd, tp,
                                         RoundUp(i0 + rows), sb.data(), sb.data() + tp + S);
@@ -330,18 +353,17 @@ void Forward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& k
 template <typename T, int HD>
 void Backward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& k,
               const torch::Tensor& v, const torch::Tensor& dk, const torch::Tensor& dv,
-              double scale, const torch::Tensor& out, const torch::Tensor& lse,
-              const torch::Tensor& dout, torch::Tensor& gq, torch::Tensor& gk, torch::Tensor& gv,
-              torch::Tensor& gdk, torch::Tensor& gdv) {
+              double scale, const RopeTables<T>& rope, const torch::Tensor& out,
+              const torch::Tensor& lse, const torch::Tensor& dout, torch::Tensor& gq,
+              torch::Tensor& gk, torch::Tensor& gv, torch::Tensor& gdk, torch::Tensor& gdv) {
   const Rows<T> qr(q), kr(k), vr(v);
   const T* dkp = sh.S > 0 ? dk.data_ptr<T>() : nullptr;
   const T* dvp = sh.S > 0 ? dv.data_ptr<T>() : nullptr;
   const T* op = out.data_ptr<T>();
   const T* lp = lse.data_ptr<T>();
   const T* gop = dout.data_ptr<T>();
-  T* gqp = gq.data_ptr<T>();  // [B, H, T, hd]
-  T* gkp = gk.data_ptr<T>();  // [B, KV, T, hd]
-  T* gvp = gv.data_ptr<T>();
+  // [B, H, T, hd] and [B, KV, T, hd] through their strides.
+  const OutRows<T> gqr(gq), gkr(gk), gvr(gv);
   T* gdkp = sh.S > 0 ? gdk.data_ptr<T>() : nullptr;  // [B, H, T, S, hd]
   T* gdvp = sh.S > 0 ? gdv.data_ptr<T>() : nullptr;
   const int64_t hd = HD > 0 ? HD : sh.hd, T_len = sh.T, S = sh.S, tp = RoundUp(T_len);
@@ -353,15 +375,29 @@ void Backward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& 
     std::vector<T> kt(static_cast<size_t>(hd * tp)), vt(static_cast<size_t>(hd * tp)),
         P(static_cast<size_t>(kRows * tp)), DS(static_cast<size_t>(kRows * tp)),
         qsb(static_cast<size_t>(kRows * hd)), gob(static_cast<size_t>(kRows * hd)),
-        pe(static_cast<size_t>(S)), dse(static_cast<size_t>(S));
+        pe(static_cast<size_t>(S)), dse(static_cast<size_t>(S)), gqb(static_cast<size_t>(hd)),
+        gk_task(static_cast<size_t>(T_len * hd)), gv_task(static_cast<size_t>(T_len * hd)),
+        krot(rope ? static_cast<size_t>(T_len * hd) : 0);
+    const RopeTables<T> none;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / sh.KV, g = task % sh.KV;
-      Transpose(kr, b, g, T_len, hd, tp, kt.data());
-      Transpose(vr, b, g, T_len, hd, tp, vt.data());
-      T* gk_task = gkp + task * T_len * hd;
-      T* gv_task = gvp + task * T_len * hd;
-      std::fill(gk_task, gk_task + T_len * hd, T(0));
-      std::fill(gv_task, gv_task + T_len * hd, T(0));
+      Transpose(kr, b, g, T_len, hd, tp, rope, kt.data());
+      Transpose(vr, b, g, T_len, hd, tp, none, vt.data());
+      // Rows of the (rotated) keys for dq.
+      const T* k_rows = kr.at(b, g, 0);
+      int64_t k_stride = kr.st;
+      if (rope) {
+        for (int64_t t = 0; t < T_len; ++t) {
+          RopeRow<T, HD>(kr.at(b, g, t), rope.cos + t * hd, rope.sin + t * hd, hd, T(1),
+                         krot.data() + t * hd);
+        }
+        k_rows = krot.data();
+        k_stride = hd;
+      }
+      // The task's key and value gradients (of the rotated keys), summed
+      // over its query heads, then written out (rotated back) below.
+      std::fill(gk_task.begin(), gk_task.end(), T(0));
+      std::fill(gv_task.begin(), gv_task.end(), T(0));
       for (int64_t h = g * sh.group(); h < (g + 1) * sh.group(); ++h) {
         for (int64_t i0 = 0; i0 < T_len; i0 += kRows) {
           const int64_t n = std::min<int64_t>(i0 + kRows, T_len);  // keys the block sees
@@ -377,8 +413,7 @@ void Backward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& 
               std::fill(go, go + hd, T(0));
               continue;
             }
-            const T* qi = qr.at(b, h, i);
-            for (int64_t c = 0; c < hd; ++c) qs[c] = qi[c] * sc;
+            ScaledQuery<T, HD>(qr, rope, b, h, i, hd, sc, qs);
             const T* goi = gop + ((b * T_len + i) * sh.H + h) * hd;
             std::copy(goi, goi + hd, go);
           }
@@ -416,9 +451,9 @@ void Backward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& 
             for (int64_t j = 0; j < S; ++j) {
               dse[j] = pe[j] * (DotHd<T, HD>(go, dvp + (depth_row + j) * hd, hd) - D);
             }
-            // dq = scale (dS k + dS_depth k_depth).
-            T* gqi = gqp + ((b * sh.H + h) * T_len + i) * hd;
-            WeightedRowSum<T, HD>(ds, i + 1, kr.at(b, g, 0), kr.st, gqi, hd);
+            // dq = scale rope_i^T(dS k + dS_depth k_depth), k rotated.
+            T* gqi = gqb.data();
+            WeightedRowSum<T, HD>(ds, i + 1, k_rows, k_stride, gqi, hd);
             for (int64_t j = 0; j < S; ++j) {
               const int64_t off = (depth_row + j) * hd;
               AxpyHd<T, HD>(dse[j], dkp + off, gqi, hd);
@@ -427,12 +462,27 @@ void Backward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& 
                 gdvp[off + c] = pe[j] * go[c];
               }
             }
-            for (int64_t c = 0; c < hd; ++c) gqi[c] *= sc;
+            T* gq_row = gqr.at(b, h, i);
+            if (rope) {
+              RopeAdjointRow<T, HD>(gqi, rope.cos + i * hd, rope.sin + i * hd, hd, sc, gq_row);
+            } else {
+              for (int64_t c = 0; c < hd; ++c) gq_row[c] = gqi[c] * sc;
+            }
           }
           // dk_j += sum_r dS_rj scale q_r; dv_j += sum_r P_rj dO_r.
-          RankUpdate<T, HD>(DS.data(), tp, qsb.data(), n, gk_task, hd);
-          RankUpdate<T, HD>(P.data(), tp, gob.data(), n, gv_task, hd);
+          RankUpdate<T, HD>(DS.data(), tp, qsb.data(), n, gk_task.data(), hd);
+          RankUpdate<T, HD>(P.data(), tp, gob.data(), n, gv_task.data(), hd);
         }
+      }
+      for (int64_t t = 0; t < T_len; ++t) {
+        const T* gk_t = gk_task.data() + t * hd;
+        if (rope) {
+          RopeAdjointRow<T, HD>(gk_t, rope.cos + t * hd, rope.sin + t * hd, hd, T(1),
+                                gkr.at(b, g, t));
+        } else {
+          std::copy(gk_t, gk_t + hd, gkr.at(b, g, t));
+        }
+        std::copy(gv_task.data() + t * hd, gv_task.data() + (t + 1) * hd, gvr.at(b, g, t));
       }
     }
   });
@@ -454,6 +504,62 @@ torch::Tensor LastDimContiguous(const torch::Tensor& t) {
   return t.stride(-1) == 1 ? t : t.contiguous();
 }
 
+// Runs the kernels for q [B, H, T, hd], k and v [B, KV, T, hd] (views of any
+// strides, last dim contiguous) and optional rope tables [T, hd] (undefined:
+// none); dk, dv the depth lists or undefined.
+struct AttnArgs {
+  torch::Tensor q, k, v, dk, dv, cos, sin;
+  double scale;
+  AttnShape shape() const {
+    return {q.size(0), q.size(1), k.size(1), q.size(2), q.size(3), dk.defined() ? dk.size(3) : 0};
+  }
+};
+
+template <typename T>
+RopeTables<T> TablesOf(const AttnArgs& a) {
+  RopeTables<T> r;
+  if (a.cos.defined()) {
+    r.cos = a.cos.data_ptr<T>();
+    r.sin = a.sin.data_ptr<T>();
+  }
+  return r;
+}
+
+// -> {out [B, T, H * hd], lse [B, H, T]}
+std::pair<torch::Tensor, torch::Tensor> AttnForward(const AttnArgs& a) {
+  const AttnShape sh = a.shape();
+  torch::Tensor out = torch::empty({sh.B, sh.T, sh.H * sh.hd}, a.q.options());
+  torch::Tensor lse = torch::empty({sh.B, sh.H, sh.T}, a.q.options());
+  AT_DISPATCH_FLOATING_TYPES(a.q.scalar_type(), "cpu_fused::CausalAttention", [&] {
+    WithHeadDim(sh.hd, [&](auto hd_c) {
+      Forward<scalar_t, decltype(hd_c)::value>(sh, a.q, a.k, a.v, a.dk, a.dv, a.scale,
+                                               TablesOf<scalar_t>(a), out, lse);
+    });
+  });
+  return {out, lse};
+}
+
+// Writes gq, gk, gv (any strides) and, with depth, returns {gdk, gdv}.
+std::pair<torch::Tensor, torch::Tensor> AttnBackward(const AttnArgs& a, const torch::Tensor& out,
+                                                     const torch::Tensor& lse,
+                                                     const torch::Tensor& dout, torch::Tensor& gq,
+                                                     torch::Tensor& gk, torch::Tensor& gv) {
+  const AttnShape sh = a.shape();
+  torch::Tensor gdk, gdv;
+  if (sh.S > 0) {
+    gdk = torch::empty_like(a.dk);
+    gdv = torch::empty_like(a.dv);
+  }
+  AT_DISPATCH_FLOATING_TYPES(a.q.scalar_type(), "cpu_fused::CausalAttentionBackward", [&] {
+    WithHeadDim(sh.hd, [&](auto hd_c) {
+      Backward<scalar_t, decltype(hd_c)::value>(sh, a.q, a.k, a.v, a.dk, a.dv, a.scale,
+                                                TablesOf<scalar_t>(a), out, lse, dout, gq, gk,
+                                                gv, gdk, gdv);
+    });
+  });
+  return {gdk, gdv};
+}
+
 class CausalAttentionFunction : public torch::autograd::Function<CausalAttentionFunction> {
  public:
   // has_depth false: depth_keys and depth_values are empty placeholders
@@ -466,45 +572,66 @@ class CausalAttentionFunction : public torch::autograd::Function<CausalAttention
                   v = LastDimContiguous(v_in);
     torch::Tensor dk = has_depth ? dk_in.contiguous() : torch::Tensor();
     torch::Tensor dv = has_depth ? dv_in.contiguous() : torch::Tensor();
-    const AttnShape sh{q.size(0), q.size(1), k.size(1), q.size(2), q.size(3),
-                       has_depth ? dk.size(3) : 0};
-    torch::Tensor out = torch::empty({sh.B, sh.T, sh.H * sh.hd}, q.options());
-    torch::Tensor lse = torch::empty({sh.B, sh.H, sh.T}, q.options());
-    AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "cpu_fused::CausalAttention", [&] {
-      WithHeadDim(sh.hd, [&](auto hd_c) {
-        Forward<scalar_t, decltype(hd_c)::value>(sh, q, k, v, dk, dv, scale, out, lse);
-      });
-    });
+    auto [out, lse] = AttnForward({q, k, v, dk, dv, {}, {}, scale});
     ctx->save_for_backward({q, k, v, dk, dv, out, lse});
     ctx->saved_data["scale"] = scale;
-    ctx->saved_data["has_depth"] = has_depth;
     return out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     variable_list saved = ctx->get_saved_variables();
-    const torch::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &dk = saved[3],
-                        &dv = saved[4], &out = saved[5], &lse = saved[6];
-    const double scale = ctx->saved_data["scale"].toDouble();
-    const bool has_depth = ctx->saved_data["has_depth"].toBool();
-    torch::Tensor dout = grads[0].contiguous();
-    const AttnShape sh{q.size(0), q.size(1), k.size(1), q.size(2), q.size(3),
-                       has_depth ? dk.size(3) : 0};
-    torch::Tensor gq = torch::empty({sh.B, sh.H, sh.T, sh.hd}, q.options());
-    torch::Tensor gk = torch::empty({sh.B, sh.KV, sh.T, sh.hd}, q.options());
-    torch::Tensor gv = torch::empty({sh.B, sh.KV, sh.T, sh.hd}, q.options());
-    torch::Tensor gdk, gdv;
-    if (has_depth) {
-      gdk = torch::empty_like(dk);
-      gdv = torch::empty_like(dv);
-    }
-    AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "cpu_fused::CausalAttentionBackward", [&] {
-      WithHeadDim(sh.hd, [&](auto hd_c) {
-        Backward<scalar_t, decltype(hd_c)::value>(sh, q, k, v, dk, dv, scale, out, lse, dout, gq,
-                                                  gk, gv, gdk, gdv);
-      });
-    });
+    const AttnArgs a{saved[0], saved[1], saved[2], saved[3], saved[4], {}, {},
+                     ctx->saved_data["scale"].toDouble()};
+    const AttnShape sh = a.shape();
+    torch::Tensor gq = torch::empty({sh.B, sh.H, sh.T, sh.hd}, a.q.options());
+    torch::Tensor gk = torch::empty({sh.B, sh.KV, sh.T, sh.hd}, a.q.options());
+    torch::Tensor gv = torch::empty({sh.B, sh.KV, sh.T, sh.hd}, a.q.options());
+    auto [gdk, gdv] = AttnBackward(a, saved[5], saved[6], grads[0].contiguous(), gq, gk, gv);
     return {gq, gk, gv, gdk, gdv, torch::Tensor(), torch::Tensor()};
+  }
+};
+
+// q, k and v heads of a packed [B, T, H + 2 KV, hd] tensor, as
+// [B, heads, T, hd] views.
+std::array<torch::Tensor, 3> QkvHeads(const torch::Tensor& qkv, int64_t H, int64_t KV) {
+  return {qkv.narrow(2, 0, H).transpose(1, 2), qkv.narrow(2, H, KV).transpose(1, 2),
+          qkv.narrow(2, H + KV, KV).transpose(1, 2)};
+}
+
+// The attention of a packed projection with the rotary embedding applied to
+// q and k on the fly: one gradient tensor for all three (no rotated copies,
+// and no concatenation of three gradients in the backward).
+class CausalAttentionQkvFunction : public torch::autograd::Function<CausalAttentionQkvFunction> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& qkv_in,
+                               const torch::Tensor& cos_in, const torch::Tensor& sin_in,
+                               const torch::Tensor& dk_in, const torch::Tensor& dv_in,
+                               int64_t heads, int64_t kv_heads, double scale, bool has_depth) {
+    torch::Tensor qkv = LastDimContiguous(qkv_in);
+    torch::Tensor cos = cos_in.contiguous(), sin = sin_in.contiguous();
+    torch::Tensor dk = has_depth ? dk_in.contiguous() : torch::Tensor();
+    torch::Tensor dv = has_depth ? dv_in.contiguous() : torch::Tensor();
+    auto [q, k, v] = QkvHeads(qkv, heads, kv_heads);
+    auto [out, lse] = AttnForward({q, k, v, dk, dv, cos, sin, scale});
+    ctx->save_for_backward({qkv, cos, sin, dk, dv, out, lse});
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["heads"] = heads;
+    ctx->saved_data["kv_heads"] = kv_heads;
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list saved = ctx->get_saved_variables();
+    const torch::Tensor& qkv = saved[0];
+    const int64_t H = ctx->saved_data["heads"].toInt(), KV = ctx->saved_data["kv_heads"].toInt();
+    auto [q, k, v] = QkvHeads(qkv, H, KV);
+    const AttnArgs a{q, k, v, saved[3], saved[4], saved[1], saved[2],
+                     ctx->saved_data["scale"].toDouble()};
+    torch::Tensor gqkv = torch::empty(qkv.sizes(), qkv.options());
+    auto [gq, gk, gv] = QkvHeads(gqkv, H, KV);
+    auto [gdk, gdv] = AttnBackward(a, saved[5], saved[6], grads[0].contiguous(), gq, gk, gv);
+    return {gqkv,           torch::Tensor(), torch::Tensor(), gdk, gdv, torch::Tensor(),
+            torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -519,6 +646,21 @@ torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k,
   }
   torch::Tensor none = torch::empty({0}, q.options());
   return CausalAttentionFunction::apply(q, k, v, none, none, scale, false);
+}
+
+torch::Tensor CausalAttentionQkv(const torch::Tensor& qkv, int64_t heads, int64_t kv_heads,
+                                 const torch::Tensor& cos, const torch::Tensor& sin,
+                                 const torch::Tensor& depth_keys,
+                                 const torch::Tensor& depth_values, double scale) {
+  CheckCausalAttentionQkvShapes("CausalAttentionQkv", qkv, heads, kv_heads, cos, sin, depth_keys,
+                                depth_values);
+  if (depth_keys.defined()) {
+    return CausalAttentionQkvFunction::apply(qkv, cos, sin, depth_keys, depth_values, heads,
+                                             kv_heads, scale, true);
+  }
+  torch::Tensor none = torch::empty({0}, qkv.options());
+  return CausalAttentionQkvFunction::apply(qkv, cos, sin, none, none, heads, kv_heads, scale,
+                                           false);
 }
 
 }  // namespace DEPTHBENCH_CPU_FUSED_ISA

@@ -93,8 +93,35 @@ void CheckCausalAttentionShapes(const char* op, const torch::Tensor& q, const to
   }
 }
 
+void CheckCausalAttentionQkvShapes(const char* op, const torch::Tensor& qkv, int64_t heads,
+                                   int64_t kv_heads, const torch::Tensor& cos,
+                                   const torch::Tensor& sin, const torch::Tensor& depth_keys,
+                                   const torch::Tensor& depth_values) {
+  TORCH_CHECK(heads >= 1 && kv_heads >= 1 && heads % kv_heads == 0, op, ": heads (", heads,
+              ") must be a positive multiple of kv_heads (", kv_heads, ")");
+  TORCH_CHECK(qkv.dim() == 4 && qkv.size(2) == heads + 2 * kv_heads, op,
+              ": qkv needs [B, T, heads + 2 kv_heads = ", heads + 2 * kv_heads,
+              ", head_dim], has ", qkv.sizes());
+  const int64_t T = qkv.size(1), hd = qkv.size(3);
+  TORCH_CHECK(hd % 2 == 0, op, ": the rotary embedding needs an even head_dim, qkv has ", hd);
+  TORCH_CHECK(cos.dim() == 2 && cos.sizes() == sin.sizes() && cos.size(0) == T && cos.size(1) == hd,
+              op, ": cos ", cos.sizes(), " and sin ", sin.sizes(), " must be [T = ", T,
+              ", head_dim = ", hd, "]");
+  TORCH_CHECK(cos.scalar_type() == qkv.scalar_type() && sin.scalar_type() == qkv.scalar_type(), op,
+              ": cos and sin must have qkv's dtype ", qkv.scalar_type());
+  TORCH_CHECK(!cos.requires_grad() && !sin.requires_grad(), op,
+              ": cos and sin are tables and take no gradient");
+  CheckCausalAttentionShapes(op, qkv.narrow(2, 0, heads).transpose(1, 2),
+                             qkv.narrow(2, heads, kv_heads).transpose(1, 2),
+                             qkv.narrow(2, heads + kv_heads, kv_heads).transpose(1, 2), depth_keys,
+                             depth_values);
+}
+
 torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
   return DEPTHBENCH_CPU_FUSED_CALL(RmsNorm, x, weight, eps);
+}
+torch::Tensor SwiGluPacked(const torch::Tensor& gu) {
+  return DEPTHBENCH_CPU_FUSED_CALL(SwiGluPacked, gu);
 }
 torch::Tensor HcRead(const torch::Tensor& h, const torch::Tensor& read) {
   return DEPTHBENCH_CPU_FUSED_CALL(HcRead, h, read);
@@ -121,6 +148,12 @@ std::vector<torch::Tensor> MhcRoute(const torch::Tensor& h, const torch::Tensor&
                                     int64_t n, double eps) {
   return DEPTHBENCH_CPU_FUSED_CALL(MhcRoute, h, phi, gains, bias, n, eps);
 }
+std::vector<torch::Tensor> HcRoute(const torch::Tensor& h, const torch::Tensor& w,
+                                   const torch::Tensor& static_a, const torch::Tensor& static_b,
+                                   const torch::Tensor& gain_a, const torch::Tensor& gain_b,
+                                   double eps) {
+  return DEPTHBENCH_CPU_FUSED_CALL(HcRoute, h, w, static_a, static_b, gain_a, gain_b, eps);
+}
 torch::Tensor Sinkhorn(const torch::Tensor& logits, int iterations, double eps) {
   return DEPTHBENCH_CPU_FUSED_CALL(Sinkhorn, logits, iterations, eps);
 }
@@ -134,6 +167,14 @@ torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k,
                               const torch::Tensor& v, const torch::Tensor& depth_keys,
                               const torch::Tensor& depth_values, double scale) {
   return DEPTHBENCH_CPU_FUSED_CALL(CausalAttention, q, k, v, depth_keys, depth_values, scale);
+}
+
+torch::Tensor CausalAttentionQkv(const torch::Tensor& qkv, int64_t heads, int64_t kv_heads,
+                                 const torch::Tensor& cos, const torch::Tensor& sin,
+                                 const torch::Tensor& depth_keys,
+                                 const torch::Tensor& depth_values, double scale) {
+  return DEPTHBENCH_CPU_FUSED_CALL(CausalAttentionQkv, qkv, heads, kv_heads, cos, sin, depth_keys,
+                                   depth_values, scale);
 }
 
 #undef DEPTHBENCH_CPU_FUSED_CALL

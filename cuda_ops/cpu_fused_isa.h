@@ -22,6 +22,7 @@
 #define DEPTHBENCH_CPU_FUSED_KERNELS(isa)                                                     \
   namespace isa {                                                                            \
   torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps);    \
+  torch::Tensor SwiGluPacked(const torch::Tensor& gu);                                        \
   torch::Tensor HcRead(const torch::Tensor& h, const torch::Tensor& read);                    \
   torch::Tensor HcWrite(const torch::Tensor& h, const torch::Tensor& a, const torch::Tensor& b, \
                         const torch::Tensor& y);                                              \
@@ -35,6 +36,10 @@
   std::vector<torch::Tensor> MhcRoute(const torch::Tensor& h, const torch::Tensor& phi,     \
                                       const torch::Tensor& gains, const torch::Tensor& bias, \
                                       int64_t n, double eps);                                \
+  std::vector<torch::Tensor> HcRoute(const torch::Tensor& h, const torch::Tensor& w,          \
+                                     const torch::Tensor& static_a, const torch::Tensor& static_b, \
+                                     const torch::Tensor& gain_a, const torch::Tensor& gain_b, \
+                                     double eps);                                            \
   torch::Tensor Sinkhorn(const torch::Tensor& logits, int iterations, double eps);            \
   torch::Tensor AttnResMix(const std::vector<torch::Tensor>& sources, const torch::Tensor& query, \
                            const torch::Tensor& key_gain, const torch::Tensor& out_gain,      \
@@ -42,6 +47,10 @@
   torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k,                \
                                 const torch::Tensor& v, const torch::Tensor& depth_keys,       \
                                 const torch::Tensor& depth_values, double scale);              \
+  torch::Tensor CausalAttentionQkv(const torch::Tensor& qkv, int64_t heads, int64_t kv_heads,    \
+                                   const torch::Tensor& cos, const torch::Tensor& sin,           \
+                                   const torch::Tensor& depth_keys,                              \
+                                   const torch::Tensor& depth_values, double scale);             \
   /* Threads at::parallel_for ran a 64-task loop on, as compiled in this object. */          \
   int ParallelForThreads();                                                                  \
   }

@@ -280,11 +280,15 @@ Projection ProjectRows(const torch::Tensor& x2, const torch::Tensor& wt, double 
 
 // The rows kernel of ProjectBackward: du_row(r, scratch) returns row r of du
 // ([m]; it may compute it into `scratch`, m values of this thread's own).
-// readp/dreadp: the fused HcRead term, or null.
+// readp/dreadp: the fused HcRead term, or null: row r holds n streams of
+// k / n values and belongs to token r / rows_per_token, whose read gradient
+// is dreadp[token * k / n ...]; stream s of row r gets readp[r n + s] times it
+// (mHC: a row is a token's n streams; HC: a row is one stream, n = 1).
 template <typename T, typename DuRow>
 void ProjectBackwardRows(const T* xp, const T* wp, const T* rp, const T* upp, int64_t rows,
                          int64_t k, int64_t m, const T* readp, const T* dreadp, int64_t n,
-                         std::vector<double>& partial, T* dxp, const DuRow& du_row) {
+                         int64_t rows_per_token, std::vector<double>& partial, T* dxp,
+                         const DuRow& du_row) {
   const int64_t d = k / n;
   at::parallel_for(0, rows, Grain(3 * m * k), [&](int64_t begin, int64_t end) {
     double* acc = partial.data() + at::get_thread_num() * m * k;
@@ -325,7 +329,8 @@ void ProjectBackwardRows(const T* xp, const T* wp, const T* rp, const T* upp, in
         }
         for (; j < m; ++j) Axpy(dq[j], wp + j * k, o, k);
         if (readp != nullptr) {
-          for (int64_t s = 0; s < n; ++s) Axpy(readp[r * n + s], dreadp + r * d, o + s * d, d);
+          const T* dr = dreadp + (r / rows_per_token) * d;
+          for (int64_t s = 0; s < n; ++s) Axpy(readp[r * n + s], dr, o + s * d, d);
         }
       }
       // dw^T rows += the group's kGroup rank-1 terms: one load and store
@@ -363,7 +368,7 @@ std::pair<torch::Tensor, torch::Tensor> ProjectBackward(const torch::Tensor& x2,
     const scalar_t* gp = du.data_ptr<scalar_t>();
     ProjectBackwardRows<scalar_t>(
         x2.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(), rs.data_ptr<scalar_t>(),
-        u.data_ptr<scalar_t>(), rows, k, m, nullptr, nullptr, 1, partial,
+        u.data_ptr<scalar_t>(), rows, k, m, nullptr, nullptr, 1, 1, partial,
         dx.data_ptr<scalar_t>(), [gp, m](int64_t r, scalar_t*) { return gp + r * m; });
   });
   return {dx, SumPartials(partial, threads, m * k, {m, k}, x2.scalar_type())};
@@ -411,6 +416,33 @@ torch::Tensor ContiguousOrUndefined(const torch::Tensor& g) {
   return g.defined() ? g.contiguous() : torch::Tensor();
 }
 
+// One stream's HC coefficients from its projection ur [n + 2] (sa: its row
+// of static_a [n + 1], sb: its static_b): ar [n + 1], *b.
+template <typename T>
+inline void HcCoefficientsRow(const T* ur, const T* sa, T sb, T ga, T gb, int64_t n, T* ar, T* b) {
+  for (int64_t j = 0; j <= n; ++j) ar[j] = sa[j] + ga * std::tanh(ur[j]);
+  *b = sb + gb * std::tanh(ur[n + 1]);
+}
+
+// Its backward for da [n + 1] (null: zero) and db: dur [n + 2]; adds to
+// acc_sa [n + 1] (this stream's row of dstatic_a), *acc_sb and acc_g
+// (dgain_a, dgain_b).
+template <typename T>
+inline void HcCoefficientsBackwardRow(const T* ur, T ga, T gb, const T* da, T db, int64_t n,
+                                      T* dur, double* acc_sa, double* acc_sb, double* acc_g) {
+  for (int64_t j = 0; j <= n; ++j) {
+    const T t = std::tanh(ur[j]);
+    const T g = da ? da[j] : T(0);
+    dur[j] = ga * g * (1 - t * t);
+    acc_sa[j] += g;
+    acc_g[0] += static_cast<double>(g) * t;
+  }
+  const T t = std::tanh(ur[n + 1]);
+  dur[n + 1] = gb * db * (1 - t * t);
+  *acc_sb += db;
+  acc_g[1] += static_cast<double>(db) * t;
+}
+
 // HC: from the projection u [rows, n, n + 2], per stream s and column j,
 //   a[s, j] = static_a[s, j] + gain_a tanh(u[s, j])     (j <= n)
 //   b[s]    = static_b[s]    + gain_b tanh(u[s, n + 1])
@@ -446,10 +478,8 @@ class HcCoefficientsFunction : public torch::autograd::Function<HcCoefficientsFu
       at::parallel_for(0, rows, Grain(4 * n * m), [&](int64_t begin, int64_t end) {
         for (int64_t r = begin; r < end; ++r) {
           for (int64_t st = 0; st < n; ++st) {
-            const scalar_t* ur = up + (r * n + st) * m;
-            scalar_t* ar = ap + (r * n + st) * (n + 1);
-            for (int64_t j = 0; j <= n; ++j) ar[j] = sap[st * (n + 1) + j] + ga * std::tanh(ur[j]);
-            bp[r * n + st] = sbp[st] + gb * std::tanh(ur[n + 1]);
+            HcCoefficientsRow(up + (r * n + st) * m, sap + st * (n + 1), sbp[st], ga, gb, n,
+                              ap + (r * n + st) * (n + 1), bp + r * n + st);
           }
         }
       });
@@ -483,20 +513,10 @@ class HcCoefficientsFunction : public torch::autograd::Function<HcCoefficientsFu
         double* acc_g = acc_sb + n;
         for (int64_t r = begin; r < end; ++r) {
           for (int64_t st = 0; st < n; ++st) {
-            const scalar_t* ur = up + (r * n + st) * m;
-            scalar_t* dur = dup + (r * n + st) * m;
-            for (int64_t j = 0; j <= n; ++j) {
-              const scalar_t t = std::tanh(ur[j]);
-              const scalar_t g = dap ? dap[(r * n + st) * (n + 1) + j] : scalar_t(0);
-              dur[j] = ga * g * (1 - t * t);
-              acc[st * (n + 1) + j] += g;
-              acc_g[0] += static_cast<double>(g) * t;
-            }
-            const scalar_t t = std::tanh(ur[n + 1]);
-            const scalar_t g = dbp ? dbp[r * n + st] : scalar_t(0);
-            dur[n + 1] = gb * g * (1 - t * t);
-            acc_sb[st] += g;
-            acc_g[1] += static_cast<double>(g) * t;
+            const int64_t row = r * n + st;
+            HcCoefficientsBackwardRow(up + row * m, ga, gb, dap ? dap + row * (n + 1) : nullptr,
+                                      dbp ? dbp[row] : scalar_t(0), n, dup + row * m,
+                                      acc + st * (n + 1), acc_sb + st, acc_g);
           }
         }
       });
@@ -754,7 +774,7 @@ class MhcRouteFunction : public torch::autograd::Function<MhcRouteFunction> {
         return scratch;
       };
       ProjectBackwardRows<scalar_t>(hp, wt.data_ptr<scalar_t>(), rs.data_ptr<scalar_t>(), up,
-                                    rows, k, m, dxp ? rp : nullptr, dxp, n, partial_w,
+                                    rows, k, m, dxp ? rp : nullptr, dxp, n, 1, partial_w,
                                     dh.data_ptr<scalar_t>(), du_row);
     });
     torch::Tensor dwt = SumPartials(partial_w, threads, m * k, {m, k}, x2.scalar_type());
@@ -763,6 +783,125 @@ class MhcRouteFunction : public torch::autograd::Function<MhcRouteFunction> {
             sums.narrow(0, 0, 3).reshape(gains.sizes()),
             sums.narrow(0, 3, m).reshape(ctx->saved_data["bias_sizes"].toIntVector()),
             torch::Tensor(), torch::Tensor()};
+  }
+};
+
+// ------------------------------------------------------------- HC route
+
+// The HC connector's routing up to its read, as one function: per stream,
+// u = RmsProject(h_s, w) with w = [dynamic_a | dynamic_b] [d, n + 2], the
+// coefficients a = static_a + gain_a tanh(u[:n + 1]), b = static_b +
+// gain_b tanh(u[n + 1]), and x = sum_s a[s, 0] h_s: one pass over each
+// token's streams each way and one stream gradient, where RmsProject,
+// HcCoefficients and HcRead return two for autograd to add (as the mHC
+// route). Outputs the residual mix a[:, 1:] and b for HcWrite.
+class HcRouteFunction : public torch::autograd::Function<HcRouteFunction> {
+ public:
+  // h [..., n, d] -> {x [..., d], ar [..., n, n], b [..., n]}.
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& h_in,
+                               const torch::Tensor& w, const torch::Tensor& static_a_in,
+                               const torch::Tensor& static_b_in, const torch::Tensor& gain_a,
+                               const torch::Tensor& gain_b, double eps) {
+    torch::Tensor h = h_in.contiguous();
+    torch::Tensor sa = static_a_in.contiguous(), sb = static_b_in.contiguous();
+    const int64_t n = sb.numel();
+    TORCH_CHECK(n >= 1 && n <= kMaxRouteStreams && h.dim() >= 2 && h.size(-2) == n,
+                "HcRoute: h has ", h.sizes(), ", expected [..., ", n, ", d] for ", n,
+                " streams (at most ", kMaxRouteStreams, ")");
+    const int64_t d = h.size(-1), m = n + 2, tokens = h.numel() / std::max<int64_t>(n * d, 1);
+    TORCH_CHECK(w.dim() == 2 && w.size(0) == d && w.size(1) == m, "HcRoute: w has ", w.sizes(),
+                ", expected [", d, ", ", m, "]");
+    TORCH_CHECK(sa.numel() == n * (n + 1), "HcRoute: static_a has ", sa.sizes(), ", expected [",
+                n, ", ", n + 1, "]");
+    TORCH_CHECK(gain_a.numel() == 1 && gain_b.numel() == 1,
+                "HcRoute: gain_a and gain_b must hold one value each");
+    torch::Tensor x2 = h.reshape({tokens * n, d});
+    torch::Tensor wt = w.t().contiguous();  // [m, d]
+    const auto opts = h.options();
+    torch::Tensor rs = torch::empty({tokens * n, 1}, opts), u = torch::empty({tokens * n, m}, opts);
+    torch::Tensor read = torch::empty({tokens, n}, opts), b = torch::empty({tokens, n}, opts);
+    torch::Tensor ar = torch::empty({tokens, n, n}, opts);
+    std::vector<int64_t> x_sizes(h.sizes().begin(), h.sizes().end() - 2);
+    x_sizes.push_back(d);
+    torch::Tensor x = torch::empty(x_sizes, opts);
+    AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "cpu_fused::HcRoute", [&] {
+      const scalar_t* hp = x2.data_ptr<scalar_t>();
+      const scalar_t* wp = wt.data_ptr<scalar_t>();
+      const scalar_t* sap = sa.data_ptr<scalar_t>();
+      const scalar_t* sbp = sb.data_ptr<scalar_t>();
+      const scalar_t ga = gain_a.item<scalar_t>(), gb = gain_b.item<scalar_t>();
+      scalar_t *rsp = rs.data_ptr<scalar_t>(), *up = u.data_ptr<scalar_t>();
+      scalar_t *rp = read.data_ptr<scalar_t>(), *bp = b.data_ptr<scalar_t>();
+      scalar_t *arp = ar.data_ptr<scalar_t>(), *xp = x.data_ptr<scalar_t>();
+      at::parallel_for(0, tokens, Grain((m + 2) * n * d), [&](int64_t begin, int64_t end) {
+        scalar_t a_row[kMaxRouteStreams + 1];
+        for (int64_t t = begin; t < end; ++t) {
+          for (int64_t s = 0; s < n; ++s) {
+            const int64_t row = t * n + s;
+            ProjectRow(hp + row * d, wp, d, m, eps, rsp + row, up + row * m);
+            HcCoefficientsRow(up + row * m, sap + s * (n + 1), sbp[s], ga, gb, n, a_row, bp + row);
+            rp[row] = a_row[0];
+            std::copy(a_row + 1, a_row + n + 1, arp + row * n);
+          }
+          ReadRow(hp + t * n * d, rp + t * n, n, d, xp + t * d);
+        }
+      });
+    });
+    ctx->save_for_backward({x2, wt, rs, u, read, gain_a, gain_b});
+    ctx->saved_data["h_sizes"] = h.sizes();
+    ctx->saved_data["static_a_sizes"] = static_a_in.sizes();
+    ctx->saved_data["static_b_sizes"] = static_b_in.sizes();
+    std::vector<int64_t> nb(h.sizes().begin(), h.sizes().end() - 1), square = nb;  // [..., n]
+    square.push_back(n);
+    return {x, ar.view(square), b.view(nb)};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list saved = ctx->get_saved_variables();
+    const torch::Tensor &x2 = saved[0], &wt = saved[1], &rs = saved[2], &u = saved[3],
+                        &read = saved[4], &gain_a = saved[5], &gain_b = saved[6];
+    const int64_t tokens = read.size(0), n = read.size(1), d = x2.size(1), m = n + 2;
+    torch::Tensor dx = ContiguousOrUndefined(grads[0]);
+    torch::Tensor dar = ContiguousOrUndefined(grads[1]), db = ContiguousOrUndefined(grads[2]);
+    torch::Tensor dh = torch::empty_like(x2);
+    const int64_t threads = at::get_num_threads();
+    std::vector<double> partial_w(static_cast<size_t>(threads * m * d), 0.0);
+    // Per thread: dstatic_a [n (n + 1)], dstatic_b [n], dgain_a, dgain_b.
+    const int64_t count = n * (n + 1) + n + 2;
+    std::vector<double> partial_c(static_cast<size_t>(threads * count), 0.0);
+    // Per stream row: d read_s = h_s . dx, the coefficients' backward to du,
+    // then the projection's backward with read_s dx added to the row.
+    AT_DISPATCH_FLOATING_TYPES(x2.scalar_type(), "cpu_fused::HcRouteBackward", [&] {
+      const scalar_t* hp = x2.data_ptr<scalar_t>();
+      const scalar_t* up = u.data_ptr<scalar_t>();
+      const scalar_t ga = gain_a.item<scalar_t>(), gb = gain_b.item<scalar_t>();
+      const scalar_t* dxp = dx.defined() ? dx.data_ptr<scalar_t>() : nullptr;
+      const scalar_t* darp = dar.defined() ? dar.data_ptr<scalar_t>() : nullptr;
+      const scalar_t* dbp = db.defined() ? db.data_ptr<scalar_t>() : nullptr;
+      auto du_row = [&](int64_t row, scalar_t* scratch) -> const scalar_t* {
+        const int64_t t = row / n, s = row % n;
+        scalar_t da[kMaxRouteStreams + 1];
+        da[0] = dxp ? Dot(hp + row * d, dxp + t * d, d) : scalar_t(0);
+        for (int64_t j = 0; j < n; ++j) da[j + 1] = darp ? darp[row * n + j] : scalar_t(0);
+        double* acc = partial_c.data() + at::get_thread_num() * count;
+        HcCoefficientsBackwardRow(up + row * m, ga, gb, da, dbp ? dbp[row] : scalar_t(0), n,
+                                  scratch, acc + s * (n + 1), acc + n * (n + 1) + s,
+                                  acc + n * (n + 1) + n);
+        return scratch;
+      };
+      ProjectBackwardRows<scalar_t>(hp, wt.data_ptr<scalar_t>(), rs.data_ptr<scalar_t>(), up,
+                                    tokens * n, d, m, dxp ? read.data_ptr<scalar_t>() : nullptr,
+                                    dxp, 1, n, partial_w, dh.data_ptr<scalar_t>(), du_row);
+    });
+    torch::Tensor dwt = SumPartials(partial_w, threads, m * d, {m, d}, x2.scalar_type());
+    torch::Tensor sums = SumPartials(partial_c, threads, count, {count}, x2.scalar_type());
+    return {dh.view(ctx->saved_data["h_sizes"].toIntVector()),
+            dwt.t(),
+            sums.narrow(0, 0, n * (n + 1)).reshape(ctx->saved_data["static_a_sizes"].toIntVector()),
+            sums.narrow(0, n * (n + 1), n).reshape(ctx->saved_data["static_b_sizes"].toIntVector()),
+            sums.narrow(0, n * (n + 1) + n, 1).reshape(gain_a.sizes()),
+            sums.narrow(0, n * (n + 1) + n + 1, 1).reshape(gain_b.sizes()),
+            torch::Tensor()};
   }
 };
 
@@ -1125,6 +1264,13 @@ std::vector<torch::Tensor> MhcRoute(const torch::Tensor& h, const torch::Tensor&
                                     const torch::Tensor& gains, const torch::Tensor& bias,
                                     int64_t n, double eps) {
   return MhcRouteFunction::apply(h, phi, gains, bias, n, eps);
+}
+
+std::vector<torch::Tensor> HcRoute(const torch::Tensor& h, const torch::Tensor& w,
+                                   const torch::Tensor& static_a, const torch::Tensor& static_b,
+                                   const torch::Tensor& gain_a, const torch::Tensor& gain_b,
+                                   double eps) {
+  return HcRouteFunction::apply(h, w, static_a, static_b, gain_a, gain_b, eps);
 }
 
 torch::Tensor Sinkhorn(const torch::Tensor& logits, int iterations, double eps) {

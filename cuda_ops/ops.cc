@@ -19,9 +19,9 @@ std::atomic<bool> g_enabled{true};
 
 // What runs fused on CPU tensors (cpu_fused.h), for FusedOpsDescription.
 constexpr const char* kCpuFused =
-    "CPU: fused RMSNorm, causal attention, HC/mHC routing projection, coefficients and "
-    "read-write (mHC's projection, coefficients and read as one op), Sinkhorn, AttnRes mix; "
-    "SwiGLU composite";
+    "CPU: fused RMSNorm, causal attention (with RoPE on the packed Q/K/V), HC/mHC routing "
+    "projection, coefficients and read-write (each connector's projection, coefficients and "
+    "read as one op), Sinkhorn, AttnRes mix, SwiGLU gate on the packed projection";
 
 bool CpuFused(std::initializer_list<const torch::Tensor*> tensors) {
   return g_enabled.load(std::memory_order_relaxed) && cpu_fused::Supports(tensors);
@@ -221,6 +221,25 @@ MhcCoefficientTensors MhcCoefficientsOp(const torch::Tensor& u, const torch::Ten
           z.narrow(-1, 2 * n, n * n).reshape(sq)};
 }
 
+HcRouteTensors HcRouteOp(const torch::Tensor& h, const torch::Tensor& w,
+                         const torch::Tensor& static_a, const torch::Tensor& static_b,
+                         const torch::Tensor& gain_a, const torch::Tensor& gain_b, double eps) {
+  const int64_t n = static_b.numel();
+  TORCH_CHECK(n >= 1 && h.dim() >= 2 && h.size(-2) == n, "HcRouteOp: h has ", h.sizes(),
+              ", expected [..., ", n, ", d] for static_b's ", n, " streams");
+  TORCH_CHECK(w.dim() == 2 && w.size(0) == h.size(-1) && w.size(1) == n + 2, "HcRouteOp: w has ",
+              w.sizes(), ", expected [", h.size(-1), ", ", n + 2, "]");
+  if (CpuFused({&h, &w, &static_a, &static_b, &gain_a, &gain_b})) {
+    std::vector<torch::Tensor> r =
+        cpu_fused::HcRoute(h, w, static_a, static_b, gain_a, gain_b, eps);
+    return {r[0], r[1], r[2]};
+  }
+  // The routing runs in w's precision (fp32 in the model, h may be bf16).
+  torch::Tensor u = RmsProjectOp(h.to(w.scalar_type()), w, eps);
+  HcCoefficientTensors c = HcCoefficientsOp(u, static_a, static_b, gain_a, gain_b);
+  return {HcReadOp(h, c.a.select(-1, 0)), c.a.narrow(-1, 1, n), c.b};
+}
+
 MhcRouteTensors MhcRouteOp(const torch::Tensor& h, const torch::Tensor& phi,
                            const torch::Tensor& gains, const torch::Tensor& bias, int64_t n,
                            double eps) {
@@ -247,6 +266,14 @@ torch::Tensor SwiGluGateOp(const torch::Tensor& g, const torch::Tensor& u) {
   }
 #endif
   return reference::SwiGluGate(g, u);
+}
+
+torch::Tensor SwiGluPackedOp(const torch::Tensor& gu) {
+  TORCH_CHECK(gu.dim() >= 1 && gu.size(-1) % 2 == 0,
+              "SwiGluPackedOp: gu needs [..., 2 F] (gate, then up), has ", gu.sizes());
+  if (CpuFused({&gu})) return cpu_fused::SwiGluPacked(gu);
+  std::vector<torch::Tensor> g_u = gu.chunk(2, /*dim=*/-1);
+  return SwiGluGateOp(g_u[0], g_u[1]);
 }
 
 torch::Tensor AttnResMixOp(const std::vector<torch::Tensor>& sources,
@@ -310,6 +337,39 @@ torch::Tensor CausalAttentionOp(const torch::Tensor& q, const torch::Tensor& k,
     return cpu_fused::CausalAttention(q, k, v, dk, dv, scale);
   }
   return CompositeCausalAttention(q, k, v, dk, dv, scale);
+}
+
+torch::Tensor RopeRotate(const torch::Tensor& x, const torch::Tensor& cos,
+                         const torch::Tensor& sin) {
+  // cat(x2, x1) as one flip of the two halves: one pass forward and one
+  // backward (two slices + cat would zero-fill and add in the backward).
+  std::vector<int64_t> halves = x.sizes().vec();
+  halves.back() = 2;
+  halves.push_back(x.size(-1) / 2);
+  torch::Tensor swapped = x.view(halves).flip({-2}).view(x.sizes());
+  return torch::addcmul(x * cos, swapped, sin);
+}
+
+torch::Tensor CausalAttentionQkvOp(const torch::Tensor& qkv, int64_t heads, int64_t kv_heads,
+                                   const torch::Tensor& cos, const torch::Tensor& sin,
+                                   const torch::Tensor& depth_keys,
+                                   const torch::Tensor& depth_values, double scale) {
+  cpu_fused::CheckCausalAttentionQkvShapes("CausalAttentionQkvOp", qkv, heads, kv_heads, cos, sin,
+                                           depth_keys, depth_values);
+  const bool depth = depth_keys.defined() && depth_keys.numel() > 0;
+  const torch::Tensor none;
+  const torch::Tensor& dk = depth ? depth_keys : none;
+  const torch::Tensor& dv = depth ? depth_values : none;
+  if (CpuAttentionFused() && CpuFused({&qkv, &cos, &sin}) &&
+      (!depth || CpuFused({&qkv, &dk, &dv}))) {
+    return cpu_fused::CausalAttentionQkv(qkv, heads, kv_heads, cos, sin, dk, dv, scale);
+  }
+  // split (not narrow): its backward is one concatenation, where each
+  // narrow's backward zero-fills a full-size gradient and adds.
+  std::vector<torch::Tensor> qk_v = qkv.split_with_sizes({heads + kv_heads, kv_heads}, 2);
+  torch::Tensor qk = RopeRotate(qk_v[0].transpose(1, 2), cos, sin);
+  std::vector<torch::Tensor> q_k = qk.split_with_sizes({heads, kv_heads}, 1);
+  return CompositeCausalAttention(q_k[0], q_k[1], qk_v[1].transpose(1, 2), dk, dv, scale);
 }
 
 torch::Tensor HcReadOp(const torch::Tensor& h, const torch::Tensor& read) {

@@ -66,6 +66,19 @@ struct MhcCoefficientTensors {
 MhcCoefficientTensors MhcCoefficientsOp(const torch::Tensor& u, const torch::Tensor& gains,
                                         const torch::Tensor& bias, int64_t n);
 
+// The HC connector's routing up to its read (hc.cc): u = RmsProjectOp(h
+// [..., n, d] in w's precision, w = [dynamic_a | dynamic_b] [d, n + 2]),
+// (a, b) = HcCoefficientsOp(u, ...) and x = HcReadOp(h, a[..., 0]). One
+// function on CPU (one stream gradient; cpu_fused.h).
+struct HcRouteTensors {
+  torch::Tensor x;   // [..., d]: the read, the sub-layer's input
+  torch::Tensor ar;  // [..., n, n]: the residual mix a[..., 1:]
+  torch::Tensor b;   // [..., n]: the write weights
+};
+HcRouteTensors HcRouteOp(const torch::Tensor& h, const torch::Tensor& w,
+                         const torch::Tensor& static_a, const torch::Tensor& static_b,
+                         const torch::Tensor& gain_a, const torch::Tensor& gain_b, double eps);
+
 // The mHC connector's routing up to its read (mhc.cc): u = RmsProjectOp(h
 // flattened to [..., n d], phi, eps) in fp32, MhcCoefficientsOp(u, gains,
 // bias, n), and x = HcReadOp(h, read). h [..., n, d], phi [n d, n^2 + 2n].
@@ -82,6 +95,9 @@ MhcRouteTensors MhcRouteOp(const torch::Tensor& h, const torch::Tensor& phi,
 
 // silu(g) * u (the SwiGLU gate; the projections stay matmuls).
 torch::Tensor SwiGluGateOp(const torch::Tensor& g, const torch::Tensor& u);
+// The same gate on the packed gate/up projection gu [..., 2 F] (gate first)
+// -> [..., F]: fused on CPU (one gradient for gu), else chunk + SwiGluGateOp.
+torch::Tensor SwiGluPackedOp(const torch::Tensor& gu);
 
 // AttnRes depth mixing folded with the consuming sub-layer's pre-norm:
 // rmsnorm(sum_i softmax_i(query . (key_gain * rmsnorm(v_i))) v_i) * out_gain.
@@ -107,6 +123,21 @@ torch::Tensor SinkhornOp(const torch::Tensor& logits, int iterations = 20, doubl
 torch::Tensor CausalAttentionOp(const torch::Tensor& q, const torch::Tensor& k,
                                 const torch::Tensor& v, const torch::Tensor& depth_keys,
                                 const torch::Tensor& depth_values, double scale);
+
+// The rotary embedding (LLaMA's rotate_half form): x [..., T, hd] ->
+// x cos + swap(x) sin with swap exchanging the two halves of the head dim
+// and cos, sin [T, hd] (sin carrying rotate_half's sign). Composite ATen ops.
+torch::Tensor RopeRotate(const torch::Tensor& x, const torch::Tensor& cos,
+                         const torch::Tensor& sin);
+
+// CausalAttentionOp on the packed Q/K/V projection qkv [B, T, H + 2 KV, hd]
+// with RopeRotate applied to q and k first (tables [T, hd]); returns
+// [B, T, H * hd]. Fused on CPU (rotation inside the kernel, one gradient for
+// qkv; cpu_fused.h), else RopeRotate and the composite.
+torch::Tensor CausalAttentionQkvOp(const torch::Tensor& qkv, int64_t heads, int64_t kv_heads,
+                                   const torch::Tensor& cos, const torch::Tensor& sin,
+                                   const torch::Tensor& depth_keys,
+                                   const torch::Tensor& depth_values, double scale);
 
 // HC/mHC connector. h [..., n, d]; read, b [..., n]; a [..., n, n] or
 // undefined (identity, the HC code form); coefficients fp32.

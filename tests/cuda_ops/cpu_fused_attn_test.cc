@@ -5,7 +5,8 @@
 // the model's strided q/k/v views and MoDA's depth keys; one and two threads
 // give bit-identical results; a finite-difference gradcheck in double; the
 // dispatcher takes it for CPU tensors and the composite when disabled; bad
-// shapes are named.
+// shapes are named. The same for the packed form with the rotary embedding
+// applied inside (CausalAttentionQkv) against RopeRotate + the composite.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -19,6 +20,7 @@
 #include "cuda_ops/cpu_fused_isa.h"
 #include "cuda_ops/ops.h"
 #include "tests/cuda_ops/gradcheck.h"
+#include "trainer_core/model/layers.h"
 
 namespace depthbench {
 namespace {
@@ -239,6 +241,207 @@ TEST(CpuFusedAttentionDispatch, BadShapesAreRejectedWithTheFieldNamed) {
   }, "CausalAttentionOp: depth keys");
   expect_error([&] { cpu_fused::CausalAttention(q, kv.narrow(3, 0, 4), kv.narrow(3, 0, 4), {}, {}, 1.0); },
                "CausalAttention: k");
+}
+
+// The packed form: qkv [B, T, H + 2 KV, hd] with rope tables [T, hd].
+struct QkvInputs {
+  torch::Tensor qkv, cos, sin, dk, dv;
+};
+
+// The model's tables (trainer_core's Rope) or random ones (the contract is
+// any cos/sin).
+QkvInputs MakeQkv(const AttnCase& c, bool model_tables, torch::ScalarType dtype = torch::kFloat32) {
+  const auto o = torch::TensorOptions().dtype(dtype);
+  QkvInputs in;
+  in.qkv = torch::randn({c.B, c.T, c.H + 2 * c.KV, c.hd}, o);
+  if (model_tables) {
+    const Rope rope(c.hd, c.T + 5);
+    rope.Tables(c.T, in.qkv, &in.cos, &in.sin);
+  } else {
+    in.cos = torch::randn({c.T, c.hd}, o);
+    in.sin = torch::randn({c.T, c.hd}, o);
+  }
+  if (c.S > 0) {
+    in.dk = torch::randn({c.B, c.H, c.T, c.S, c.hd}, o);
+    in.dv = torch::randn({c.B, c.H, c.T, c.S, c.hd}, o);
+  }
+  return in;
+}
+
+QkvInputs ToDouble(const QkvInputs& in) {
+  auto d = [](const torch::Tensor& t) { return t.defined() ? t.to(torch::kFloat64) : t; };
+  return {d(in.qkv), d(in.cos), d(in.sin), d(in.dk), d(in.dv)};
+}
+
+// Output and the gradients of qkv and the depth lists; fused: the kernel,
+// else the op with fused ops disabled (RopeRotate + the composite).
+Outcome RunQkv(const AttnCase& c, const QkvInputs& in, const torch::Tensor& probe, bool fused) {
+  auto leaf = [](const torch::Tensor& t) {
+    return t.defined() ? t.detach().clone().requires_grad_(true) : torch::Tensor();
+  };
+  torch::Tensor qkv = leaf(in.qkv), dk = leaf(in.dk), dv = leaf(in.dv);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(c.hd));
+  torch::Tensor y;
+  if (fused) {
+    y = cpu_fused::CausalAttentionQkv(qkv, c.H, c.KV, in.cos, in.sin, dk, dv, scale);
+  } else {
+    SetFusedOpsEnabled(false);
+    y = CausalAttentionQkvOp(qkv, c.H, c.KV, in.cos, in.sin, dk, dv, scale);
+    SetFusedOpsEnabled(true);
+  }
+  (y * probe.to(y.scalar_type())).sum().backward();
+  return {y.detach(), {qkv.grad(), dk.defined() ? dk.grad() : dk, dv.defined() ? dv.grad() : dv}};
+}
+
+class CpuFusedAttentionQkv : public testing::ThreadsTest {};
+
+TEST_P(CpuFusedAttentionQkv, EqualsRopeThenTheCompositeInDouble) {
+  torch::manual_seed(85);
+  for (const AttnCase& c : Cases()) {
+    if (c.hd % 2 != 0) continue;
+    for (bool model_tables : {true, false}) {
+      SCOPED_TRACE(Describe(c) + (model_tables ? " model tables" : " random tables"));
+      const QkvInputs in = MakeQkv(c, model_tables);
+      torch::Tensor probe = torch::randn({c.B, c.T, c.H * c.hd});
+      const Outcome fused = RunQkv(c, in, probe, true), ref = RunQkv(c, ToDouble(in), probe, false);
+      auto tol = [](const torch::Tensor& t, double rel) {
+        return rel * std::max(1.0, t.abs().max().item<double>());
+      };
+      ASSERT_EQ(fused.y.sizes(), ref.y.sizes());
+      EXPECT_LE(MaxAbsDiff(fused.y.to(torch::kFloat64), ref.y), tol(ref.y, 4e-6)) << "forward";
+      for (size_t i = 0; i < ref.grads.size(); ++i) {
+        ASSERT_EQ(fused.grads[i].defined(), ref.grads[i].defined()) << "input " << i;
+        if (!ref.grads[i].defined()) continue;
+        ASSERT_EQ(fused.grads[i].sizes(), ref.grads[i].sizes()) << "input " << i;
+        EXPECT_LE(MaxAbsDiff(fused.grads[i].to(torch::kFloat64), ref.grads[i]), tol(ref.grads[i], 2e-5))
+            << "gradient of input " << i;
+      }
+    }
+  }
+}
+
+TEST_P(CpuFusedAttentionQkv, ThreadCountDoesNotChangeTheResult) {
+  torch::manual_seed(86);
+  const AttnCase c{3, 4, 2, 50, 16, 2};
+  const QkvInputs in = MakeQkv(c, true);
+  torch::Tensor probe = torch::randn({c.B, c.T, c.H * c.hd});
+  const Outcome here = RunQkv(c, in, probe, true);
+  const int saved = torch::get_num_threads();
+  torch::set_num_threads(GetParam() == 1 ? 2 : 1);
+  const Outcome other = RunQkv(c, in, probe, true);
+  torch::set_num_threads(saved);
+  EXPECT_TRUE(torch::equal(here.y, other.y));
+  for (size_t i = 0; i < here.grads.size(); ++i) {
+    EXPECT_TRUE(torch::equal(here.grads[i], other.grads[i])) << "gradient of input " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Threads, CpuFusedAttentionQkv, ::testing::Values(1, 2),
+                         [](const auto& info) { return "threads" + std::to_string(info.param); });
+
+TEST(CpuFusedAttentionQkvCheck, GradcheckWithRandomTables) {
+  torch::manual_seed(87);
+  for (const AttnCase& c : {AttnCase{1, 2, 1, 5, 4, 0}, AttnCase{2, 2, 2, 4, 8, 2}}) {
+    SCOPED_TRACE(Describe(c));
+    const QkvInputs in = MakeQkv(c, false, torch::kFloat64);
+    std::vector<torch::Tensor> leaves = {in.qkv.detach().clone().requires_grad_(true)};
+    if (c.S > 0) {
+      leaves.push_back(in.dk.detach().clone().requires_grad_(true));
+      leaves.push_back(in.dv.detach().clone().requires_grad_(true));
+    }
+    const bool depth = c.S > 0;
+    EXPECT_EQ(GradCheck([&](const auto& x) {
+                return cpu_fused::CausalAttentionQkv(x[0], c.H, c.KV, in.cos, in.sin,
+                                                     depth ? x[1] : torch::Tensor(),
+                                                     depth ? x[2] : torch::Tensor(), 0.7);
+              }, leaves),
+              "");
+  }
+}
+
+TEST(CpuFusedAttentionQkvCheck, Avx2AndBaselineBuildsAgree) {
+  if (!cpu_fused::Avx2Available()) {
+    GTEST_SKIP() << "this CPU (or build) has no AVX2 + FMA kernels; the baseline build is the "
+                    "one every other test here runs";
+  }
+  torch::manual_seed(88);
+  for (const AttnCase& c : {AttnCase{2, 4, 2, 45, 16, 0}, AttnCase{1, 2, 2, 20, 12, 2}}) {
+    SCOPED_TRACE(Describe(c));
+    const QkvInputs in = MakeQkv(c, true);
+    torch::Tensor probe = torch::randn({c.B, c.T, c.H * c.hd});
+    auto run = [&](bool avx2) {
+      torch::Tensor qkv = in.qkv.clone().requires_grad_(true);
+      torch::Tensor y =
+          avx2 ? cpu_fused::avx2::CausalAttentionQkv(qkv, c.H, c.KV, in.cos, in.sin, in.dk, in.dv, 0.25)
+               : cpu_fused::generic::CausalAttentionQkv(qkv, c.H, c.KV, in.cos, in.sin, in.dk, in.dv,
+                                                        0.25);
+      (y * probe).sum().backward();
+      return std::vector<torch::Tensor>{y.detach(), qkv.grad()};
+    };
+    std::vector<torch::Tensor> a = run(true), g = run(false);
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_LE(MaxAbsDiff(a[i], g[i]), 1e-5 * g[i].abs().max().item<double>() + 1e-7) << "tensor " << i;
+    }
+  }
+}
+
+// The packed op equals the rotation as separate ops followed by the
+// unpacked kernel (the model's earlier path), and takes the composite when
+// fused ops are off.
+TEST(CpuFusedAttentionQkvCheck, OpUsesTheKernelAndMatchesRotateThenAttend) {
+  torch::manual_seed(89);
+  const AttnCase c{2, 4, 2, 70, 16, 0};
+  const QkvInputs in = MakeQkv(c, true);
+  const double scale = 0.25;
+  torch::Tensor packed = CausalAttentionQkvOp(in.qkv, c.H, c.KV, in.cos, in.sin, {}, {}, scale);
+  EXPECT_TRUE(torch::equal(packed, cpu_fused::CausalAttentionQkv(in.qkv, c.H, c.KV, in.cos, in.sin,
+                                                                 {}, {}, scale)));
+  torch::Tensor q = RopeRotate(in.qkv.narrow(2, 0, c.H).transpose(1, 2), in.cos, in.sin);
+  torch::Tensor k = RopeRotate(in.qkv.narrow(2, c.H, c.KV).transpose(1, 2), in.cos, in.sin);
+  torch::Tensor v = in.qkv.narrow(2, c.H + c.KV, c.KV).transpose(1, 2);
+  EXPECT_LE(MaxAbsDiff(packed, cpu_fused::CausalAttention(q, k, v, {}, {}, scale)), 1e-5);
+  // Empty depth lists are no depth.
+  torch::Tensor none = torch::empty({c.B, c.H, c.T, 0, c.hd});
+  EXPECT_TRUE(torch::equal(CausalAttentionQkvOp(in.qkv, c.H, c.KV, in.cos, in.sin, none, none, scale),
+                           packed));
+  EXPECT_NE(FusedOpsDescription().find("RoPE on the packed"), std::string::npos)
+      << FusedOpsDescription();
+  SetFusedOpsEnabled(false);
+  torch::Tensor composite = CausalAttentionQkvOp(in.qkv, c.H, c.KV, in.cos, in.sin, {}, {}, scale);
+  SetFusedOpsEnabled(true);
+  EXPECT_FALSE(torch::equal(composite, packed))
+      << "the composite sums in another order; equal bits would mean it did not run";
+  EXPECT_LE(MaxAbsDiff(composite, packed), 1e-5);
+}
+
+TEST(CpuFusedAttentionQkvCheck, BadShapesAreRejectedWithTheFieldNamed) {
+  auto expect_error = [](const std::function<void()>& f, const std::string& want) {
+    try {
+      f();
+      FAIL() << "no error, expected " << want;
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  };
+  torch::Tensor qkv = torch::randn({2, 10, 8, 8}), cs = torch::randn({10, 8});
+  expect_error([&] { CausalAttentionQkvOp(qkv, 4, 3, cs, cs, {}, {}, 1.0); },
+               "CausalAttentionQkvOp: heads (4) must be a positive multiple of kv_heads (3)");
+  expect_error([&] { CausalAttentionQkvOp(qkv, 2, 2, cs, cs, {}, {}, 1.0); },
+               "CausalAttentionQkvOp: qkv needs [B, T, heads + 2 kv_heads = 6");
+  expect_error([&] { CausalAttentionQkvOp(qkv.narrow(3, 0, 7), 4, 2, cs.narrow(1, 0, 7), cs.narrow(1, 0, 7), {}, {}, 1.0); },
+               "CausalAttentionQkvOp: the rotary embedding needs an even head_dim");
+  expect_error([&] { CausalAttentionQkvOp(qkv, 4, 2, cs.narrow(0, 0, 9), cs.narrow(0, 0, 9), {}, {}, 1.0); },
+               "CausalAttentionQkvOp: cos [9, 8] and sin [9, 8] must be [T = 10");
+  expect_error([&] { CausalAttentionQkvOp(qkv, 4, 2, cs.to(torch::kFloat64), cs.to(torch::kFloat64), {}, {}, 1.0); },
+               "CausalAttentionQkvOp: cos and sin must have qkv's dtype");
+  expect_error([&] {
+    torch::Tensor t = cs.clone().requires_grad_(true);
+    cpu_fused::CausalAttentionQkv(qkv, 4, 2, t, t, {}, {}, 1.0);
+  }, "CausalAttentionQkv: cos and sin are tables");
+  expect_error([&] {
+    torch::Tensor d = torch::randn({2, 4, 9, 2, 8});
+    CausalAttentionQkvOp(qkv, 4, 2, cs, cs, d, d, 1.0);
+  }, "CausalAttentionQkvOp: depth keys");
 }
 
 }  // namespace

@@ -288,6 +288,58 @@ TEST_P(CpuFusedMhcRoute, EqualsTheThreeOpsInDouble) {
 INSTANTIATE_TEST_SUITE_P(Threads, CpuFusedMhcRoute, ::testing::Values(1, 2),
                          [](const auto& info) { return "threads" + std::to_string(info.param); });
 
+// ---- HC route: per-stream projection, coefficients and read as one function ----
+
+class CpuFusedHcRoute : public ThreadsTest {};
+
+// HcRouteOp's CPU function equals the three ops it fuses (RmsProjectOp,
+// HcCoefficientsOp, HcReadOp) run as composites in double: values and the
+// gradients of h, w, static_a, static_b and the two gains, with every
+// output used and with each left out, for broadcast streams too.
+TEST_P(CpuFusedHcRoute, EqualsTheThreeOpsInDouble) {
+  torch::manual_seed(95 + GetParam());
+  for (int64_t n : {4, 2, 3}) {
+    SCOPED_TRACE(::testing::Message() << "n=" << n);
+    const int64_t B = 2, T = n == 4 ? 256 : 9, d = n == 4 ? 128 : 20;
+    torch::Tensor h = torch::randn({B, T, n, d}) * 2, w = torch::randn({d, n + 2}) * 0.1;
+    torch::Tensor sa = torch::randn({n, n + 1}), sb = torch::rand({n}) + 0.5;
+    torch::Tensor ga = torch::rand({1}) + 0.1, gb = torch::rand({1}) + 0.1;
+    torch::Tensor px = torch::randn({B, T, d}), pa = torch::randn({B, T, n, n}),
+                  pb = torch::randn({B, T, n});
+    for (bool broadcast : {false, true}) {
+      for (int skip = -1; skip < 3; ++skip) {
+        SCOPED_TRACE(::testing::Message() << "broadcast=" << broadcast << " skip=" << skip);
+        auto f = [&](bool fused) {
+          return [=](auto& in) {
+            torch::Tensor hh = broadcast ? in[0].narrow(2, 0, 1).expand({B, T, n, d}) : in[0];
+            HcRouteTensors r;
+            if (fused) {
+              std::vector<torch::Tensor> v = cpu_fused::HcRoute(hh, in[1], in[2], in[3], in[4], in[5], 1e-6);
+              r = {v[0], v[1], v[2]};
+            } else {
+              SetFusedOpsEnabled(false);
+              auto c = [&](const torch::Tensor& t) { return t.to(torch::kFloat64); };
+              r = HcRouteOp(c(hh), c(in[1]), c(in[2]), c(in[3]), c(in[4]), c(in[5]), 1e-6);
+              SetFusedOpsEnabled(true);
+            }
+            torch::Tensor y = torch::zeros({B, T}, r.x.options());
+            if (skip != 0) y = y + (r.x * px.to(r.x.scalar_type())).sum(-1);
+            if (skip != 1) y = y + (r.ar * pa.to(r.x.scalar_type())).sum({-2, -1});
+            if (skip != 2) y = y + (r.b * pb.to(r.x.scalar_type())).sum(-1);
+            return y.to(torch::kFloat32);
+          };
+        };
+        torch::Tensor probe = torch::randn({B, T});
+        ExpectSame(Evaluate(f(true), {h, w, sa, sb, ga, gb}, probe),
+                   Evaluate(f(false), {h, w, sa, sb, ga, gb}, probe), 1e-4, 2e-4, "HcRoute");
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Threads, CpuFusedHcRoute, ::testing::Values(1, 2),
+                         [](const auto& info) { return "threads" + std::to_string(info.param); });
+
 // ---- Sinkhorn ----
 
 class CpuFusedSinkhorn : public ThreadsTest {};
@@ -424,6 +476,19 @@ TEST(CpuFusedMixGradcheck, MhcRoute) {
             "");
 }
 
+TEST(CpuFusedMixGradcheck, HcRoute) {
+  torch::manual_seed(56);
+  const int64_t n = 3, d = 5;
+  std::vector<torch::Tensor> in = {Var(torch::randn({2, 2, n, d}, kF64)), Var(torch::randn({d, n + 2}, kF64) * 0.5),
+                                   Var(torch::randn({n, n + 1}, kF64)), Var(torch::rand({n}, kF64) + 0.5),
+                                   Var(torch::rand({1}, kF64) + 0.5), Var(torch::rand({1}, kF64) + 0.5)};
+  EXPECT_EQ(GradCheck([](const auto& x) {
+              std::vector<torch::Tensor> r = cpu_fused::HcRoute(x[0], x[1], x[2], x[3], x[4], x[5], 1e-6);
+              return torch::cat({r[0].flatten(), r[1].flatten(), r[2].flatten()});
+            }, in),
+            "");
+}
+
 TEST(CpuFusedMixGradcheck, Sinkhorn) {
   torch::manual_seed(51);
   torch::Tensor z = Var(torch::randn({3, 4, 4}, kF64));
@@ -496,6 +561,14 @@ TEST(CpuFusedIsa, Avx2AndBaselineBuildsAgree) {
                : cpu_fused::generic::MhcRoute(in[0], in[1], in[2], in[3], 4, 1e-6);
          return torch::cat({r[0].flatten(), r[1].flatten(), r[2].flatten()});
        }},
+      {"HcRoute", {h, w, torch::randn({n, n + 1}), torch::rand({n}) + 0.5, torch::rand({1}) + 0.1,
+                   torch::rand({1}) + 0.1},
+       [](bool v, auto& in) {
+         std::vector<torch::Tensor> r =
+             v ? cpu_fused::avx2::HcRoute(in[0], in[1], in[2], in[3], in[4], in[5], 1e-6)
+               : cpu_fused::generic::HcRoute(in[0], in[1], in[2], in[3], in[4], in[5], 1e-6);
+         return torch::cat({r[0].flatten(), r[1].flatten(), r[2].flatten()});
+       }},
       {"Sinkhorn", {z}, [](bool v, auto& in) {
          return v ? cpu_fused::avx2::Sinkhorn(in[0], 20, 1e-6) : cpu_fused::generic::Sinkhorn(in[0], 20, 1e-6);
        }},
@@ -537,6 +610,10 @@ TEST(CpuFusedMixDispatch, OpsUseTheKernelsOnCpuAndTheReferencesOtherwise) {
                 bias = torch::randn({24});
   EXPECT_TRUE(torch::equal(MhcRouteOp(h, phi, gains, bias, 4, 1e-6).x,
                            cpu_fused::MhcRoute(h, phi, gains, bias, 4, 1e-6)[0]));
+  torch::Tensor sa = torch::randn({4, 5}), sb = torch::rand({4}) + 0.5, ga = torch::rand({1}),
+                gb = torch::rand({1});
+  EXPECT_TRUE(torch::equal(HcRouteOp(h, w, sa, sb, ga, gb, 1e-6).x,
+                           cpu_fused::HcRoute(h, w, sa, sb, ga, gb, 1e-6)[0]));
   EXPECT_NE(FusedOpsDescription().find("Sinkhorn"), std::string::npos) << FusedOpsDescription();
 
   // Logits beyond the exp domain's range take the log-domain reference.
@@ -554,6 +631,13 @@ TEST(CpuFusedMixDispatch, OpsUseTheKernelsOnCpuAndTheReferencesOtherwise) {
         MhcCoefficientsOp(RmsProjectComposite(h.flatten(-2), phi, 1e-6), gains, bias, 4);
     EXPECT_TRUE(torch::equal(r.x, reference::HcRead(h, c.read)));
     EXPECT_TRUE(torch::equal(r.logits, c.logits));
+  }
+  {
+    HcRouteTensors r = HcRouteOp(h, w, sa, sb, ga, gb, 1e-6);
+    HcCoefficientTensors c = HcCoefficientsOp(RmsProjectComposite(h, w, 1e-6), sa, sb, ga, gb);
+    EXPECT_TRUE(torch::equal(r.x, reference::HcRead(h, c.a.select(-1, 0))));
+    EXPECT_TRUE(torch::equal(r.ar, c.a.narrow(-1, 1, 4)));
+    EXPECT_TRUE(torch::equal(r.b, c.b));
   }
   EXPECT_TRUE(torch::equal(RmsProjectOp(h, w, 1e-6), RmsProjectComposite(h, w, 1e-6)));
   EXPECT_TRUE(torch::equal(HcReadOp(h, read), reference::HcRead(h, read)));
@@ -589,6 +673,20 @@ TEST(CpuFusedMixDispatch, BadShapesAreRejectedWithTheFieldNamed) {
     FAIL() << "no error";
   } catch (const c10::Error& e) {
     EXPECT_NE(std::string(e.what()).find("MhcRouteOp: phi"), std::string::npos) << e.what();
+  }
+  try {
+    HcRouteOp(torch::randn({2, 4, 8}), torch::randn({8, 5}), torch::zeros({4, 5}), torch::ones({4}),
+              torch::ones({1}), torch::ones({1}), 1e-6);
+    FAIL() << "no error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("HcRouteOp: w"), std::string::npos) << e.what();
+  }
+  try {
+    cpu_fused::HcRoute(torch::randn({2, 4, 8}), torch::randn({8, 6}), torch::zeros({4, 4}), torch::ones({4}),
+                       torch::ones({1}), torch::ones({1}), 1e-6);
+    FAIL() << "no error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("HcRoute: static_a"), std::string::npos) << e.what();
   }
   EXPECT_THROW(cpu_fused::MhcRoute(torch::randn({2, 4, 8}), torch::randn({32, 24}), torch::ones({2}),
                                    torch::zeros({24}), 4, 1e-6),

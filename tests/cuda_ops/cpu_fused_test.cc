@@ -3,10 +3,14 @@
 // inputs and one or two threads; a finite-difference gradcheck in double;
 // the dispatcher takes it for CPU tensors and the reference when fused ops
 // are disabled; repeated calls are bit-identical; the kernels' parallel
-// loops really run on the intra-op threads (compiled with OpenMP).
+// loops really run on the intra-op threads (compiled with OpenMP). The
+// same for the SwiGLU gate on the packed projection (SwiGluPacked), over the
+// whole range of the gate (its sigmoid from an exp of -|g|).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "cuda_ops/cpu_fused.h"
@@ -122,6 +126,105 @@ TEST(CpuFusedRmsNormCheck, RepeatedCallsAreBitIdentical) {
 TEST(CpuFusedRmsNormCheck, RejectsAWeightOfTheWrongSize) {
   torch::Tensor x = torch::randn({2, 8}), w = torch::ones({7});
   EXPECT_THROW(cpu_fused::RmsNorm(x, w, 1e-6), c10::Error);
+}
+
+// SwiGluPacked against chunk + the composite gate evaluated in double.
+struct GateGrads {
+  torch::Tensor y, dgu;
+};
+GateGrads RunGate(const std::function<torch::Tensor(const torch::Tensor&)>& fn,
+                  const torch::Tensor& gu, const torch::Tensor& probe) {
+  torch::Tensor l = Leaf(gu);
+  torch::Tensor y = fn(l);
+  (y * probe.to(y.scalar_type())).sum().backward();
+  return {y.detach(), l.grad()};
+}
+torch::Tensor ComposedGate(const torch::Tensor& gu) {
+  std::vector<torch::Tensor> g_u = gu.chunk(2, -1);
+  return reference::SwiGluGate(g_u[0], g_u[1]);
+}
+
+class CpuFusedSwiGlu : public testing::ThreadsTest {};
+
+TEST_P(CpuFusedSwiGlu, EqualsTheCompositeInDouble) {
+  torch::manual_seed(20 + GetParam());
+  // F = 8 (one vector), 13 (a partial one), 344 (the d = 128 model) and
+  // 1368 over 4096 rows (several parallel chunks); one input a
+  // non-contiguous view; gates out to +-100, where exp(-g) overflows float.
+  const std::vector<std::vector<int64_t>> shapes = {{3, 16}, {5, 26}, {2, 64, 688}, {4096, 2736}};
+  for (const auto& shape : shapes) {
+    for (bool strided : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << torch::IntArrayRef(shape) << (strided ? " strided" : ""));
+      torch::Tensor gu = torch::randn(shape) * 4;
+      gu.view({-1})[0] = 100.0;
+      gu.view({-1})[1] = -100.0;
+      if (strided) gu = torch::cat({gu, gu}, -1).narrow(-1, 1, shape.back());
+      std::vector<int64_t> out_shape = shape;
+      out_shape.back() /= 2;
+      torch::Tensor probe = torch::randn(out_shape);
+      const GateGrads fused = RunGate([](const auto& x) { return cpu_fused::SwiGluPacked(x); }, gu, probe);
+      const GateGrads ref = RunGate(ComposedGate, gu.to(torch::kFloat64), probe);
+      ASSERT_EQ(fused.y.sizes(), ref.y.sizes());
+      EXPECT_LE(testing::MaxAbsDiff(fused.y.to(torch::kFloat64), ref.y),
+                2e-6 * ref.y.abs().max().item<double>());
+      EXPECT_LE(testing::MaxAbsDiff(fused.dgu.to(torch::kFloat64), ref.dgu),
+                2e-6 * ref.dgu.abs().max().item<double>());
+      EXPECT_TRUE(torch::isfinite(fused.dgu).all().item<bool>());
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Threads, CpuFusedSwiGlu, ::testing::Values(1, 2),
+                         [](const auto& info) { return "threads" + std::to_string(info.param); });
+
+TEST(CpuFusedSwiGluCheck, GradcheckInDouble) {
+  torch::manual_seed(21);
+  torch::Tensor gu = (torch::randn({3, 5, 14}, torch::kFloat64) * 3).requires_grad_(true);
+  EXPECT_EQ(GradCheck([](const std::vector<torch::Tensor>& in) { return cpu_fused::SwiGluPacked(in[0]); },
+                      {gu}),
+            "");
+}
+
+TEST(CpuFusedSwiGluCheck, Avx2AndBaselineBuildsAgree) {
+  if (!cpu_fused::Avx2Available()) {
+    GTEST_SKIP() << "this CPU (or build) has no AVX2 + FMA kernels; the baseline build is the "
+                    "one every other test here runs";
+  }
+  torch::manual_seed(22);
+  torch::Tensor gu = torch::randn({37, 2 * 45}) * 5, probe = torch::randn({37, 45});
+  const GateGrads a = RunGate([](const auto& x) { return cpu_fused::avx2::SwiGluPacked(x); }, gu, probe);
+  const GateGrads g = RunGate([](const auto& x) { return cpu_fused::generic::SwiGluPacked(x); }, gu, probe);
+  EXPECT_TRUE(AllClose(a.y, g.y, 1e-6, 1e-7));
+  EXPECT_TRUE(AllClose(a.dgu, g.dgu, 1e-6, 1e-7));
+}
+
+TEST(CpuFusedSwiGluCheck, DispatcherUsesItOnCpuAndTheCompositeWhenDisabled) {
+  torch::manual_seed(23);
+  torch::Tensor gu = torch::randn({6, 10, 40});
+  EXPECT_TRUE(torch::equal(SwiGluPackedOp(gu), cpu_fused::SwiGluPacked(gu)));
+  EXPECT_NE(FusedOpsDescription().find("SwiGLU gate"), std::string::npos) << FusedOpsDescription();
+  SetFusedOpsEnabled(false);
+  torch::Tensor composite = SwiGluPackedOp(gu);
+  SetFusedOpsEnabled(true);
+  EXPECT_TRUE(torch::equal(composite, ComposedGate(gu)));
+  EXPECT_TRUE(AllClose(composite, cpu_fused::SwiGluPacked(gu), 1e-5, 1e-6));
+  // bf16 takes the composite.
+  torch::Tensor half = gu.to(torch::kBFloat16);
+  EXPECT_TRUE(torch::equal(SwiGluPackedOp(half), ComposedGate(half)));
+}
+
+TEST(CpuFusedSwiGluCheck, AnOddLastDimIsRejectedByName) {
+  torch::Tensor gu = torch::randn({4, 7});
+  for (const auto& [name, fn] : std::vector<std::pair<std::string, std::function<void()>>>{
+           {"SwiGluPackedOp: gu", [&] { SwiGluPackedOp(gu); }},
+           {"SwiGluPacked: gu", [&] { cpu_fused::SwiGluPacked(gu); }}}) {
+    try {
+      fn();
+      ADD_FAILURE() << "no error from " << name;
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace

@@ -64,28 +64,24 @@ class HcConnectorImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& h, bool code_form, Branch&& branch,
                         torch::Tensor* residual_map) {
     const int64_t n = static_b.size(0);
-    torch::Tensor a, b;
+    HcRouteTensors r;
     {
       AutocastOffGuard fp32_routing;  // coefficients stay fp32 under bf16 autocast
       // Per-stream RMS normalisation and one projection for both weight
-      // sets (the parameters stay separate): one fused pass over h on CPU
-      // (cuda_ops RmsProjectOp).
-      torch::Tensor u = RmsProjectOp(h.to(torch::kFloat32),
-                                     torch::cat({dynamic_a, dynamic_b}, /*dim=*/1), kNormEps);
-      // tanh and the static/gain affine, one fused op on CPU.
-      HcCoefficientTensors c = HcCoefficientsOp(u, static_a, static_b, gain_a, gain_b);
-      a = c.a;
-      b = c.b;
+      // sets (the parameters stay separate), tanh and the static/gain
+      // affine, and the read sum_s a[s, 0] H_s: one fused function on CPU
+      // (cuda_ops HcRouteOp; the read is element-wise, which autocast leaves
+      // alone either way).
+      r = HcRouteOp(h, torch::cat({dynamic_a, dynamic_b}, /*dim=*/1), static_a, static_b, gain_a,
+                    gain_b, kNormEps);
     }
-    // Read, residual mix and write go through the cuda_ops dispatcher: the
-    // fused kernels on CUDA, the same composites (cuda_ops/hc_connector_ref.cc)
-    // elsewhere.
-    torch::Tensor y = branch(HcReadOp(h, a.select(-1, 0)));    // [B,T,d]
-    torch::Tensor ar = a.narrow(-1, 1, n);                      // [B,T,n,n]
+    // The residual mix and write go through the cuda_ops dispatcher: the
+    // fused kernels on CUDA and CPU, the composites elsewhere.
+    torch::Tensor y = branch(r.x);  // [B,T,d]
     if (residual_map != nullptr) {
-      *residual_map = code_form ? torch::eye(n).expand_as(ar).clone() : ar.detach();
+      *residual_map = code_form ? torch::eye(n).expand_as(r.ar).clone() : r.ar.detach();
     }
-    return HcWriteOp(h, code_form ? torch::Tensor() : ar, b, y);
+    return HcWriteOp(h, code_form ? torch::Tensor() : r.ar, r.b, y);
   }
 
   // Static routing only: the tanh gains decay (spec section 9).

@@ -44,6 +44,7 @@ Rope::Rope(int64_t head_dim, int64_t max_len, double base) : max_len_(max_len) {
 
 void Rope::Tables(int64_t T, const torch::Tensor& x, torch::Tensor* cos,
                   torch::Tensor* sin) const {
+  TORCH_CHECK(T <= max_len_, "sequence length ", T, " exceeds RoPE table ", max_len_);
   // The tables are plain members (model->to(device) does not move them):
   // keep one copy per device and dtype in use rather than copying per call.
   if (!cache_cos_.defined() || cache_cos_.device() != x.device() ||
@@ -56,18 +57,9 @@ void Rope::Tables(int64_t T, const torch::Tensor& x, torch::Tensor* cos,
 }
 
 torch::Tensor Rope::Apply(const torch::Tensor& x) const {
-  const int64_t T = x.size(2);
-  TORCH_CHECK(T <= max_len_, "sequence length ", T, " exceeds RoPE table ", max_len_);
-  const int64_t half = x.size(-1) / 2;
   torch::Tensor cos, sin;
-  Tables(T, x, &cos, &sin);
-  // cat(x2, x1) as one flip of the two halves: one pass forward and one
-  // backward (two slices + cat would zero-fill and add in the backward).
-  std::vector<int64_t> halves = x.sizes().vec();
-  halves.back() = 2;
-  halves.push_back(half);
-  torch::Tensor swapped = x.view(halves).flip({-2}).view(x.sizes());
-  return torch::addcmul(x * cos, swapped, sin);
+  Tables(x.size(2), x, &cos, &sin);
+  return RopeRotate(x, cos, sin);
 }
 
 namespace {
@@ -86,10 +78,6 @@ AttentionImpl::AttentionImpl(const AttentionOptions& options)
   o_proj = register_module("o_proj", NoBias(d, d));
 }
 
-torch::Tensor AttentionImpl::Heads(const torch::Tensor& x, int64_t n) const {
-  return x.view({x.size(0), x.size(1), n, head_dim_}).transpose(1, 2);
-}
-
 torch::Tensor AttentionImpl::ExpandKv(const torch::Tensor& kv) const {
   const int64_t groups = options_.heads / options_.kv_heads;
   if (groups == 1) return kv;
@@ -106,21 +94,22 @@ torch::Tensor AttentionImpl::ForwardWithDepth(
   const int64_t B = x.size(0), T = x.size(1);
   const int64_t H = options_.heads, KV = options_.kv_heads, hd = head_dim_;
   // One GEMM for Q, K and V (their weights stay separate parameters; the
-  // concatenation is a d x d-sized copy), and one RoPE pass over Q and K.
-  torch::Tensor qkv = torch::linear(
-      x, torch::cat({q_proj->weight, k_proj->weight, v_proj->weight}, /*dim=*/0));
-  // split (not narrow): its backward is one concatenation, where each
-  // narrow's backward zero-fills a full-size gradient and adds.
-  std::vector<torch::Tensor> qk_v = qkv.split_with_sizes({(H + KV) * hd, KV * hd}, -1);
-  torch::Tensor qk = rope.Apply(qk_v[0].view({B, T, H + KV, hd}).transpose(1, 2));
-  std::vector<torch::Tensor> q_k = qk.split_with_sizes({H, KV}, 1);
-  // [B, H, T, hd] and [B, KV, T, hd]: the attention op reads each key/value
-  // head for its query heads (GQA), expanded copies only for MoDA's cache.
-  torch::Tensor k = q_k[1], v = Heads(qk_v[1], KV);
-  if (own_kv != nullptr) *own_kv = {ExpandKv(k), ExpandKv(v)};
+  // concatenation is a d x d-sized copy); the attention op rotates q and k
+  // (RoPE) itself and returns one gradient for the packed projection.
+  torch::Tensor qkv =
+      torch::linear(x, torch::cat({q_proj->weight, k_proj->weight, v_proj->weight}, /*dim=*/0))
+          .view({B, T, H + 2 * KV, hd});
+  torch::Tensor cos, sin;
+  rope.Tables(T, qkv, &cos, &sin);
+  if (own_kv != nullptr) {
+    // MoDA's cache of this layer's rotated keys and values ([B, H, T, hd]).
+    torch::Tensor k = RopeRotate(qkv.narrow(2, H, KV).transpose(1, 2), cos, sin);
+    *own_kv = {ExpandKv(k), ExpandKv(qkv.narrow(2, H + KV, KV).transpose(1, 2))};
+  }
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
   // Undefined or empty (S = 0) depth lists are plain causal attention.
-  torch::Tensor out = CausalAttentionOp(q_k[0], k, v, depth.keys, depth.values, scale);
+  torch::Tensor out =
+      CausalAttentionQkvOp(qkv, H, KV, cos, sin, depth.keys, depth.values, scale);
   return o_proj->forward(out);
 }
 
@@ -131,11 +120,10 @@ SwiGluImpl::SwiGluImpl(int64_t d_model, int64_t d_ff) {
 }
 
 torch::Tensor SwiGluImpl::forward(const torch::Tensor& x) {
-  // One GEMM for the gate and up projections (separate parameters).
-  std::vector<torch::Tensor> gu =
-      torch::linear(x, torch::cat({gate_proj->weight, up_proj->weight}, /*dim=*/0))
-          .chunk(2, /*dim=*/-1);
-  return down_proj->forward(SwiGluGateOp(gu[0], gu[1]));
+  // One GEMM for the gate and up projections (separate parameters), the
+  // gate on the packed result (one gradient for it).
+  return down_proj->forward(SwiGluPackedOp(
+      torch::linear(x, torch::cat({gate_proj->weight, up_proj->weight}, /*dim=*/0))));
 }
 
 }  // namespace depthbench

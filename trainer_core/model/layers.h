@@ -57,10 +57,11 @@ class Rope {
   Rope(int64_t head_dim, int64_t max_len, double base = 10000.0);
   // x: [B, H, T, head_dim] -> rotated, same shape.
   torch::Tensor Apply(const torch::Tensor& x) const;
+  // cos/sin tables [T, head_dim] for the first T positions on x's device and
+  // dtype (sin with rotate_half's sign; RopeRotate in cuda_ops/ops.h).
+  void Tables(int64_t T, const torch::Tensor& x, torch::Tensor* cos, torch::Tensor* sin) const;
 
  private:
-  // cos/sin tables for the first T positions on x's device and dtype.
-  void Tables(int64_t T, const torch::Tensor& x, torch::Tensor* cos, torch::Tensor* sin) const;
 
   torch::Tensor cos_;         // [max_len, head_dim], float32 on the CPU
   torch::Tensor sin_signed_;  // cat(-sin, sin) over the two halves
@@ -103,8 +104,6 @@ class AttentionImpl : public torch::nn::Module {
   const AttentionOptions& options() const { return options_; }
 
  private:
-  // Splits into heads: [B, T, n*hd] -> [B, n, T, hd].
-  torch::Tensor Heads(const torch::Tensor& x, int64_t n) const;
   torch::Tensor ExpandKv(const torch::Tensor& kv) const;
 
   AttentionOptions options_;

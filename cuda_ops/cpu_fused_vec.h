@@ -1,0 +1,71 @@
+// 8-float vectors and a vectorised exp for the fused CPU kernels
+// (cpu_fused_attn.cc, cpu_fused.cc). Included after cpu_fused_target.h, so
+// these compile for the including object's ISA, in its namespace.
+#ifndef DEPTHBENCH_CUDA_OPS_CPU_FUSED_VEC_H_
+#define DEPTHBENCH_CUDA_OPS_CPU_FUSED_VEC_H_
+
+#ifndef DEPTHBENCH_CPU_FUSED_ISA
+#error "include cuda_ops/cpu_fused_target.h first"
+#endif
+
+#include <cstdint>
+#include <cstring>
+
+namespace depthbench {
+namespace cpu_fused {
+namespace DEPTHBENCH_CPU_FUSED_ISA {
+
+// 8 floats as a GCC vector (lowered to two SSE halves in the baseline
+// build): the attention's head-dim loops are a few vectors long, and GCC's
+// auto-vectoriser left them scalar (aliasing between rows it cannot rule
+// out, and an exp's clamp as control flow). The vectors never cross a
+// non-inline call (the kernels using them are inline within their file), so
+// the ABI note for 32-byte vectors without AVX does not apply.
+#pragma GCC diagnostic ignored "-Wpsabi"
+typedef float V8f __attribute__((vector_size(32)));
+typedef int32_t V8i __attribute__((vector_size(32)));
+inline V8f Load8(const float* p) {
+  V8f v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void Store8(float* p, V8f v) { std::memcpy(p, &v, sizeof v); }
+inline V8f Broadcast8(float x) { return V8f{} + x; }
+
+// exp(x) of 8 floats for x <= 0 (softmax terms after the max or log-sum-exp
+// shift): 2^n by the exponent bits times a degree-6 polynomial on the
+// remainder (Cephes' expf coefficients; relative error about 1e-7, as
+// Sleef's u10 exp behind ATen's softmax). Inputs below -87 give exp(-87) ~
+// 1.6e-38 instead of a denormal or zero. A libm call per element kept these
+// loops scalar and cost a third of the kernel.
+inline V8f Exp8(V8f x) {
+  const V8f lo = Broadcast8(-87.0f);
+  x = x < lo ? lo : x;
+  // n = round(x / ln 2) by adding and subtracting 1.5 * 2^23.
+  const V8f magic = Broadcast8(12582912.0f);
+  const V8f n = (x * 1.44269504088896341f + magic) - magic;
+  V8f r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  V8f p = Broadcast8(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const V8i bits = (__builtin_convertvector(n, V8i) + 127) << 23;
+  V8f scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+// Sum of the 8 lanes, pairwise.
+inline float Sum8(V8f v) {
+  return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
+}
+
+}  // namespace DEPTHBENCH_CPU_FUSED_ISA
+}  // namespace cpu_fused
+}  // namespace depthbench
+
+#endif  // DEPTHBENCH_CUDA_OPS_CPU_FUSED_VEC_H_
