@@ -128,15 +128,29 @@ void CheckCausalAttentionShapes(const char* op, const torch::Tensor& q, const to
 // swap exchanging the two halves of the head dim, cos and sin [T, hd]
 // (trainer_core's Rope tables, the sign of rotate_half in sin), likewise k.
 // Its backward returns one gradient for qkv (none for the tables, which
-// must not require one). Returns [B, T, H * hd].
-torch::Tensor CausalAttentionQkv(const torch::Tensor& qkv, int64_t heads, int64_t kv_heads,
-                                 const torch::Tensor& cos, const torch::Tensor& sin,
-                                 const torch::Tensor& depth_keys,
-                                 const torch::Tensor& depth_values, double scale);
+// must not require one). MoDA's depth keys and values come as S slots
+// (lists of S tensors, possibly empty), each [B, H or KV, T, hd] with any
+// strides (query head h reads head h of an H-head slot, h / (H / KV) of a
+// KV-head slot), read in place and each given its own gradient; the depth
+// keys are NOT rotated and are scored against the unrotated query: a depth
+// key is its own token's, and RoPE at relative offset 0 is the identity on
+// q . k, so this equals rotating both at the token's position (for tables
+// that are rotations, as Rope's: cos and sin of one angle per pair of
+// positions c and c + hd / 2, the first half's sin negated). Returns
+// {out [B, T, H * hd]}, with return_kv {out, k, v}: copies of the unrotated
+// keys and the values, [B, KV, T, hd] (MoDA's own slots for later layers;
+// their gradients join the packed one in this function's backward).
+std::vector<torch::Tensor> CausalAttentionQkv(const torch::Tensor& qkv, int64_t heads,
+                                              int64_t kv_heads, const torch::Tensor& cos,
+                                              const torch::Tensor& sin,
+                                              const std::vector<torch::Tensor>& depth_keys,
+                                              const std::vector<torch::Tensor>& depth_values,
+                                              double scale, bool return_kv = false);
 void CheckCausalAttentionQkvShapes(const char* op, const torch::Tensor& qkv, int64_t heads,
                                    int64_t kv_heads, const torch::Tensor& cos,
-                                   const torch::Tensor& sin, const torch::Tensor& depth_keys,
-                                   const torch::Tensor& depth_values);
+                                   const torch::Tensor& sin,
+                                   const std::vector<torch::Tensor>& depth_keys,
+                                   const std::vector<torch::Tensor>& depth_values);
 
 }  // namespace cpu_fused
 }  // namespace depthbench

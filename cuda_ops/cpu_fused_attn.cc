@@ -52,7 +52,7 @@ constexpr int64_t kBlock = 32;
 int64_t RoundUp(int64_t n) { return (n + kBlock - 1) / kBlock * kBlock; }
 
 struct AttnShape {
-  int64_t B, H, KV, T, hd, S;  // S: depth keys per token (0: none)
+  int64_t B, H, KV, T, hd, S;  // S: depth slots (0: none)
   int64_t group() const { return H / KV; }
 };
 
@@ -85,6 +85,29 @@ struct RopeTables {
   const T* cos = nullptr;
   const T* sin = nullptr;
   explicit operator bool() const { return cos != nullptr; }
+};
+
+// MoDA's depth slots: S tensors [B, H or KV, T, hd] of keys and as many of
+// values (any strides, last dim contiguous); query head h reads row (b, h, t)
+// of an H-head slot and (b, h / group, t) of a KV-head slot.
+template <typename T, typename R>
+struct Slots {
+  std::vector<R> k, v;
+  std::vector<char> per_query;
+  Slots(const std::vector<torch::Tensor>& keys, const std::vector<torch::Tensor>& values,
+        int64_t H) {
+    for (size_t j = 0; j < keys.size(); ++j) {
+      k.emplace_back(const_cast<torch::Tensor&>(keys[j]));
+      v.emplace_back(const_cast<torch::Tensor&>(values[j]));
+      per_query.push_back(keys[j].size(1) == H);
+    }
+  }
+  auto key(int64_t j, int64_t b, int64_t h, int64_t g, int64_t t) const {
+    return k[j].at(b, per_query[j] ? h : g, t);
+  }
+  auto value(int64_t j, int64_t b, int64_t h, int64_t g, int64_t t) const {
+    return v[j].at(b, per_query[j] ? h : g, t);
+  }
 };
 
 // y = mul rope_t(x) for one row (cs, sn: row t of the tables).
@@ -297,13 +320,26 @@ inline void ScaledQuery(const Rows<T>& qr, const RopeTables<T>& rope, int64_t b,
   }
 }
 
+// The query the depth keys are scored with: with rope tables, the
+// unrotated scaled query (a depth key is its own token's, and RoPE at
+// relative offset 0 is the identity on q . k, so depth keys come
+// unrotated; written into buf), else qs itself.
+template <typename T>
+inline const T* DepthQuery(const Rows<T>& qr, const RopeTables<T>& rope, int64_t b, int64_t h,
+                           int64_t i, int64_t hd, T sc, const T* qs, int64_t S, T* buf) {
+  if (!rope || S == 0) return qs;
+  const T* qi = qr.at(b, h, i);
+  for (int64_t c = 0; c < hd; ++c) buf[c] = qi[c] * sc;
+  return buf;
+}
+
 template <typename T, int HD>
 void Forward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& k,
-             const torch::Tensor& v, const torch::Tensor& dk, const torch::Tensor& dv,
-             double scale, const RopeTables<T>& rope, torch::Tensor& out, torch::Tensor& lse) {
+             const torch::Tensor& v, const std::vector<torch::Tensor>& dk,
+             const std::vector<torch::Tensor>& dv, double scale, const RopeTables<T>& rope,
+             torch::Tensor& out, torch::Tensor& lse) {
   const Rows<T> qr(q), kr(k), vr(v);
-  const T* dkp = sh.S > 0 ? dk.data_ptr<T>() : nullptr;
-  const T* dvp = sh.S > 0 ? dv.data_ptr<T>() : nullptr;
+  const Slots<T, Rows<T>> depth(dk, dv, sh.H);
   T* op = out.data_ptr<T>();
   T* lp = lse.data_ptr<T>();
   const int64_t hd = HD > 0 ? HD : sh.hd, T_len = sh.T, S = sh.S, tp = RoundUp(T_len);
@@ -312,7 +348,7 @@ void Forward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& k
     // Scores of two query rows (row r at s + r * (tp + S)), their scaled
     // queries at qs + r * hd.
     std::vector<T> kt(static_cast<size_t>(hd * tp)), sb(static_cast<size_t>(2 * (tp + S))),
-        qs(static_cast<size_t>(2 * hd));
+        qs(static_cast<size_t>(2 * hd)), qd(static_cast<size_t>(hd));
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / sh.KV, g = task % sh.KV;
       Transpose(kr, b, g, T_len, hd, tp, rope, kt.data());
@@ -331,15 +367,15 @@ void Forward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& k
             T* s = sb.data() + r * (tp + S);
             const T* qsi = qs.data() + r * hd;
             // Depth scores after the i + 1 sequence scores.
-            const int64_t depth_row = ((b * sh.H + h) * T_len + i) * S;
+            const T* qdi = DepthQuery<T>(qr, rope, b, h, i, hd, sc, qsi, S, qd.data());
             T* e = s + i + 1;
-            for (int64_t j = 0; j < S; ++j) e[j] = DotHd<T, HD>(qsi, dkp + (depth_row + j) * hd, hd);
+            for (int64_t j = 0; j < S; ++j) e[j] = DotHd<T, HD>(qdi, depth.key(j, b, h, g, i), hd);
             const int64_t n = i + 1 + S;
             const T m = RowMax(s, n);
             const T sum = ExpShiftSum(s, n, m);
             T* o = op + ((b * T_len + i) * sh.H + h) * hd;
             WeightedRowSum<T, HD>(s, i + 1, vr.at(b, g, 0), vr.st, o, hd);
-            for (int64_t j = 0; j < S; ++j) AxpyHd<T, HD>(e[j], dvp + (depth_row + j) * hd, o, hd);
+            for (int64_t j = 0; j < S; ++j) AxpyHd<T, HD>(e[j], depth.value(j, b, h, g, i), o, hd);
             const T inv = T(1) / sum;
             for (int64_t c = 0; c < hd; ++c) o[c] *= inv;
             lp[(b * sh.H + h) * T_len + i] = m + std::log(sum);
@@ -352,20 +388,21 @@ void Forward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& k
 
 template <typename T, int HD>
 void Backward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& k,
-              const torch::Tensor& v, const torch::Tensor& dk, const torch::Tensor& dv,
-              double scale, const RopeTables<T>& rope, const torch::Tensor& out,
-              const torch::Tensor& lse, const torch::Tensor& dout, torch::Tensor& gq,
-              torch::Tensor& gk, torch::Tensor& gv, torch::Tensor& gdk, torch::Tensor& gdv) {
+              const torch::Tensor& v, const std::vector<torch::Tensor>& dk,
+              const std::vector<torch::Tensor>& dv, double scale, const RopeTables<T>& rope,
+              const torch::Tensor& out, const torch::Tensor& lse, const torch::Tensor& dout,
+              torch::Tensor& gq, torch::Tensor& gk, torch::Tensor& gv,
+              std::vector<torch::Tensor>& gdk, std::vector<torch::Tensor>& gdv) {
   const Rows<T> qr(q), kr(k), vr(v);
-  const T* dkp = sh.S > 0 ? dk.data_ptr<T>() : nullptr;
-  const T* dvp = sh.S > 0 ? dv.data_ptr<T>() : nullptr;
+  const Slots<T, Rows<T>> depth(dk, dv, sh.H);
+  // Written per query head; a KV-head slot with several query heads per
+  // key/value head is summed over them (zero-filled by the caller).
+  const Slots<T, OutRows<T>> gdepth(gdk, gdv, sh.H);
   const T* op = out.data_ptr<T>();
   const T* lp = lse.data_ptr<T>();
   const T* gop = dout.data_ptr<T>();
   // [B, H, T, hd] and [B, KV, T, hd] through their strides.
   const OutRows<T> gqr(gq), gkr(gk), gvr(gv);
-  T* gdkp = sh.S > 0 ? gdk.data_ptr<T>() : nullptr;  // [B, H, T, S, hd]
-  T* gdvp = sh.S > 0 ? gdv.data_ptr<T>() : nullptr;
   const int64_t hd = HD > 0 ? HD : sh.hd, T_len = sh.T, S = sh.S, tp = RoundUp(T_len);
   const T sc = static_cast<T>(scale);
   at::parallel_for(0, sh.B * sh.KV, 1, [&](int64_t begin, int64_t end) {
@@ -376,6 +413,7 @@ void Backward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& 
         P(static_cast<size_t>(kRows * tp)), DS(static_cast<size_t>(kRows * tp)),
         qsb(static_cast<size_t>(kRows * hd)), gob(static_cast<size_t>(kRows * hd)),
         pe(static_cast<size_t>(S)), dse(static_cast<size_t>(S)), gqb(static_cast<size_t>(hd)),
+        qd(static_cast<size_t>(hd)),
         gk_task(static_cast<size_t>(T_len * hd)), gv_task(static_cast<size_t>(T_len * hd)),
         krot(rope ? static_cast<size_t>(T_len * hd) : 0);
     const RopeTables<T> none;
@@ -439,8 +477,8 @@ void Backward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& 
               continue;
             }
             // Probabilities, recomputed: exp(score - log-sum-exp).
-            const int64_t depth_row = ((b * sh.H + h) * T_len + i) * S;
-            for (int64_t j = 0; j < S; ++j) pe[j] = DotHd<T, HD>(qs, dkp + (depth_row + j) * hd, hd);
+            const T* qdi = DepthQuery<T>(qr, rope, b, h, i, hd, sc, qs, S, qd.data());
+            for (int64_t j = 0; j < S; ++j) pe[j] = DotHd<T, HD>(qdi, depth.key(j, b, h, g, i), hd);
             const T l = lp[(b * sh.H + h) * T_len + i];
             ExpShiftSum(p, i + 1, l);
             if (S > 0) ExpShiftSum(pe.data(), S, l);
@@ -449,24 +487,31 @@ void Backward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& 
             for (int64_t j = 0; j <= i; ++j) ds[j] = p[j] * (ds[j] - D);
             for (int64_t j = i + 1; j < n; ++j) p[j] = ds[j] = T(0);
             for (int64_t j = 0; j < S; ++j) {
-              dse[j] = pe[j] * (DotHd<T, HD>(go, dvp + (depth_row + j) * hd, hd) - D);
+              dse[j] = pe[j] * (DotHd<T, HD>(go, depth.value(j, b, h, g, i), hd) - D);
             }
-            // dq = scale rope_i^T(dS k + dS_depth k_depth), k rotated.
+            // dq = scale (rope_i^T(dS k) + dS_depth k_depth), k rotated,
+            // the depth keys not (DepthQuery).
             T* gqi = gqb.data();
             WeightedRowSum<T, HD>(ds, i + 1, k_rows, k_stride, gqi, hd);
-            for (int64_t j = 0; j < S; ++j) {
-              const int64_t off = (depth_row + j) * hd;
-              AxpyHd<T, HD>(dse[j], dkp + off, gqi, hd);
-              for (int64_t c = 0; c < hd; ++c) {
-                gdkp[off + c] = dse[j] * qs[c];
-                gdvp[off + c] = pe[j] * go[c];
-              }
-            }
             T* gq_row = gqr.at(b, h, i);
             if (rope) {
               RopeAdjointRow<T, HD>(gqi, rope.cos + i * hd, rope.sin + i * hd, hd, sc, gq_row);
             } else {
               for (int64_t c = 0; c < hd; ++c) gq_row[c] = gqi[c] * sc;
+            }
+            for (int64_t j = 0; j < S; ++j) {
+              AxpyHd<T, HD>(dse[j] * sc, depth.key(j, b, h, g, i), gq_row, hd);
+              T* gk_row = gdepth.key(j, b, h, g, i);
+              T* gv_row = gdepth.value(j, b, h, g, i);
+              if (gdepth.per_query[j] || sh.group() == 1) {  // this head's row only
+                for (int64_t c = 0; c < hd; ++c) {
+                  gk_row[c] = dse[j] * qdi[c];
+                  gv_row[c] = pe[j] * go[c];
+                }
+              } else {  // summed over the group's query heads (zero-filled)
+                AxpyHd<T, HD>(dse[j], qdi, gk_row, hd);
+                AxpyHd<T, HD>(pe[j], go, gv_row, hd);
+              }
             }
           }
           // dk_j += sum_r dS_rj scale q_r; dv_j += sum_r P_rj dO_r.
@@ -505,13 +550,15 @@ torch::Tensor LastDimContiguous(const torch::Tensor& t) {
 }
 
 // Runs the kernels for q [B, H, T, hd], k and v [B, KV, T, hd] (views of any
-// strides, last dim contiguous) and optional rope tables [T, hd] (undefined:
-// none); dk, dv the depth lists or undefined.
+// strides, last dim contiguous), optional rope tables [T, hd] (undefined:
+// none) and S depth slots of keys and values ([B, H or KV, T, hd] each).
 struct AttnArgs {
-  torch::Tensor q, k, v, dk, dv, cos, sin;
+  torch::Tensor q, k, v;
+  std::vector<torch::Tensor> dk, dv;
+  torch::Tensor cos, sin;
   double scale;
   AttnShape shape() const {
-    return {q.size(0), q.size(1), k.size(1), q.size(2), q.size(3), dk.defined() ? dk.size(3) : 0};
+    return {q.size(0), q.size(1), k.size(1), q.size(2), q.size(3), static_cast<int64_t>(dk.size())};
   }
 };
 
@@ -539,17 +586,13 @@ std::pair<torch::Tensor, torch::Tensor> AttnForward(const AttnArgs& a) {
   return {out, lse};
 }
 
-// Writes gq, gk, gv (any strides) and, with depth, returns {gdk, gdv}.
-std::pair<torch::Tensor, torch::Tensor> AttnBackward(const AttnArgs& a, const torch::Tensor& out,
-                                                     const torch::Tensor& lse,
-                                                     const torch::Tensor& dout, torch::Tensor& gq,
-                                                     torch::Tensor& gk, torch::Tensor& gv) {
+// Writes gq, gk, gv and the depth slots' gradients gdk, gdv (any strides;
+// SlotGradient allocates the latter).
+void AttnBackward(const AttnArgs& a, const torch::Tensor& out, const torch::Tensor& lse,
+                  const torch::Tensor& dout, torch::Tensor& gq, torch::Tensor& gk,
+                  torch::Tensor& gv, std::vector<torch::Tensor>& gdk,
+                  std::vector<torch::Tensor>& gdv) {
   const AttnShape sh = a.shape();
-  torch::Tensor gdk, gdv;
-  if (sh.S > 0) {
-    gdk = torch::empty_like(a.dk);
-    gdv = torch::empty_like(a.dv);
-  }
   AT_DISPATCH_FLOATING_TYPES(a.q.scalar_type(), "cpu_fused::CausalAttentionBackward", [&] {
     WithHeadDim(sh.hd, [&](auto hd_c) {
       Backward<scalar_t, decltype(hd_c)::value>(sh, a.q, a.k, a.v, a.dk, a.dv, a.scale,
@@ -557,7 +600,19 @@ std::pair<torch::Tensor, torch::Tensor> AttnBackward(const AttnArgs& a, const to
                                                 gv, gdk, gdv);
     });
   });
-  return {gdk, gdv};
+}
+
+// The gradient of a depth slot: zero-filled where the kernel sums it over
+// several query heads (a KV-head slot under GQA), else written once.
+torch::Tensor SlotGradient(const torch::Tensor& slot, int64_t H, int64_t KV) {
+  return slot.size(1) != H && H != KV ? torch::zeros(slot.sizes(), slot.options())
+                                      : torch::empty(slot.sizes(), slot.options());
+}
+
+// The S slots of a stacked [B, H, T, S, hd] depth tensor (undefined: none).
+std::vector<torch::Tensor> SlotsOf(const torch::Tensor& stacked) {
+  if (!stacked.defined()) return {};
+  return stacked.unbind(3);
 }
 
 class CausalAttentionFunction : public torch::autograd::Function<CausalAttentionFunction> {
@@ -572,7 +627,7 @@ class CausalAttentionFunction : public torch::autograd::Function<CausalAttention
                   v = LastDimContiguous(v_in);
     torch::Tensor dk = has_depth ? dk_in.contiguous() : torch::Tensor();
     torch::Tensor dv = has_depth ? dv_in.contiguous() : torch::Tensor();
-    auto [out, lse] = AttnForward({q, k, v, dk, dv, {}, {}, scale});
+    auto [out, lse] = AttnForward({q, k, v, SlotsOf(dk), SlotsOf(dv), {}, {}, scale});
     ctx->save_for_backward({q, k, v, dk, dv, out, lse});
     ctx->saved_data["scale"] = scale;
     return out;
@@ -580,13 +635,18 @@ class CausalAttentionFunction : public torch::autograd::Function<CausalAttention
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     variable_list saved = ctx->get_saved_variables();
-    const AttnArgs a{saved[0], saved[1], saved[2], saved[3], saved[4], {}, {},
+    const torch::Tensor &dk = saved[3], &dv = saved[4];
+    const AttnArgs a{saved[0],    saved[1], saved[2], SlotsOf(dk), SlotsOf(dv), {}, {},
                      ctx->saved_data["scale"].toDouble()};
     const AttnShape sh = a.shape();
     torch::Tensor gq = torch::empty({sh.B, sh.H, sh.T, sh.hd}, a.q.options());
     torch::Tensor gk = torch::empty({sh.B, sh.KV, sh.T, sh.hd}, a.q.options());
     torch::Tensor gv = torch::empty({sh.B, sh.KV, sh.T, sh.hd}, a.q.options());
-    auto [gdk, gdv] = AttnBackward(a, saved[5], saved[6], grads[0].contiguous(), gq, gk, gv);
+    // Per query head slots: every row written once.
+    torch::Tensor gdk = dk.defined() ? torch::empty_like(dk) : torch::Tensor();
+    torch::Tensor gdv = dv.defined() ? torch::empty_like(dv) : torch::Tensor();
+    std::vector<torch::Tensor> gdk_slots = SlotsOf(gdk), gdv_slots = SlotsOf(gdv);
+    AttnBackward(a, saved[5], saved[6], grads[0].contiguous(), gq, gk, gv, gdk_slots, gdv_slots);
     return {gq, gk, gv, gdk, gdv, torch::Tensor(), torch::Tensor()};
   }
 };
@@ -598,40 +658,71 @@ std::array<torch::Tensor, 3> QkvHeads(const torch::Tensor& qkv, int64_t H, int64
           qkv.narrow(2, H + KV, KV).transpose(1, 2)};
 }
 
+std::vector<torch::Tensor> LastDimContiguous(at::TensorList ts) {
+  std::vector<torch::Tensor> out;
+  for (const torch::Tensor& t : ts) out.push_back(LastDimContiguous(t));
+  return out;
+}
+
 // The attention of a packed projection with the rotary embedding applied to
 // q and k on the fly: one gradient tensor for all three (no rotated copies,
-// and no concatenation of three gradients in the backward).
+// and no concatenation of three gradients in the backward). The depth
+// slots are read in place (no [B, H, T, S, hd] stack). With return_kv it
+// also returns copies of k (unrotated) and v, [B, KV, T, hd] (MoDA's cache):
+// their gradients are added to the packed one here, where gradients of
+// views of qkv would each zero-fill and add a qkv-sized tensor.
 class CausalAttentionQkvFunction : public torch::autograd::Function<CausalAttentionQkvFunction> {
  public:
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& qkv_in,
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& qkv_in,
                                const torch::Tensor& cos_in, const torch::Tensor& sin_in,
-                               const torch::Tensor& dk_in, const torch::Tensor& dv_in,
-                               int64_t heads, int64_t kv_heads, double scale, bool has_depth) {
+                               at::TensorList dk_in, at::TensorList dv_in, int64_t heads,
+                               int64_t kv_heads, double scale, bool return_kv) {
     torch::Tensor qkv = LastDimContiguous(qkv_in);
     torch::Tensor cos = cos_in.contiguous(), sin = sin_in.contiguous();
-    torch::Tensor dk = has_depth ? dk_in.contiguous() : torch::Tensor();
-    torch::Tensor dv = has_depth ? dv_in.contiguous() : torch::Tensor();
+    std::vector<torch::Tensor> dk = LastDimContiguous(dk_in), dv = LastDimContiguous(dv_in);
     auto [q, k, v] = QkvHeads(qkv, heads, kv_heads);
     auto [out, lse] = AttnForward({q, k, v, dk, dv, cos, sin, scale});
-    ctx->save_for_backward({qkv, cos, sin, dk, dv, out, lse});
+    std::vector<torch::Tensor> to_save = {qkv, cos, sin, out, lse};
+    to_save.insert(to_save.end(), dk.begin(), dk.end());
+    to_save.insert(to_save.end(), dv.begin(), dv.end());
+    ctx->save_for_backward(to_save);
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["heads"] = heads;
     ctx->saved_data["kv_heads"] = kv_heads;
-    return out;
+    if (!return_kv) return {out};
+    return {out, k.contiguous(), v.contiguous()};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     variable_list saved = ctx->get_saved_variables();
     const torch::Tensor& qkv = saved[0];
     const int64_t H = ctx->saved_data["heads"].toInt(), KV = ctx->saved_data["kv_heads"].toInt();
+    const size_t S = (saved.size() - 5) / 2;
     auto [q, k, v] = QkvHeads(qkv, H, KV);
-    const AttnArgs a{q, k, v, saved[3], saved[4], saved[1], saved[2],
+    const AttnArgs a{q,
+                     k,
+                     v,
+                     std::vector<torch::Tensor>(saved.begin() + 5, saved.begin() + 5 + S),
+                     std::vector<torch::Tensor>(saved.begin() + 5 + S, saved.end()),
+                     saved[1],
+                     saved[2],
                      ctx->saved_data["scale"].toDouble()};
     torch::Tensor gqkv = torch::empty(qkv.sizes(), qkv.options());
     auto [gq, gk, gv] = QkvHeads(gqkv, H, KV);
-    auto [gdk, gdv] = AttnBackward(a, saved[5], saved[6], grads[0].contiguous(), gq, gk, gv);
-    return {gqkv,           torch::Tensor(), torch::Tensor(), gdk, gdv, torch::Tensor(),
-            torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    std::vector<torch::Tensor> gdk, gdv;
+    for (size_t j = 0; j < S; ++j) {
+      gdk.push_back(SlotGradient(a.dk[j], H, KV));
+      gdv.push_back(SlotGradient(a.dv[j], H, KV));
+    }
+    AttnBackward(a, saved[3], saved[4], grads[0].contiguous(), gq, gk, gv, gdk, gdv);
+    // The returned k and v copies' gradients (undefined: unused).
+    if (grads.size() == 3 && grads[1].defined()) gk.add_(grads[1]);
+    if (grads.size() == 3 && grads[2].defined()) gv.add_(grads[2]);
+    variable_list out = {gqkv, torch::Tensor(), torch::Tensor()};
+    out.insert(out.end(), gdk.begin(), gdk.end());
+    out.insert(out.end(), gdv.begin(), gdv.end());
+    out.insert(out.end(), {torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()});
+    return out;
   }
 };
 
@@ -648,19 +739,19 @@ torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k,
   return CausalAttentionFunction::apply(q, k, v, none, none, scale, false);
 }
 
-torch::Tensor CausalAttentionQkv(const torch::Tensor& qkv, int64_t heads, int64_t kv_heads,
-                                 const torch::Tensor& cos, const torch::Tensor& sin,
-                                 const torch::Tensor& depth_keys,
-                                 const torch::Tensor& depth_values, double scale) {
+std::vector<torch::Tensor> CausalAttentionQkv(const torch::Tensor& qkv, int64_t heads,
+                                              int64_t kv_heads, const torch::Tensor& cos,
+                                              const torch::Tensor& sin,
+                                              const std::vector<torch::Tensor>& depth_keys,
+                                              const std::vector<torch::Tensor>& depth_values,
+                                              double scale, bool return_kv) {
   CheckCausalAttentionQkvShapes("CausalAttentionQkv", qkv, heads, kv_heads, cos, sin, depth_keys,
                                 depth_values);
-  if (depth_keys.defined()) {
-    return CausalAttentionQkvFunction::apply(qkv, cos, sin, depth_keys, depth_values, heads,
-                                             kv_heads, scale, true);
-  }
-  torch::Tensor none = torch::empty({0}, qkv.options());
-  return CausalAttentionQkvFunction::apply(qkv, cos, sin, none, none, heads, kv_heads, scale,
-                                           false);
+  // As TensorLists: autograd then tracks each slot (a std::vector argument
+  // would be passed through as a non-tensor).
+  return CausalAttentionQkvFunction::apply(qkv, cos, sin, at::TensorList(depth_keys),
+                                           at::TensorList(depth_values), heads, kv_heads, scale,
+                                           return_kv);
 }
 
 }  // namespace DEPTHBENCH_CPU_FUSED_ISA

@@ -95,8 +95,9 @@ void CheckCausalAttentionShapes(const char* op, const torch::Tensor& q, const to
 
 void CheckCausalAttentionQkvShapes(const char* op, const torch::Tensor& qkv, int64_t heads,
                                    int64_t kv_heads, const torch::Tensor& cos,
-                                   const torch::Tensor& sin, const torch::Tensor& depth_keys,
-                                   const torch::Tensor& depth_values) {
+                                   const torch::Tensor& sin,
+                                   const std::vector<torch::Tensor>& depth_keys,
+                                   const std::vector<torch::Tensor>& depth_values) {
   TORCH_CHECK(heads >= 1 && kv_heads >= 1 && heads % kv_heads == 0, op, ": heads (", heads,
               ") must be a positive multiple of kv_heads (", kv_heads, ")");
   TORCH_CHECK(qkv.dim() == 4 && qkv.size(2) == heads + 2 * kv_heads, op,
@@ -111,10 +112,23 @@ void CheckCausalAttentionQkvShapes(const char* op, const torch::Tensor& qkv, int
               ": cos and sin must have qkv's dtype ", qkv.scalar_type());
   TORCH_CHECK(!cos.requires_grad() && !sin.requires_grad(), op,
               ": cos and sin are tables and take no gradient");
-  CheckCausalAttentionShapes(op, qkv.narrow(2, 0, heads).transpose(1, 2),
-                             qkv.narrow(2, heads, kv_heads).transpose(1, 2),
-                             qkv.narrow(2, heads + kv_heads, kv_heads).transpose(1, 2), depth_keys,
-                             depth_values);
+  TORCH_CHECK(depth_keys.size() == depth_values.size(), op, ": ", depth_keys.size(),
+              " depth key slots but ", depth_values.size(), " value slots");
+  const int64_t B = qkv.size(0);
+  for (size_t j = 0; j < depth_keys.size(); ++j) {
+    for (const torch::Tensor* t : {&depth_keys[j], &depth_values[j]}) {
+      const char* what = t == &depth_keys[j] ? "depth key" : "depth value";
+      TORCH_CHECK(t->defined() && t->dim() == 4 && t->size(0) == B &&
+                      (t->size(1) == heads || t->size(1) == kv_heads) && t->size(2) == T &&
+                      t->size(3) == hd,
+                  op, ": ", what, " slot ", j, " has ",
+                  t->defined() ? t->sizes() : torch::IntArrayRef{}, ", expected [B = ", B,
+                  ", heads ", heads, " or kv_heads ", kv_heads, ", T = ", T, ", head_dim = ", hd,
+                  "]");
+      TORCH_CHECK(t->scalar_type() == qkv.scalar_type(), op, ": ", what, " slot ", j,
+                  " has dtype ", t->scalar_type(), ", qkv ", qkv.scalar_type());
+    }
+  }
 }
 
 torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
@@ -169,12 +183,14 @@ torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k,
   return DEPTHBENCH_CPU_FUSED_CALL(CausalAttention, q, k, v, depth_keys, depth_values, scale);
 }
 
-torch::Tensor CausalAttentionQkv(const torch::Tensor& qkv, int64_t heads, int64_t kv_heads,
-                                 const torch::Tensor& cos, const torch::Tensor& sin,
-                                 const torch::Tensor& depth_keys,
-                                 const torch::Tensor& depth_values, double scale) {
+std::vector<torch::Tensor> CausalAttentionQkv(const torch::Tensor& qkv, int64_t heads,
+                                              int64_t kv_heads, const torch::Tensor& cos,
+                                              const torch::Tensor& sin,
+                                              const std::vector<torch::Tensor>& depth_keys,
+                                              const std::vector<torch::Tensor>& depth_values,
+                                              double scale, bool return_kv) {
   return DEPTHBENCH_CPU_FUSED_CALL(CausalAttentionQkv, qkv, heads, kv_heads, cos, sin, depth_keys,
-                                   depth_values, scale);
+                                   depth_values, scale, return_kv);
 }
 
 #undef DEPTHBENCH_CPU_FUSED_CALL

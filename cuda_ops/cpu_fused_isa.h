@@ -47,10 +47,10 @@
   torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k,                \
                                 const torch::Tensor& v, const torch::Tensor& depth_keys,       \
                                 const torch::Tensor& depth_values, double scale);              \
-  torch::Tensor CausalAttentionQkv(const torch::Tensor& qkv, int64_t heads, int64_t kv_heads,    \
-                                   const torch::Tensor& cos, const torch::Tensor& sin,           \
-                                   const torch::Tensor& depth_keys,                              \
-                                   const torch::Tensor& depth_values, double scale);             \
+  std::vector<torch::Tensor> CausalAttentionQkv(                                              \
+      const torch::Tensor& qkv, int64_t heads, int64_t kv_heads, const torch::Tensor& cos,     \
+      const torch::Tensor& sin, const std::vector<torch::Tensor>& depth_keys,                  \
+      const std::vector<torch::Tensor>& depth_values, double scale, bool return_kv);           \
   /* Threads at::parallel_for ran a 64-task loop on, as compiled in this object. */          \
   int ParallelForThreads();                                                                  \
   }

@@ -352,23 +352,44 @@ torch::Tensor RopeRotate(const torch::Tensor& x, const torch::Tensor& cos,
 
 torch::Tensor CausalAttentionQkvOp(const torch::Tensor& qkv, int64_t heads, int64_t kv_heads,
                                    const torch::Tensor& cos, const torch::Tensor& sin,
-                                   const torch::Tensor& depth_keys,
-                                   const torch::Tensor& depth_values, double scale) {
+                                   const std::vector<torch::Tensor>& depth_keys,
+                                   const std::vector<torch::Tensor>& depth_values, double scale,
+                                   std::pair<torch::Tensor, torch::Tensor>* own_kv) {
   cpu_fused::CheckCausalAttentionQkvShapes("CausalAttentionQkvOp", qkv, heads, kv_heads, cos, sin,
                                            depth_keys, depth_values);
-  const bool depth = depth_keys.defined() && depth_keys.numel() > 0;
-  const torch::Tensor none;
-  const torch::Tensor& dk = depth ? depth_keys : none;
-  const torch::Tensor& dv = depth ? depth_values : none;
-  if (CpuAttentionFused() && CpuFused({&qkv, &cos, &sin}) &&
-      (!depth || CpuFused({&qkv, &dk, &dv}))) {
-    return cpu_fused::CausalAttentionQkv(qkv, heads, kv_heads, cos, sin, dk, dv, scale);
+  bool fused = CpuAttentionFused() && CpuFused({&qkv, &cos, &sin});
+  for (const torch::Tensor& t : depth_keys) fused = fused && CpuFused({&qkv, &t});
+  for (const torch::Tensor& t : depth_values) fused = fused && CpuFused({&qkv, &t});
+  if (fused) {
+    std::vector<torch::Tensor> r = cpu_fused::CausalAttentionQkv(
+        qkv, heads, kv_heads, cos, sin, depth_keys, depth_values, scale, own_kv != nullptr);
+    if (own_kv != nullptr) *own_kv = {r[1], r[2]};
+    return r[0];
+  }
+  if (own_kv != nullptr) {
+    *own_kv = {qkv.narrow(2, heads, kv_heads).transpose(1, 2),
+               qkv.narrow(2, heads + kv_heads, kv_heads).transpose(1, 2)};
   }
   // split (not narrow): its backward is one concatenation, where each
   // narrow's backward zero-fills a full-size gradient and adds.
   std::vector<torch::Tensor> qk_v = qkv.split_with_sizes({heads + kv_heads, kv_heads}, 2);
   torch::Tensor qk = RopeRotate(qk_v[0].transpose(1, 2), cos, sin);
   std::vector<torch::Tensor> q_k = qk.split_with_sizes({heads, kv_heads}, 1);
+  torch::Tensor dk, dv;
+  if (!depth_keys.empty()) {
+    // [B, H, T, S, hd] with KV-head slots repeated per query head, the keys
+    // rotated at their own token's position like the query.
+    auto stack = [heads](const std::vector<torch::Tensor>& slots) {
+      std::vector<torch::Tensor> per_query;
+      for (const torch::Tensor& t : slots) {
+        per_query.push_back(t.size(1) == heads ? t
+                                               : t.repeat_interleave(heads / t.size(1), 1));
+      }
+      return torch::stack(per_query, 3);
+    };
+    dk = RopeRotate(stack(depth_keys), cos.unsqueeze(1), sin.unsqueeze(1));
+    dv = stack(depth_values);
+  }
   return CompositeCausalAttention(q_k[0], q_k[1], qk_v[1].transpose(1, 2), dk, dv, scale);
 }
 

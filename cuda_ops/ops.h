@@ -132,12 +132,18 @@ torch::Tensor RopeRotate(const torch::Tensor& x, const torch::Tensor& cos,
 
 // CausalAttentionOp on the packed Q/K/V projection qkv [B, T, H + 2 KV, hd]
 // with RopeRotate applied to q and k first (tables [T, hd]); returns
-// [B, T, H * hd]. Fused on CPU (rotation inside the kernel, one gradient for
-// qkv; cpu_fused.h), else RopeRotate and the composite.
+// [B, T, H * hd]. MoDA's depth keys and values: S slots each (possibly
+// none), [B, H or KV, T, hd], the keys unrotated (see
+// cpu_fused::CausalAttentionQkv). Fused on CPU (rotation inside the kernel,
+// one gradient for qkv, the slots read in place; cpu_fused.h), else
+// RopeRotate, the slots stacked and the composite. own_kv, if given,
+// receives this layer's unrotated keys and values [B, KV, T, hd] (MoDA's
+// slots for later layers).
 torch::Tensor CausalAttentionQkvOp(const torch::Tensor& qkv, int64_t heads, int64_t kv_heads,
                                    const torch::Tensor& cos, const torch::Tensor& sin,
-                                   const torch::Tensor& depth_keys,
-                                   const torch::Tensor& depth_values, double scale);
+                                   const std::vector<torch::Tensor>& depth_keys,
+                                   const std::vector<torch::Tensor>& depth_values, double scale,
+                                   std::pair<torch::Tensor, torch::Tensor>* own_kv = nullptr);
 
 // HC/mHC connector. h [..., n, d]; read, b [..., n]; a [..., n, n] or
 // undefined (identity, the HC code form); coefficients fp32.

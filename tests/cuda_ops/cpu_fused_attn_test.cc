@@ -243,13 +243,15 @@ TEST(CpuFusedAttentionDispatch, BadShapesAreRejectedWithTheFieldNamed) {
                "CausalAttention: k");
 }
 
-// The packed form: qkv [B, T, H + 2 KV, hd] with rope tables [T, hd].
+// The packed form: qkv [B, T, H + 2 KV, hd] with rope tables [T, hd] and
+// S depth slots of keys and values.
 struct QkvInputs {
-  torch::Tensor qkv, cos, sin, dk, dv;
+  torch::Tensor qkv, cos, sin;
+  std::vector<torch::Tensor> dk, dv;
 };
 
-// The model's tables (trainer_core's Rope) or random ones (the contract is
-// any cos/sin).
+// The model's tables (trainer_core's Rope) or random ones: any values without
+// depth slots, random rotations with them.
 QkvInputs MakeQkv(const AttnCase& c, bool model_tables, torch::ScalarType dtype = torch::kFloat32) {
   const auto o = torch::TensorOptions().dtype(dtype);
   QkvInputs in;
@@ -257,40 +259,69 @@ QkvInputs MakeQkv(const AttnCase& c, bool model_tables, torch::ScalarType dtype 
   if (model_tables) {
     const Rope rope(c.hd, c.T + 5);
     rope.Tables(c.T, in.qkv, &in.cos, &in.sin);
+  } else if (c.S > 0) {
+    // Random angles: still a rotation, which the depth keys' equivalence
+    // (unrotated keys against the unrotated query) needs.
+    torch::Tensor angles = torch::rand({c.T, c.hd / 2}, o) * 6.3;
+    in.cos = torch::cat({angles, angles}, -1).cos();
+    in.sin = torch::cat({-angles.sin(), angles.sin()}, -1);
   } else {
+    // Any tables at all: the kernel applies x cos + swap(x) sin.
     in.cos = torch::randn({c.T, c.hd}, o);
     in.sin = torch::randn({c.T, c.hd}, o);
   }
-  if (c.S > 0) {
-    in.dk = torch::randn({c.B, c.H, c.T, c.S, c.hd}, o);
-    in.dv = torch::randn({c.B, c.H, c.T, c.S, c.hd}, o);
+  // Slots as MoDA makes them: key/value-head views of a [B, T, heads, hd]
+  // projection, alternating with query-head slots (contiguous).
+  for (int64_t j = 0; j < c.S; ++j) {
+    for (auto* list : {&in.dk, &in.dv}) {
+      list->push_back(j % 2 == 0 ? torch::randn({c.B, c.T, c.KV, c.hd}, o).transpose(1, 2)
+                                 : torch::randn({c.B, c.H, c.T, c.hd}, o));
+    }
   }
   return in;
 }
 
 QkvInputs ToDouble(const QkvInputs& in) {
-  auto d = [](const torch::Tensor& t) { return t.defined() ? t.to(torch::kFloat64) : t; };
-  return {d(in.qkv), d(in.cos), d(in.sin), d(in.dk), d(in.dv)};
+  auto d = [](const torch::Tensor& t) { return t.to(torch::kFloat64); };
+  QkvInputs out{d(in.qkv), d(in.cos), d(in.sin), {}, {}};
+  for (const auto& t : in.dk) out.dk.push_back(d(t));
+  for (const auto& t : in.dv) out.dv.push_back(d(t));
+  return out;
 }
 
-// Output and the gradients of qkv and the depth lists; fused: the kernel,
-// else the op with fused ops disabled (RopeRotate + the composite).
+// Output and the gradients of qkv and every depth slot; fused: the kernel,
+// else the op with fused ops disabled (RopeRotate, the slots stacked with
+// their keys rotated, and the composite).
 Outcome RunQkv(const AttnCase& c, const QkvInputs& in, const torch::Tensor& probe, bool fused) {
-  auto leaf = [](const torch::Tensor& t) {
-    return t.defined() ? t.detach().clone().requires_grad_(true) : torch::Tensor();
-  };
-  torch::Tensor qkv = leaf(in.qkv), dk = leaf(in.dk), dv = leaf(in.dv);
+  // Leaves keep the inputs' strides (clone preserves them).
+  auto leaf = [](const torch::Tensor& t) { return t.detach().clone().requires_grad_(true); };
+  torch::Tensor qkv = leaf(in.qkv);
+  std::vector<torch::Tensor> dk, dv;
+  for (const auto& t : in.dk) dk.push_back(leaf(t));
+  for (const auto& t : in.dv) dv.push_back(leaf(t));
   const double scale = 1.0 / std::sqrt(static_cast<double>(c.hd));
+  // With MoDA's own keys and values returned and used (probed) too.
   torch::Tensor y;
+  std::pair<torch::Tensor, torch::Tensor> own;
   if (fused) {
-    y = cpu_fused::CausalAttentionQkv(qkv, c.H, c.KV, in.cos, in.sin, dk, dv, scale);
+    std::vector<torch::Tensor> r =
+        cpu_fused::CausalAttentionQkv(qkv, c.H, c.KV, in.cos, in.sin, dk, dv, scale, true);
+    y = r[0];
+    own = {r[1], r[2]};
   } else {
     SetFusedOpsEnabled(false);
-    y = CausalAttentionQkvOp(qkv, c.H, c.KV, in.cos, in.sin, dk, dv, scale);
+    y = CausalAttentionQkvOp(qkv, c.H, c.KV, in.cos, in.sin, dk, dv, scale, &own);
     SetFusedOpsEnabled(true);
   }
-  (y * probe.to(y.scalar_type())).sum().backward();
-  return {y.detach(), {qkv.grad(), dk.defined() ? dk.grad() : dk, dv.defined() ? dv.grad() : dv}};
+  // Position-dependent probes of the returned k and v.
+  torch::Tensor pk = torch::arange(c.T, torch::kFloat64).div(c.T).view({1, 1, c.T, 1});
+  ((y * probe.to(y.scalar_type())).sum() + (own.first * pk.to(y.scalar_type())).sum() +
+   (own.second * (1 - pk).to(y.scalar_type())).sum())
+      .backward();
+  Outcome r{y.detach(), {qkv.grad()}};
+  for (const auto& t : dk) r.grads.push_back(t.grad());
+  for (const auto& t : dv) r.grads.push_back(t.grad());
+  return r;
 }
 
 class CpuFusedAttentionQkv : public testing::ThreadsTest {};
@@ -344,16 +375,16 @@ TEST(CpuFusedAttentionQkvCheck, GradcheckWithRandomTables) {
   for (const AttnCase& c : {AttnCase{1, 2, 1, 5, 4, 0}, AttnCase{2, 2, 2, 4, 8, 2}}) {
     SCOPED_TRACE(Describe(c));
     const QkvInputs in = MakeQkv(c, false, torch::kFloat64);
+    // Contiguous leaves: GradCheck perturbs the inputs through a flat view.
     std::vector<torch::Tensor> leaves = {in.qkv.detach().clone().requires_grad_(true)};
-    if (c.S > 0) {
-      leaves.push_back(in.dk.detach().clone().requires_grad_(true));
-      leaves.push_back(in.dv.detach().clone().requires_grad_(true));
+    for (const auto* list : {&in.dk, &in.dv}) {
+      for (const auto& t : *list) leaves.push_back(t.detach().contiguous().requires_grad_(true));
     }
-    const bool depth = c.S > 0;
+    const size_t S = in.dk.size();
     EXPECT_EQ(GradCheck([&](const auto& x) {
-                return cpu_fused::CausalAttentionQkv(x[0], c.H, c.KV, in.cos, in.sin,
-                                                     depth ? x[1] : torch::Tensor(),
-                                                     depth ? x[2] : torch::Tensor(), 0.7);
+                const std::vector<torch::Tensor> dk(x.begin() + 1, x.begin() + 1 + S),
+                    dv(x.begin() + 1 + S, x.end());
+                return cpu_fused::CausalAttentionQkv(x[0], c.H, c.KV, in.cos, in.sin, dk, dv, 0.7)[0];
               }, leaves),
               "");
   }
@@ -372,9 +403,10 @@ TEST(CpuFusedAttentionQkvCheck, Avx2AndBaselineBuildsAgree) {
     auto run = [&](bool avx2) {
       torch::Tensor qkv = in.qkv.clone().requires_grad_(true);
       torch::Tensor y =
-          avx2 ? cpu_fused::avx2::CausalAttentionQkv(qkv, c.H, c.KV, in.cos, in.sin, in.dk, in.dv, 0.25)
+          avx2 ? cpu_fused::avx2::CausalAttentionQkv(qkv, c.H, c.KV, in.cos, in.sin, in.dk, in.dv, 0.25,
+                                                     false)[0]
                : cpu_fused::generic::CausalAttentionQkv(qkv, c.H, c.KV, in.cos, in.sin, in.dk, in.dv,
-                                                        0.25);
+                                                        0.25, false)[0];
       (y * probe).sum().backward();
       return std::vector<torch::Tensor>{y.detach(), qkv.grad()};
     };
@@ -395,15 +427,18 @@ TEST(CpuFusedAttentionQkvCheck, OpUsesTheKernelAndMatchesRotateThenAttend) {
   const double scale = 0.25;
   torch::Tensor packed = CausalAttentionQkvOp(in.qkv, c.H, c.KV, in.cos, in.sin, {}, {}, scale);
   EXPECT_TRUE(torch::equal(packed, cpu_fused::CausalAttentionQkv(in.qkv, c.H, c.KV, in.cos, in.sin,
-                                                                 {}, {}, scale)));
+                                                                 {}, {}, scale)[0]));
+  // MoDA's own slots: the unrotated keys and the values, as copies.
+  std::pair<torch::Tensor, torch::Tensor> own;
+  EXPECT_TRUE(torch::equal(CausalAttentionQkvOp(in.qkv, c.H, c.KV, in.cos, in.sin, {}, {}, scale, &own),
+                           packed));
+  EXPECT_TRUE(torch::equal(own.first, in.qkv.narrow(2, c.H, c.KV).transpose(1, 2)));
+  EXPECT_TRUE(torch::equal(own.second, in.qkv.narrow(2, c.H + c.KV, c.KV).transpose(1, 2)));
+  EXPECT_TRUE(own.first.is_contiguous() && own.second.is_contiguous());
   torch::Tensor q = RopeRotate(in.qkv.narrow(2, 0, c.H).transpose(1, 2), in.cos, in.sin);
   torch::Tensor k = RopeRotate(in.qkv.narrow(2, c.H, c.KV).transpose(1, 2), in.cos, in.sin);
   torch::Tensor v = in.qkv.narrow(2, c.H + c.KV, c.KV).transpose(1, 2);
   EXPECT_LE(MaxAbsDiff(packed, cpu_fused::CausalAttention(q, k, v, {}, {}, scale)), 1e-5);
-  // Empty depth lists are no depth.
-  torch::Tensor none = torch::empty({c.B, c.H, c.T, 0, c.hd});
-  EXPECT_TRUE(torch::equal(CausalAttentionQkvOp(in.qkv, c.H, c.KV, in.cos, in.sin, none, none, scale),
-                           packed));
   EXPECT_NE(FusedOpsDescription().find("RoPE on the packed"), std::string::npos)
       << FusedOpsDescription();
   SetFusedOpsEnabled(false);
@@ -439,9 +474,21 @@ TEST(CpuFusedAttentionQkvCheck, BadShapesAreRejectedWithTheFieldNamed) {
     cpu_fused::CausalAttentionQkv(qkv, 4, 2, t, t, {}, {}, 1.0);
   }, "CausalAttentionQkv: cos and sin are tables");
   expect_error([&] {
-    torch::Tensor d = torch::randn({2, 4, 9, 2, 8});
-    CausalAttentionQkvOp(qkv, 4, 2, cs, cs, d, d, 1.0);
-  }, "CausalAttentionQkvOp: depth keys");
+    torch::Tensor d = torch::randn({2, 4, 9, 8});
+    CausalAttentionQkvOp(qkv, 4, 2, cs, cs, {d}, {d}, 1.0);
+  }, "CausalAttentionQkvOp: depth key slot 0 has [2, 4, 9, 8], expected [B = 2, heads 4 or kv_heads 2, T = 10");
+  expect_error([&] {
+    torch::Tensor d = torch::randn({2, 3, 10, 8});
+    CausalAttentionQkvOp(qkv, 4, 2, cs, cs, {d}, {d}, 1.0);
+  }, "CausalAttentionQkvOp: depth key slot 0");
+  expect_error([&] {
+    torch::Tensor d = torch::randn({2, 2, 10, 8});
+    CausalAttentionQkvOp(qkv, 4, 2, cs, cs, {d, d}, {d}, 1.0);
+  }, "CausalAttentionQkvOp: 2 depth key slots but 1 value slots");
+  expect_error([&] {
+    torch::Tensor d = torch::randn({2, 2, 10, 8});
+    CausalAttentionQkvOp(qkv, 4, 2, cs, cs, {d}, {d.to(torch::kFloat64)}, 1.0);
+  }, "CausalAttentionQkvOp: depth value slot 0 has dtype Double");
 }
 
 }  // namespace

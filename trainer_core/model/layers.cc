@@ -78,12 +78,6 @@ AttentionImpl::AttentionImpl(const AttentionOptions& options)
   o_proj = register_module("o_proj", NoBias(d, d));
 }
 
-torch::Tensor AttentionImpl::ExpandKv(const torch::Tensor& kv) const {
-  const int64_t groups = options_.heads / options_.kv_heads;
-  if (groups == 1) return kv;
-  return kv.repeat_interleave(groups, /*dim=*/1);
-}
-
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const Rope& rope) {
   return ForwardWithDepth(x, rope, DepthKv{}, nullptr);
 }
@@ -101,15 +95,10 @@ torch::Tensor AttentionImpl::ForwardWithDepth(
           .view({B, T, H + 2 * KV, hd});
   torch::Tensor cos, sin;
   rope.Tables(T, qkv, &cos, &sin);
-  if (own_kv != nullptr) {
-    // MoDA's cache of this layer's rotated keys and values ([B, H, T, hd]).
-    torch::Tensor k = RopeRotate(qkv.narrow(2, H, KV).transpose(1, 2), cos, sin);
-    *own_kv = {ExpandKv(k), ExpandKv(qkv.narrow(2, H + KV, KV).transpose(1, 2))};
-  }
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
-  // Undefined or empty (S = 0) depth lists are plain causal attention.
+  // No depth slots: plain causal attention.
   torch::Tensor out =
-      CausalAttentionQkvOp(qkv, H, KV, cos, sin, depth.keys, depth.values, scale);
+      CausalAttentionQkvOp(qkv, H, KV, cos, sin, depth.keys, depth.values, scale, own_kv);
   return o_proj->forward(out);
 }
 

@@ -14,6 +14,7 @@
 #include <torch/torch.h>
 
 #include <optional>
+#include <vector>
 
 namespace depthbench {
 
@@ -69,12 +70,14 @@ class Rope {
   mutable torch::Tensor cache_cos_, cache_sin_;  // on the device/dtype last used
 };
 
-// Per-token K/V of earlier sub-layers for MoDA's depth attention:
-// keys/values [B, H, T, S, head_dim] where S is the number of depth slots.
+// Per-token K/V of earlier sub-layers for MoDA's depth attention: one
+// [B, kv_heads (or heads), T, head_dim] tensor per depth slot, the keys not
+// rotated (CausalAttentionQkvOp scores them against the unrotated query,
+// which equals rotating both at the token's own position).
 struct DepthKv {
-  torch::Tensor keys;
-  torch::Tensor values;
-  bool empty() const { return !keys.defined() || keys.size(3) == 0; }
+  std::vector<torch::Tensor> keys;
+  std::vector<torch::Tensor> values;
+  bool empty() const { return keys.empty(); }
 };
 
 struct AttentionOptions {
@@ -91,10 +94,11 @@ class AttentionImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x, const Rope& rope);
   // MoDA: one softmax over the causal sequence K/V and, per token, the depth
   // K/V of earlier sub-layers (scale 1/sqrt(head_dim) for both). When
-  // `own_kv` is given it receives this sub-layer's K/V, [B, H, T, head_dim]
-  // each with kv heads expanded to H, for later layers. Depth keys are
-  // rotated at their own token's position, like the query that reads them,
-  // so q . k_depth is the rotation-free dot product.
+  // `own_kv` is given it receives this sub-layer's K/V, [B, kv_heads, T,
+  // head_dim] each (views of the projection), for later layers. Depth keys
+  // stay unrotated and are scored against the unrotated query: the
+  // rotation-free dot product, which is what rotating both at their own
+  // token's position gives.
   torch::Tensor ForwardWithDepth(const torch::Tensor& x, const Rope& rope,
                                  const DepthKv& depth,
                                  std::pair<torch::Tensor, torch::Tensor>* own_kv);
@@ -104,8 +108,6 @@ class AttentionImpl : public torch::nn::Module {
   const AttentionOptions& options() const { return options_; }
 
  private:
-  torch::Tensor ExpandKv(const torch::Tensor& kv) const;
-
   AttentionOptions options_;
   int64_t head_dim_;
 };

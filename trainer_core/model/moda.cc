@@ -3,11 +3,10 @@
 // per token, the K/V that earlier sub-layers produced for the same token
 // (scale 1/sqrt(head_dim), Attention::ForwardWithDepth).
 //
-// Depth cache (DepthState::depth_keys / depth_values, one [B, H, T, hd]
-// tensor per slot, appended in execution order): the attention of the block
-// in slot p writes its own (RoPE-rotated) K and V (slot 2p); its FFN writes
-// K/V from its own projections of its normalised input (slot 2p + 1), the
-// key rotated at its token's position like the attention keys. The final
+// Depth cache (DepthState::depth_keys / depth_values, one [B, kv_heads, T,
+// hd] tensor per slot, appended in execution order): the attention of the
+// block in slot p writes its own K and V (slot 2p); its FFN writes K/V from
+// its own projections of its normalised input (slot 2p + 1). The final
 // block has no FFN K/V projections (no later layer reads them), and nothing
 // is written from the last slot. Block 0 sees an empty cache, i.e. plain
 // attention. A skipped block writes nothing into the slots it owns: they
@@ -17,10 +16,13 @@
 // RoPE and the depth keys (issue 12 item 9). The paper (Table 1 and Appendix
 // A) defines the depth part of the softmax as the same token's K/V from
 // earlier layers at scale 1/sqrt(head_dim) and gives no position treatment
-// for it. We rotate a depth key at its own token's position t, like the
-// query t that reads it: (R_t q_t) . (R_t k_t) = q_t . k_t, i.e. RoPE at
-// relative offset 0, so a depth logit carries no absolute position, as every
-// RoPE attention logit depends on relative offsets only. The authors' code
+// for it. We treat a depth key as rotated at its own token's position t,
+// like the query t that reads it: (R_t q_t) . (R_t k_t) = q_t . k_t, i.e.
+// RoPE at relative offset 0, so a depth logit carries no absolute position,
+// as every RoPE attention logit depends on relative offsets only. The cache
+// therefore holds unrotated keys and the attention scores them against the
+// unrotated query (CausalAttentionQkvOp), the same logits without rotating
+// any key (the rotation is orthogonal). The authors' code
 // (olmo_core/nn/moda.py) caches the keys before RoPE and rotates only the
 // query, so its depth logits are (R_t q_t) . k_t and vary with the absolute
 // position t for the same content; we read that as an artefact of sharing
@@ -30,6 +32,7 @@
 // checks the model against an explicit forward of this form and that the
 // other form gives clearly different logits.
 #include <string>
+#include <vector>
 
 #include "trainer_core/model/design.h"
 
@@ -68,11 +71,8 @@ class ModaDesign final : public DesignImpl {
   void ApplyBlock(int64_t position, int64_t weights, DepthState& s) override {
     ModaBlockImpl& b = *blocks_[weights];
     const bool last = position == num_blocks() - 1;
-    DepthKv depth;
-    if (!s.depth_keys.empty()) {
-      depth.keys = torch::stack(s.depth_keys, 3);  // [B, H, T, S, hd]
-      depth.values = torch::stack(s.depth_values, 3);
-    }
+    // The slots as they are (the attention reads them in place).
+    const DepthKv depth{s.depth_keys, s.depth_values};
     std::pair<torch::Tensor, torch::Tensor> own;
     torch::Tensor h = s.tensors[0];
     h = h + b.attn->ForwardWithDepth(b.attn_norm->forward(h), rope(), depth,
@@ -88,8 +88,13 @@ class ModaDesign final : public DesignImpl {
       // earlier slot use that slot's own (parameters that exist only at
       // some positions stay in place, spec section 9).
       ModaBlockImpl& kv = b.has_ffn_kv() ? b : *blocks_[position];
-      s.depth_keys.push_back(ExpandKv(rope().Apply(Heads(kv.ffn_depth_k->forward(x)))));
-      s.depth_values.push_back(ExpandKv(Heads(kv.ffn_depth_v->forward(x))));
+      // One GEMM for both projections (separate parameters; split's
+      // backward is one concatenation).
+      std::vector<torch::Tensor> k_v =
+          torch::linear(x, torch::cat({kv.ffn_depth_k->weight, kv.ffn_depth_v->weight}, 0))
+              .chunk(2, /*dim=*/-1);
+      s.depth_keys.push_back(Heads(k_v[0]));
+      s.depth_values.push_back(Heads(k_v[1]));
     }
     s.tensors[0] = h;
   }
@@ -100,7 +105,8 @@ class ModaDesign final : public DesignImpl {
     if (position == num_blocks() - 1) return;
     const torch::Tensor& h = s.tensors[0];
     const ModelShape& sh = options_.shape;
-    torch::Tensor zero = torch::zeros({h.size(0), sh.heads, h.size(1), sh.head_dim()}, h.options());
+    torch::Tensor zero =
+        torch::zeros({h.size(0), sh.kv_heads, h.size(1), sh.head_dim()}, h.options());
     for (int i = 0; i < 2; ++i) {
       s.depth_keys.push_back(zero);
       s.depth_values.push_back(zero);
@@ -116,10 +122,6 @@ class ModaDesign final : public DesignImpl {
   torch::Tensor Heads(const torch::Tensor& x) const {
     const ModelShape& sh = options_.shape;
     return x.view({x.size(0), x.size(1), sh.kv_heads, sh.head_dim()}).transpose(1, 2);
-  }
-  torch::Tensor ExpandKv(const torch::Tensor& kv) const {
-    const int64_t groups = options_.shape.heads / options_.shape.kv_heads;
-    return groups == 1 ? kv : kv.repeat_interleave(groups, /*dim=*/1);
   }
 
   std::vector<ModaBlock> blocks_;
