@@ -11,12 +11,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "cuda_ops/cpu_fused.h"
 #include "cuda_ops/cpu_fused_isa.h"
 // Last: the ISA of this object (cpu_fused_isa.h).
 #include "cuda_ops/cpu_fused_target.h"
+#include "cuda_ops/cpu_fused_vec.h"
 
 namespace depthbench {
 namespace cpu_fused {
@@ -257,6 +259,48 @@ inline void ProjectRow(const T* xr, const T* wp, int64_t k, int64_t m, double ep
   for (int64_t j = 0; j < m; ++j) ur[j] = inv * Dot(xr, wp + j * k, k);
 }
 
+// ProjectRow for `count` <= kGroup consecutive rows x (stride k) into rs
+// [count] and u [count][m]. In float with k a multiple of 8, register-
+// blocked: two weight rows against all the rows at once, so the m x k
+// weights (48 KB for mHC at d = 128, past L1) stream once per group
+// instead of once per row.
+template <typename T>
+inline void ProjectGroup(const T* x, int64_t count, const T* wp, int64_t k, int64_t m, double eps,
+                         T* rs, T* u) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (k % 8 == 0) {
+      const float* xs[kGroup];
+      for (int64_t q = 0; q < kGroup; ++q) {
+        xs[q] = x + std::min(q, count - 1) * k;  // rows past the end: a copy (unused)
+        if (q < count) {
+          rs[q] = static_cast<float>(
+              1.0 / std::sqrt(static_cast<double>(Dot(xs[q], xs[q], k)) / static_cast<double>(k) +
+                              eps));
+        }
+      }
+      for (int64_t j = 0; j < m; j += 2) {
+        const float* w0 = wp + j * k;
+        const float* w1 = j + 1 < m ? w0 + k : w0;  // odd m: the last row twice (unused)
+        V8f a[kGroup][2] = {};
+        for (int64_t i = 0; i < k; i += 8) {
+          const V8f v0 = Load8(w0 + i), v1 = Load8(w1 + i);
+          for (int q = 0; q < kGroup; ++q) {
+            const V8f xv = Load8(xs[q] + i);
+            a[q][0] += xv * v0;
+            a[q][1] += xv * v1;
+          }
+        }
+        for (int64_t q = 0; q < count; ++q) {
+          u[q * m + j] = rs[q] * Sum8(a[q][0]);
+          if (j + 1 < m) u[q * m + j + 1] = rs[q] * Sum8(a[q][1]);
+        }
+      }
+      return;
+    }
+  }
+  for (int64_t q = 0; q < count; ++q) ProjectRow(x + q * k, wp, k, m, eps, rs + q, u + q * m);
+}
+
 // The projection u [rows, m] = rs * (x2 wt^T), rs [rows, 1] = rsqrt(mean(x2^2)
 // + eps) per row, for x2 [rows, K] and wt [m, K] (one row per output); the
 // normalised rows are never written out.
@@ -272,10 +316,66 @@ Projection ProjectRows(const torch::Tensor& x2, const torch::Tensor& wt, double 
     scalar_t* rp = p.rs.data_ptr<scalar_t>();
     scalar_t* up = p.u.data_ptr<scalar_t>();
     at::parallel_for(0, rows, Grain((m + 1) * k), [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) ProjectRow(xp + r * k, wp, k, m, eps, rp + r, up + r * m);
+      for (int64_t r = begin; r < end; r += kGroup) {
+        ProjectGroup(xp + r * k, std::min(kGroup, end - r), wp, k, m, eps, rp + r, up + r * m);
+      }
     });
   });
   return p;
+}
+
+// The projection backward's two products for a group of kGroup rows in
+// float with k a multiple of 16, register-blocked: 16 columns of the kGroup
+// rows' outputs stay in registers while the m weight (or dw) rows stream
+// past, so each weight row is read once per group instead of once per row
+// and the dw block once per group with no reloads of x (the per-row loops
+// below were bound by L1 misses on the m x k weights, 48 KB for mHC at
+// d = 128). dp: [kGroup][m] (rows past the end zero); xs: the group's rows.
+//   o_q  = c_q x_q + sum_j dp[q][j] w_j      (dx rows; o_q null: skipped)
+//   blk_j += sum_q dp[q][j] x_q              (dw^T rows)
+inline void GroupDx(const float* dp, const float* const* xs, const float* cs, const float* wp,
+                    int64_t k, int64_t m, float* const* o) {
+  for (int64_t i = 0; i < k; i += 16) {
+    V8f acc[kGroup][2];
+    for (int q = 0; q < kGroup; ++q) {
+      const V8f c = Broadcast8(cs[q]);
+      acc[q][0] = c * Load8(xs[q] + i);
+      acc[q][1] = c * Load8(xs[q] + i + 8);
+    }
+    for (int64_t j = 0; j < m; ++j) {
+      const V8f w0 = Load8(wp + j * k + i), w1 = Load8(wp + j * k + i + 8);
+      for (int q = 0; q < kGroup; ++q) {
+        const V8f b = Broadcast8(dp[q * m + j]);
+        acc[q][0] += b * w0;
+        acc[q][1] += b * w1;
+      }
+    }
+    for (int q = 0; q < kGroup; ++q) {
+      if (o[q] == nullptr) continue;
+      Store8(o[q] + i, acc[q][0]);
+      Store8(o[q] + i + 8, acc[q][1]);
+    }
+  }
+}
+inline void GroupDw(const float* dp, const float* const* xs, int64_t k, int64_t m, float* block) {
+  for (int64_t i = 0; i < k; i += 16) {
+    V8f x[kGroup][2];
+    for (int q = 0; q < kGroup; ++q) {
+      x[q][0] = Load8(xs[q] + i);
+      x[q][1] = Load8(xs[q] + i + 8);
+    }
+    for (int64_t j = 0; j < m; ++j) {
+      float* b = block + j * k + i;
+      V8f b0 = Load8(b), b1 = Load8(b + 8);
+      for (int q = 0; q < kGroup; ++q) {
+        const V8f d = Broadcast8(dp[q * m + j]);
+        b0 += d * x[q][0];
+        b1 += d * x[q][1];
+      }
+      Store8(b, b0);
+      Store8(b + 8, b1);
+    }
+  }
 }
 
 // The rows kernel of ProjectBackward: du_row(r, scratch) returns row r of du
@@ -290,6 +390,8 @@ void ProjectBackwardRows(const T* xp, const T* wp, const T* rp, const T* upp, in
                          int64_t rows_per_token, std::vector<double>& partial, T* dxp,
                          const DuRow& du_row) {
   const int64_t d = k / n;
+  // float rows of a multiple of 16: GroupDx / GroupDw.
+  const bool blocked = std::is_same_v<T, float> && k % 16 == 0;
   at::parallel_for(0, rows, Grain(3 * m * k), [&](int64_t begin, int64_t end) {
     double* acc = partial.data() + at::get_thread_num() * m * k;
     std::vector<T> block(static_cast<size_t>(m * k), 0);  // dw^T of <= kFlushRows rows
@@ -299,9 +401,13 @@ void ProjectBackwardRows(const T* xp, const T* wp, const T* rp, const T* upp, in
     for (int64_t r0 = begin; r0 < end; r0 += kGroup) {
       const int64_t n_rows = std::min<int64_t>(kGroup, end - r0);
       const T* xs[kGroup];
+      T cs[kGroup];
+      T* os[kGroup];
       for (int64_t q = 0; q < kGroup; ++q) {
         T* dq = dp.data() + q * m;
         xs[q] = xp + (r0 + std::min(q, n_rows - 1)) * k;
+        cs[q] = 0;
+        os[q] = nullptr;
         if (q >= n_rows) {
           std::fill(dq, dq + m, T(0));
           continue;
@@ -315,19 +421,29 @@ void ProjectBackwardRows(const T* xp, const T* wp, const T* rp, const T* upp, in
           gu += g[j] * upp[r * m + j];
         }
         // dx row = c x + dp w^T.
-        const T c = -inv * inv * gu / static_cast<T>(k);
-        const T* xr = xs[q];
-        T* o = dxp + r * k;
-        for (int64_t i = 0; i < k; ++i) o[i] = c * xr[i];
-        // Four weight rows per sweep of o: one load and store per four
-        // products.
-        int64_t j = 0;
-        for (; j + 4 <= m; j += 4) {
-          const T a0 = dq[j], a1 = dq[j + 1], a2 = dq[j + 2], a3 = dq[j + 3];
-          const T *w0 = wp + j * k, *w1 = w0 + k, *w2 = w1 + k, *w3 = w2 + k;
-          for (int64_t i = 0; i < k; ++i) o[i] += (a0 * w0[i] + a1 * w1[i]) + (a2 * w2[i] + a3 * w3[i]);
+        cs[q] = -inv * inv * gu / static_cast<T>(k);
+        os[q] = dxp + r * k;
+      }
+      if constexpr (std::is_same_v<T, float>) {
+        if (blocked) GroupDx(dp.data(), xs, cs, wp, k, m, os);
+      }
+      for (int64_t q = 0; q < n_rows; ++q) {
+        const int64_t r = r0 + q;
+        T* o = os[q];
+        if (!blocked) {
+          const T* dq = dp.data() + q * m;
+          const T* xr = xs[q];
+          for (int64_t i = 0; i < k; ++i) o[i] = cs[q] * xr[i];
+          // Four weight rows per sweep of o: one load and store per four
+          // products.
+          int64_t j = 0;
+          for (; j + 4 <= m; j += 4) {
+            const T a0 = dq[j], a1 = dq[j + 1], a2 = dq[j + 2], a3 = dq[j + 3];
+            const T *w0 = wp + j * k, *w1 = w0 + k, *w2 = w1 + k, *w3 = w2 + k;
+            for (int64_t i = 0; i < k; ++i) o[i] += (a0 * w0[i] + a1 * w1[i]) + (a2 * w2[i] + a3 * w3[i]);
+          }
+          for (; j < m; ++j) Axpy(dq[j], wp + j * k, o, k);
         }
-        for (; j < m; ++j) Axpy(dq[j], wp + j * k, o, k);
         if (readp != nullptr) {
           const T* dr = dreadp + (r / rows_per_token) * d;
           for (int64_t s = 0; s < n; ++s) Axpy(readp[r * n + s], dr, o + s * d, d);
@@ -335,11 +451,16 @@ void ProjectBackwardRows(const T* xp, const T* wp, const T* rp, const T* upp, in
       }
       // dw^T rows += the group's kGroup rank-1 terms: one load and store
       // of the block per kGroup products.
-      for (int64_t j = 0; j < m; ++j) {
-        const T d0 = dp[j], d1 = dp[m + j], d2 = dp[2 * m + j], d3 = dp[3 * m + j];
-        const T *x0 = xs[0], *x1 = xs[1], *x2r = xs[2], *x3 = xs[3];
-        T* b = block.data() + j * k;
-        for (int64_t i = 0; i < k; ++i) b[i] += (d0 * x0[i] + d1 * x1[i]) + (d2 * x2r[i] + d3 * x3[i]);
+      if constexpr (std::is_same_v<T, float>) {
+        if (blocked) GroupDw(dp.data(), xs, k, m, block.data());
+      }
+      if (!blocked) {
+        for (int64_t j = 0; j < m; ++j) {
+          const T d0 = dp[j], d1 = dp[m + j], d2 = dp[2 * m + j], d3 = dp[3 * m + j];
+          const T *x0 = xs[0], *x1 = xs[1], *x2r = xs[2], *x3 = xs[3];
+          T* b = block.data() + j * k;
+          for (int64_t i = 0; i < k; ++i) b[i] += (d0 * x0[i] + d1 * x1[i]) + (d2 * x2r[i] + d3 * x3[i]);
+        }
       }
       pending += n_rows;
       if (pending >= kFlushRows || r0 + n_rows == end) {
@@ -716,11 +837,13 @@ class MhcRouteFunction : public torch::autograd::Function<MhcRouteFunction> {
       scalar_t *rp = read.data_ptr<scalar_t>(), *wrp = write.data_ptr<scalar_t>();
       scalar_t *lp = logits.data_ptr<scalar_t>(), *xp = x.data_ptr<scalar_t>();
       at::parallel_for(0, rows, Grain((m + 2) * k), [&](int64_t begin, int64_t end) {
-        for (int64_t r = begin; r < end; ++r) {
-          const scalar_t* hr = hp + r * k;
-          ProjectRow(hr, wp, k, m, eps, rsp + r, up + r * m);
-          MhcCoefficientsRow(up + r * m, gp, bp, n, rp + r * n, wrp + r * n, lp + r * n * n);
-          ReadRow(hr, rp + r * n, n, d, xp + r * d);
+        for (int64_t r0 = begin; r0 < end; r0 += kGroup) {
+          const int64_t count = std::min(kGroup, end - r0);
+          ProjectGroup(hp + r0 * k, count, wp, k, m, eps, rsp + r0, up + r0 * m);
+          for (int64_t r = r0; r < r0 + count; ++r) {
+            MhcCoefficientsRow(up + r * m, gp, bp, n, rp + r * n, wrp + r * n, lp + r * n * n);
+            ReadRow(hp + r * k, rp + r * n, n, d, xp + r * d);
+          }
         }
       });
     });
@@ -836,9 +959,13 @@ class HcRouteFunction : public torch::autograd::Function<HcRouteFunction> {
       at::parallel_for(0, tokens, Grain((m + 2) * n * d), [&](int64_t begin, int64_t end) {
         scalar_t a_row[kMaxRouteStreams + 1];
         for (int64_t t = begin; t < end; ++t) {
+          for (int64_t s0 = 0; s0 < n; s0 += kGroup) {
+            const int64_t row = t * n + s0;
+            ProjectGroup(hp + row * d, std::min(kGroup, n - s0), wp, d, m, eps, rsp + row,
+                         up + row * m);
+          }
           for (int64_t s = 0; s < n; ++s) {
             const int64_t row = t * n + s;
-            ProjectRow(hp + row * d, wp, d, m, eps, rsp + row, up + row * m);
             HcCoefficientsRow(up + row * m, sap + s * (n + 1), sbp[s], ga, gb, n, a_row, bp + row);
             rp[row] = a_row[0];
             std::copy(a_row + 1, a_row + n + 1, arp + row * n);

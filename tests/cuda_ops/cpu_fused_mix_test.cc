@@ -135,13 +135,16 @@ torch::Tensor RmsProjectComposite(const torch::Tensor& x, const torch::Tensor& w
 TEST_P(CpuFusedRmsProject, EqualsNormaliseThenMatmul) {
   torch::manual_seed(30 + GetParam());
   // (rows shape, K, m): HC's per-stream form at d = 128 (m = n + 2), mHC's
-  // flattened n*d form (m = n^2 + 2n) over 1k tokens, odd sizes.
+  // flattened n*d form (m = n^2 + 2n) over 1k tokens, odd sizes; K = 48 and
+  // 40 with odd m and a partial last group of rows take the register-blocked
+  // float paths (K a multiple of 16: both ways; of 8: the forward only).
   struct Case {
     std::vector<int64_t> lead;
     int64_t k, m;
   };
   const std::vector<Case> cases = {
-      {{2, 512, 4}, 128, 6}, {{2, 512}, 512, 24}, {{3, 7}, 33, 5}, {{5}, 1, 1}};
+      {{2, 512, 4}, 128, 6}, {{2, 512}, 512, 24}, {{3, 7}, 33, 5}, {{5}, 1, 1},
+      {{3, 9}, 48, 5},       {{2, 5}, 40, 3}};
   for (const auto& c : cases) {
     std::vector<int64_t> xs = c.lead;
     xs.push_back(c.k);
