@@ -59,6 +59,25 @@ inline V8f Exp8(V8f x) {
   return p * scale;
 }
 
+// tanh of 8 floats (Cephes' tanhf: an odd polynomial below |x| = 0.625, else
+// (1 - e) / (1 + e) with e = exp(-2|x|) <= 1, Exp8's range; relative error
+// about 1e-7).
+inline V8f Tanh8(V8f x) {
+  const V8f zero = Broadcast8(0.0f);
+  const V8f a = x < zero ? -x : x;
+  const V8f e = Exp8(-2.0f * a);
+  const V8f big = (1.0f - e) / (1.0f + e);
+  const V8f z = a * a;
+  V8f p = Broadcast8(-5.70498872745e-3f);
+  p = p * z + 2.06390887954e-2f;
+  p = p * z - 5.37397155531e-2f;
+  p = p * z + 1.33314422036e-1f;
+  p = p * z - 3.33332819422e-1f;
+  const V8f small = p * z * a + a;
+  const V8f r = a >= Broadcast8(0.625f) ? big : small;
+  return x < zero ? -r : r;
+}
+
 // Sum of the 8 lanes, pairwise.
 inline float Sum8(V8f v) {
   return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));

@@ -239,6 +239,30 @@ TEST_P(CpuFusedCoefficients, EqualTheComposites) {
 INSTANTIATE_TEST_SUITE_P(Threads, CpuFusedCoefficients, ::testing::Values(1, 2),
                          [](const auto& info) { return "threads" + std::to_string(info.param); });
 
+// HC's coefficients take tanh 8 lanes at a time (Tanh8: a polynomial below
+// |u| = 0.625, exp-based above): with zero static part and unit gain, a is
+// tanh(u) itself, which must match libm's in double to float precision over
+// the whole range: zero, tiny, both sides of the switch, saturated, and the
+// partial last vector of a row count that is not a multiple of 8.
+TEST(CpuFusedCoefficientsRange, TanhOverItsWholeRange) {
+  const int64_t n = 3, m = n + 2;
+  std::vector<float> values = {0.0f,  -0.0f,   1e-30f, -1e-20f, 1e-4f,   -0.3f,  0.6249f,
+                               0.625f, -0.6251f, 0.9f,   -2.0f,   5.0f,    -9.0f,  20.0f,
+                               -45.0f, 88.0f,   -100.0f, 1e30f};
+  for (int i = 0; i <= 400; ++i) values.push_back(-20.0f + 0.1f * static_cast<float>(i));
+  while (values.size() % (n * m) != 0) values.push_back(0.37f);
+  const int64_t rows = static_cast<int64_t>(values.size()) / (n * m);
+  torch::Tensor u = torch::tensor(values).view({rows, n, m});
+  std::vector<torch::Tensor> ab = cpu_fused::HcCoefficients(u, torch::zeros({n, n + 1}), torch::zeros({n}),
+                                                            torch::ones({1}), torch::ones({1}));
+  torch::Tensor got = torch::cat({ab[0], ab[1].unsqueeze(-1)}, -1).to(torch::kFloat64);
+  torch::Tensor want = torch::tanh(u.to(torch::kFloat64));
+  torch::Tensor err = (got - want).abs() / want.abs().clamp_min(1e-30);
+  EXPECT_LE(err.max().item<double>(), 3e-7) << "worst at u = "
+                                           << u.flatten()[err.flatten().argmax()].item<float>();
+  EXPECT_TRUE(torch::equal(got.sign(), want.sign()));
+}
+
 // ---- mHC route: projection, coefficients and read as one function ----
 
 class CpuFusedMhcRoute : public ThreadsTest {};
