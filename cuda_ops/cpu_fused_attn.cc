@@ -223,27 +223,11 @@ template <typename T, int HD>
 inline void RankUpdate(const T* coef, int64_t ld, const T* vecs, int64_t n, T* dst,
                        int64_t hd_rt) {
   if constexpr (kVec8<T, HD> && HD % 16 == 0) {
-    // By 16 columns: the kRows vectors' columns stay in 8 registers while
-    // the n destination rows stream past (all of them at once would not
-    // fit the 16 registers, and reloading them per row made this loop
-    // load-bound).
+    // By 16 columns (all HD at once would not fit the registers).
     for (int c = 0; c < HD; c += 16) {
-      V8f v[kRows][2];
-      for (int r = 0; r < kRows; ++r) {
-        v[r][0] = Load8(vecs + r * HD + c);
-        v[r][1] = Load8(vecs + r * HD + c + 8);
-      }
-      for (int64_t j = 0; j < n; ++j) {
-        float* d = dst + j * HD + c;
-        V8f a0 = Load8(d), a1 = Load8(d + 8);
-        for (int r = 0; r < kRows; ++r) {
-          const V8f w = Broadcast8(coef[r * ld + j]);
-          a0 += w * v[r][0];
-          a1 += w * v[r][1];
-        }
-        Store8(d, a0);
-        Store8(d + 8, a1);
-      }
+      const float* v[kRows];
+      for (int r = 0; r < kRows; ++r) v[r] = vecs + r * HD + c;
+      RankUpdate16<kRows>(coef, ld, v, n, dst + c, HD);
     }
   } else if constexpr (kVec8<T, HD>) {
     for (int64_t j = 0; j < n; ++j) {

@@ -359,22 +359,9 @@ inline void GroupDx(const float* dp, const float* const* xs, const float* cs, co
 }
 inline void GroupDw(const float* dp, const float* const* xs, int64_t k, int64_t m, float* block) {
   for (int64_t i = 0; i < k; i += 16) {
-    V8f x[kGroup][2];
-    for (int q = 0; q < kGroup; ++q) {
-      x[q][0] = Load8(xs[q] + i);
-      x[q][1] = Load8(xs[q] + i + 8);
-    }
-    for (int64_t j = 0; j < m; ++j) {
-      float* b = block + j * k + i;
-      V8f b0 = Load8(b), b1 = Load8(b + 8);
-      for (int q = 0; q < kGroup; ++q) {
-        const V8f d = Broadcast8(dp[q * m + j]);
-        b0 += d * x[q][0];
-        b1 += d * x[q][1];
-      }
-      Store8(b, b0);
-      Store8(b + 8, b1);
-    }
+    const float* x[kGroup];
+    for (int q = 0; q < kGroup; ++q) x[q] = xs[q] + i;
+    RankUpdate16<kGroup>(dp, m, x, m, block + i, k);
   }
 }
 

@@ -78,6 +78,33 @@ inline V8f Tanh8(V8f x) {
   return x < zero ? -r : r;
 }
 
+// dst[j * dst_ld + c] += sum_{r < R} coef[r * ld + j] vec[r][c] for j < n and
+// c < 16: the R vectors' 16 columns stay in 2R registers while the n
+// destination rows stream past (the rank-R updates of the attention's key
+// and value gradients and of the routing projection's dw; reloading the
+// vectors per row made those loops load-bound). R <= 4 keeps it within the
+// 16 AVX registers.
+template <int R>
+inline void RankUpdate16(const float* coef, int64_t ld, const float* const* vec, int64_t n,
+                         float* dst, int64_t dst_ld) {
+  V8f v[R][2];
+  for (int r = 0; r < R; ++r) {
+    v[r][0] = Load8(vec[r]);
+    v[r][1] = Load8(vec[r] + 8);
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    float* d = dst + j * dst_ld;
+    V8f a0 = Load8(d), a1 = Load8(d + 8);
+    for (int r = 0; r < R; ++r) {
+      const V8f w = Broadcast8(coef[r * ld + j]);
+      a0 += w * v[r][0];
+      a1 += w * v[r][1];
+    }
+    Store8(d, a0);
+    Store8(d + 8, a1);
+  }
+}
+
 // Sum of the 8 lanes, pairwise.
 inline float Sum8(V8f v) {
   return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));

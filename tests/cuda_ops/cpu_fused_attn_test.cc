@@ -98,6 +98,21 @@ const std::vector<AttnCase>& Cases() {
 
 class CpuFusedAttention : public testing::ThreadsTest {};
 
+// run() at the test's thread count and at the other one (1 <-> 2): each
+// (batch, key/value head) is one task with a fixed loop order, so the
+// outputs and gradients must be bit-identical.
+void ExpectSameAtOtherThreadCount(int threads, const std::function<Outcome()>& run) {
+  const Outcome here = run();
+  const int saved = torch::get_num_threads();
+  torch::set_num_threads(threads == 1 ? 2 : 1);
+  const Outcome other = run();
+  torch::set_num_threads(saved);
+  EXPECT_TRUE(torch::equal(here.y, other.y));
+  for (size_t i = 0; i < here.grads.size(); ++i) {
+    EXPECT_TRUE(torch::equal(here.grads[i], other.grads[i])) << "gradient of input " << i;
+  }
+}
+
 TEST_P(CpuFusedAttention, EqualsTheCompositeInDouble) {
   torch::manual_seed(80);
   for (const AttnCase& c : Cases()) {
@@ -134,15 +149,7 @@ TEST_P(CpuFusedAttention, ThreadCountDoesNotChangeTheResult) {
   const AttnCase c{3, 4, 2, 50, 16, 2};
   std::vector<torch::Tensor> in = Inputs(c);
   torch::Tensor probe = torch::randn({c.B, c.T, c.H * c.hd});
-  const Outcome here = RunAttention(in, probe, true);
-  const int saved = torch::get_num_threads();
-  torch::set_num_threads(GetParam() == 1 ? 2 : 1);
-  const Outcome other = RunAttention(in, probe, true);
-  torch::set_num_threads(saved);
-  EXPECT_TRUE(torch::equal(here.y, other.y));
-  for (size_t i = 0; i < here.grads.size(); ++i) {
-    EXPECT_TRUE(torch::equal(here.grads[i], other.grads[i])) << "gradient of input " << i;
-  }
+  ExpectSameAtOtherThreadCount(GetParam(), [&] { return RunAttention(in, probe, true); });
 }
 
 INSTANTIATE_TEST_SUITE_P(Threads, CpuFusedAttention, ::testing::Values(1, 2),
@@ -163,6 +170,15 @@ TEST(CpuFusedAttentionGradcheck, SequenceGqaAndDepthKeys) {
                                                   depth ? x[4] : torch::Tensor(), 0.7);
               }, leaves),
               "");
+  }
+}
+
+// The AVX2 build's outputs a against the baseline build's g: FMA contracts
+// a*b+c into one rounding, so equal up to float rounding.
+void ExpectBuildsAgree(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& g) {
+  ASSERT_EQ(a.size(), g.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_LE(MaxAbsDiff(a[i], g[i]), 1e-5 * g[i].abs().max().item<double>() + 1e-7) << "tensor " << i;
   }
 }
 
@@ -188,11 +204,7 @@ TEST(CpuFusedAttentionIsa, Avx2AndBaselineBuildsAgree) {
       }
       return out;
     };
-    std::vector<torch::Tensor> a = run(true), g = run(false);
-    for (size_t i = 0; i < a.size(); ++i) {
-      // FMA contracts a*b+c into one rounding: equal up to float rounding.
-      EXPECT_LE(MaxAbsDiff(a[i], g[i]), 1e-5 * g[i].abs().max().item<double>() + 1e-7) << "tensor " << i;
-    }
+    ExpectBuildsAgree(run(true), run(false));
   }
 }
 
@@ -356,15 +368,7 @@ TEST_P(CpuFusedAttentionQkv, ThreadCountDoesNotChangeTheResult) {
   const AttnCase c{3, 4, 2, 50, 16, 2};
   const QkvInputs in = MakeQkv(c, true);
   torch::Tensor probe = torch::randn({c.B, c.T, c.H * c.hd});
-  const Outcome here = RunQkv(c, in, probe, true);
-  const int saved = torch::get_num_threads();
-  torch::set_num_threads(GetParam() == 1 ? 2 : 1);
-  const Outcome other = RunQkv(c, in, probe, true);
-  torch::set_num_threads(saved);
-  EXPECT_TRUE(torch::equal(here.y, other.y));
-  for (size_t i = 0; i < here.grads.size(); ++i) {
-    EXPECT_TRUE(torch::equal(here.grads[i], other.grads[i])) << "gradient of input " << i;
-  }
+  ExpectSameAtOtherThreadCount(GetParam(), [&] { return RunQkv(c, in, probe, true); });
 }
 
 INSTANTIATE_TEST_SUITE_P(Threads, CpuFusedAttentionQkv, ::testing::Values(1, 2),
@@ -410,10 +414,7 @@ TEST(CpuFusedAttentionQkvCheck, Avx2AndBaselineBuildsAgree) {
       (y * probe).sum().backward();
       return std::vector<torch::Tensor>{y.detach(), qkv.grad()};
     };
-    std::vector<torch::Tensor> a = run(true), g = run(false);
-    for (size_t i = 0; i < a.size(); ++i) {
-      EXPECT_LE(MaxAbsDiff(a[i], g[i]), 1e-5 * g[i].abs().max().item<double>() + 1e-7) << "tensor " << i;
-    }
+    ExpectBuildsAgree(run(true), run(false));
   }
 }
 
