@@ -754,6 +754,13 @@ std::vector<torch::Tensor> CausalAttentionQkv(const torch::Tensor& qkv, int64_t 
                                               double scale, bool return_kv) {
   CheckCausalAttentionQkvShapes("CausalAttentionQkv", qkv, heads, kv_heads, cos, sin, depth_keys,
                                 depth_values);
+  for (size_t j = 0; j < depth_keys.size(); ++j) {
+    TORCH_CHECK(depth_keys[j].scalar_type() == qkv.scalar_type() &&
+                    depth_values[j].scalar_type() == qkv.scalar_type(),
+                "CausalAttentionQkv: depth slot ", j, " has dtypes ",
+                depth_keys[j].scalar_type(), " / ", depth_values[j].scalar_type(), ", qkv ",
+                qkv.scalar_type());
+  }
   // As TensorLists: autograd then tracks each slot (a std::vector argument
   // would be passed through as a non-tensor).
   return CausalAttentionQkvFunction::apply(qkv, cos, sin, at::TensorList(depth_keys),

@@ -377,13 +377,16 @@ torch::Tensor CausalAttentionQkvOp(const torch::Tensor& qkv, int64_t heads, int6
   std::vector<torch::Tensor> q_k = qk.split_with_sizes({heads, kv_heads}, 1);
   torch::Tensor dk, dv;
   if (!depth_keys.empty()) {
-    // [B, H, T, S, hd] with KV-head slots repeated per query head, the keys
-    // rotated at their own token's position like the query.
-    auto stack = [heads](const std::vector<torch::Tensor>& slots) {
+    // [B, H, T, S, hd] in qkv's dtype (under autocast a skipped block's
+    // zero slots may be fp32 beside bf16 projections) with KV-head slots
+    // repeated per query head, the keys rotated at their own token's
+    // position like the query.
+    auto stack = [heads, &qkv](const std::vector<torch::Tensor>& slots) {
       std::vector<torch::Tensor> per_query;
       for (const torch::Tensor& t : slots) {
-        per_query.push_back(t.size(1) == heads ? t
-                                               : t.repeat_interleave(heads / t.size(1), 1));
+        torch::Tensor s = t.to(qkv.scalar_type());
+        per_query.push_back(s.size(1) == heads ? s
+                                               : s.repeat_interleave(heads / s.size(1), 1));
       }
       return torch::stack(per_query, 3);
     };

@@ -436,6 +436,15 @@ TEST(CpuFusedAttentionQkvCheck, OpUsesTheKernelAndMatchesRotateThenAttend) {
   EXPECT_TRUE(torch::equal(own.first, in.qkv.narrow(2, c.H, c.KV).transpose(1, 2)));
   EXPECT_TRUE(torch::equal(own.second, in.qkv.narrow(2, c.H + c.KV, c.KV).transpose(1, 2)));
   EXPECT_TRUE(own.first.is_contiguous() && own.second.is_contiguous());
+  // A depth slot of another dtype (a skipped MoDA block's zeros beside
+  // autocast projections) takes the composite, cast to qkv's dtype.
+  const AttnCase cd{2, 4, 2, 20, 16, 2};
+  const QkvInputs dq = MakeQkv(cd, true);
+  std::vector<torch::Tensor> mixed = {dq.dk[0], dq.dk[1].to(torch::kFloat64)};
+  torch::Tensor y_mixed = CausalAttentionQkvOp(dq.qkv, cd.H, cd.KV, dq.cos, dq.sin, mixed, dq.dv, scale);
+  EXPECT_LE(MaxAbsDiff(y_mixed, CausalAttentionQkvOp(dq.qkv, cd.H, cd.KV, dq.cos, dq.sin, dq.dk, dq.dv,
+                                                     scale)),
+            1e-5);
   torch::Tensor q = RopeRotate(in.qkv.narrow(2, 0, c.H).transpose(1, 2), in.cos, in.sin);
   torch::Tensor k = RopeRotate(in.qkv.narrow(2, c.H, c.KV).transpose(1, 2), in.cos, in.sin);
   torch::Tensor v = in.qkv.narrow(2, c.H + c.KV, c.KV).transpose(1, 2);
@@ -488,8 +497,8 @@ TEST(CpuFusedAttentionQkvCheck, BadShapesAreRejectedWithTheFieldNamed) {
   }, "CausalAttentionQkvOp: 2 depth key slots but 1 value slots");
   expect_error([&] {
     torch::Tensor d = torch::randn({2, 2, 10, 8});
-    CausalAttentionQkvOp(qkv, 4, 2, cs, cs, {d}, {d.to(torch::kFloat64)}, 1.0);
-  }, "CausalAttentionQkvOp: depth value slot 0 has dtype Double");
+    cpu_fused::CausalAttentionQkv(qkv, 4, 2, cs, cs, {d}, {d.to(torch::kFloat64)}, 1.0);
+  }, "CausalAttentionQkv: depth slot 0 has dtypes Float / Double, qkv Float");
 }
 
 }  // namespace
