@@ -56,25 +56,22 @@ struct AttnShape {
   int64_t group() const { return H / KV; }
 };
 
-// Rows of a [B, heads, T, hd] tensor whose last dim is contiguous.
-template <typename T>
-struct Rows {
-  const T* p;
+// Rows of a [B, heads, T, hd] tensor whose last dim is contiguous, through
+// its strides: E = const T to read, T to write (the gradients, views of one
+// packed q/k/v gradient among them).
+template <typename E>
+struct StridedRows {
+  E* p;
   int64_t sb, sh, st;
-  explicit Rows(const torch::Tensor& t)
-      : p(t.data_ptr<T>()), sb(t.stride(0)), sh(t.stride(1)), st(t.stride(2)) {}
-  const T* at(int64_t b, int64_t h, int64_t t) const { return p + b * sb + h * sh + t * st; }
+  explicit StridedRows(const torch::Tensor& t)
+      : p(t.data_ptr<std::remove_const_t<E>>()), sb(t.stride(0)), sh(t.stride(1)),
+        st(t.stride(2)) {}
+  E* at(int64_t b, int64_t h, int64_t t) const { return p + b * sb + h * sh + t * st; }
 };
-// The same for a gradient written through any strides (the views of one
-// packed q/k/v gradient).
 template <typename T>
-struct OutRows {
-  T* p;
-  int64_t sb, sh, st;
-  explicit OutRows(torch::Tensor& t)
-      : p(t.data_ptr<T>()), sb(t.stride(0)), sh(t.stride(1)), st(t.stride(2)) {}
-  T* at(int64_t b, int64_t h, int64_t t) const { return p + b * sb + h * sh + t * st; }
-};
+using Rows = StridedRows<const T>;
+template <typename T>
+using OutRows = StridedRows<T>;
 
 // Rotary embedding tables [T, hd] (trainer_core's Rope: cos, and sin with
 // the first half negated): rope_t(x)[c] = x[c] cos[t][c] + x[c'] sin[t][c]
@@ -87,6 +84,13 @@ struct RopeTables {
   explicit operator bool() const { return cos != nullptr; }
 };
 
+// Whether a depth slot's gradient sums over a group's query heads (a
+// KV-head slot under GQA: zero-filled, then accumulated) rather than being
+// written once per row.
+inline bool SlotSummedOverGroup(bool per_query_head, int64_t group) {
+  return !per_query_head && group > 1;
+}
+
 // MoDA's depth slots: S tensors [B, H or KV, T, hd] of keys and as many of
 // values (any strides, last dim contiguous); query head h reads row (b, h, t)
 // of an H-head slot and (b, h / group, t) of a KV-head slot.
@@ -97,8 +101,8 @@ struct Slots {
   Slots(const std::vector<torch::Tensor>& keys, const std::vector<torch::Tensor>& values,
         int64_t H) {
     for (size_t j = 0; j < keys.size(); ++j) {
-      k.emplace_back(const_cast<torch::Tensor&>(keys[j]));
-      v.emplace_back(const_cast<torch::Tensor&>(values[j]));
+      k.emplace_back(keys[j]);
+      v.emplace_back(values[j]);
       per_query.push_back(keys[j].size(1) == H);
     }
   }
@@ -294,24 +298,25 @@ inline T RowMax(const T* __restrict s, int64_t n) {
   return m;
 }
 
-// mt[c * tp + t] = rows(b, h, t)[c] (rotated by the tables if given), zero
-// for t >= T.
-template <typename T>
-void Transpose(const Rows<T>& rows, int64_t b, int64_t h, int64_t T_len, int64_t hd, int64_t tp,
-               const RopeTables<T>& rope, T* mt) {
-  std::fill(mt, mt + hd * tp, T(0));
-  const int64_t half = hd / 2;
+// Rows (b, h, t < T) of x, rotated by the tables if given (written into
+// buf, hd per row): the first row and the row stride.
+template <typename T, int HD>
+std::pair<const T*, int64_t> RotatedRows(const Rows<T>& x, int64_t b, int64_t h, int64_t T_len,
+                                         int64_t hd, const RopeTables<T>& rope, T* buf) {
+  if (!rope) return {x.at(b, h, 0), x.st};
   for (int64_t t = 0; t < T_len; ++t) {
-    const T* r = rows.at(b, h, t);
-    if (rope) {
-      const T *cs = rope.cos + t * hd, *sn = rope.sin + t * hd;
-      for (int64_t c = 0; c < half; ++c) {
-        mt[c * tp + t] = r[c] * cs[c] + r[c + half] * sn[c];
-        mt[(c + half) * tp + t] = r[c + half] * cs[c + half] + r[c] * sn[c + half];
-      }
-    } else {
-      for (int64_t c = 0; c < hd; ++c) mt[c * tp + t] = r[c];
-    }
+    RopeRow<T, HD>(x.at(b, h, t), rope.cos + t * hd, rope.sin + t * hd, hd, T(1), buf + t * hd);
+  }
+  return {buf, hd};
+}
+
+// mt[c * tp + t] = rows[t * stride + c], zero for t >= T.
+template <typename T>
+void Transpose(const T* rows, int64_t stride, int64_t T_len, int64_t hd, int64_t tp, T* mt) {
+  std::fill(mt, mt + hd * tp, T(0));
+  for (int64_t t = 0; t < T_len; ++t) {
+    const T* r = rows + t * stride;
+    for (int64_t c = 0; c < hd; ++c) mt[c * tp + t] = r[c];
   }
 }
 
@@ -355,10 +360,12 @@ void Forward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& k
     // Scores of two query rows (row r at s + r * (tp + S)), their scaled
     // queries at qs + r * hd.
     std::vector<T> kt(static_cast<size_t>(hd * tp)), sb(static_cast<size_t>(2 * (tp + S))),
-        qs(static_cast<size_t>(2 * hd)), qd(static_cast<size_t>(hd));
+        qs(static_cast<size_t>(2 * hd)), qd(static_cast<size_t>(hd)),
+        krot(rope ? static_cast<size_t>(T_len * hd) : 0);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / sh.KV, g = task % sh.KV;
-      Transpose(kr, b, g, T_len, hd, tp, rope, kt.data());
+      const auto [k_rows, k_stride] = RotatedRows<T, HD>(kr, b, g, T_len, hd, rope, krot.data());
+      Transpose(k_rows, k_stride, T_len, hd, tp, kt.data());
       for (int64_t h = g * sh.group(); h < (g + 1) * sh.group(); ++h) {
         for (int64_t i0 = 0; i0 < T_len; i0 += 2) {
           const int64_t rows = std::min<int64_t>(2, T_len - i0);
@@ -423,22 +430,12 @@ void Backward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& 
         qd(static_cast<size_t>(hd)),
         gk_task(static_cast<size_t>(T_len * hd)), gv_task(static_cast<size_t>(T_len * hd)),
         krot(rope ? static_cast<size_t>(T_len * hd) : 0);
-    const RopeTables<T> none;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / sh.KV, g = task % sh.KV;
-      Transpose(kr, b, g, T_len, hd, tp, rope, kt.data());
-      Transpose(vr, b, g, T_len, hd, tp, none, vt.data());
-      // Rows of the (rotated) keys for dq.
-      const T* k_rows = kr.at(b, g, 0);
-      int64_t k_stride = kr.st;
-      if (rope) {
-        for (int64_t t = 0; t < T_len; ++t) {
-          RopeRow<T, HD>(kr.at(b, g, t), rope.cos + t * hd, rope.sin + t * hd, hd, T(1),
-                         krot.data() + t * hd);
-        }
-        k_rows = krot.data();
-        k_stride = hd;
-      }
+      // The (rotated) key rows, for the scores and for dq.
+      const auto [k_rows, k_stride] = RotatedRows<T, HD>(kr, b, g, T_len, hd, rope, krot.data());
+      Transpose(k_rows, k_stride, T_len, hd, tp, kt.data());
+      Transpose(vr.at(b, g, 0), vr.st, T_len, hd, tp, vt.data());
       // The task's key and value gradients (of the rotated keys), summed
       // over its query heads, then written out (rotated back) below.
       std::fill(gk_task.begin(), gk_task.end(), T(0));
@@ -510,7 +507,7 @@ void Backward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& 
               AxpyHd<T, HD>(dse[j] * sc, depth.key(j, b, h, g, i), gq_row, hd);
               T* gk_row = gdepth.key(j, b, h, g, i);
               T* gv_row = gdepth.value(j, b, h, g, i);
-              if (gdepth.per_query[j] || sh.group() == 1) {  // this head's row only
+              if (!SlotSummedOverGroup(gdepth.per_query[j], sh.group())) {  // this row only
                 for (int64_t c = 0; c < hd; ++c) {
                   gk_row[c] = dse[j] * qdi[c];
                   gv_row[c] = pe[j] * go[c];
@@ -612,8 +609,9 @@ void AttnBackward(const AttnArgs& a, const torch::Tensor& out, const torch::Tens
 // The gradient of a depth slot: zero-filled where the kernel sums it over
 // several query heads (a KV-head slot under GQA), else written once.
 torch::Tensor SlotGradient(const torch::Tensor& slot, int64_t H, int64_t KV) {
-  return slot.size(1) != H && H != KV ? torch::zeros(slot.sizes(), slot.options())
-                                      : torch::empty(slot.sizes(), slot.options());
+  return SlotSummedOverGroup(slot.size(1) == H, H / KV)
+             ? torch::zeros(slot.sizes(), slot.options())
+             : torch::empty(slot.sizes(), slot.options());
 }
 
 // The S slots of a stacked [B, H, T, S, hd] depth tensor (undefined: none).

@@ -618,19 +618,19 @@ class HcCoefficientsFunction : public torch::autograd::Function<HcCoefficientsFu
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     variable_list saved = ctx->get_saved_variables();
-    const torch::Tensor& u = saved[0];  // tanh of the projection
+    const torch::Tensor& th = saved[0];  // tanh of the projection u
     const torch::Tensor& gain_a = saved[1];
     const torch::Tensor& gain_b = saved[2];
-    const int64_t n = u.size(-2), m = n + 2, rows = u.numel() / (n * m);
+    const int64_t n = th.size(-2), m = n + 2, rows = th.numel() / (n * m);
     torch::Tensor da = ContiguousOrUndefined(grads[0]);
     torch::Tensor db = ContiguousOrUndefined(grads[1]);
-    torch::Tensor du = torch::empty_like(u);
+    torch::Tensor du = torch::empty_like(th);
     const int64_t threads = at::get_num_threads();
     // Per thread: dstatic_a [n (n + 1)], dstatic_b [n], dgain_a, dgain_b.
     const int64_t count = n * (n + 1) + n + 2;
     std::vector<double> partial(static_cast<size_t>(threads * count), 0.0);
-    AT_DISPATCH_FLOATING_TYPES(u.scalar_type(), "cpu_fused::HcCoefficientsBackward", [&] {
-      const scalar_t* up = u.data_ptr<scalar_t>();
+    AT_DISPATCH_FLOATING_TYPES(th.scalar_type(), "cpu_fused::HcCoefficientsBackward", [&] {
+      const scalar_t* thp = th.data_ptr<scalar_t>();
       const scalar_t* dap = da.defined() ? da.data_ptr<scalar_t>() : nullptr;
       const scalar_t* dbp = db.defined() ? db.data_ptr<scalar_t>() : nullptr;
       const scalar_t ga = gain_a.item<scalar_t>(), gb = gain_b.item<scalar_t>();
@@ -642,14 +642,14 @@ class HcCoefficientsFunction : public torch::autograd::Function<HcCoefficientsFu
         for (int64_t r = begin; r < end; ++r) {
           for (int64_t st = 0; st < n; ++st) {
             const int64_t row = r * n + st;
-            HcCoefficientsBackwardRow(up + row * m, ga, gb, dap ? dap + row * (n + 1) : nullptr,
+            HcCoefficientsBackwardRow(thp + row * m, ga, gb, dap ? dap + row * (n + 1) : nullptr,
                                       dbp ? dbp[row] : scalar_t(0), n, dup + row * m,
                                       acc + st * (n + 1), acc_sb + st, acc_g);
           }
         }
       });
     });
-    const auto dtype = u.scalar_type();
+    const auto dtype = th.scalar_type();
     torch::Tensor sums = SumPartials(partial, threads, count, {count}, dtype);
     return {du, sums.narrow(0, 0, n * (n + 1)).reshape({n, n + 1}),
             sums.narrow(0, n * (n + 1), n).clone(),

@@ -113,6 +113,26 @@ void ExpectSameAtOtherThreadCount(int threads, const std::function<Outcome()>& r
   }
 }
 
+// The float kernel's output and gradients against the double composite's:
+// within y_rel / grad_rel of each tensor's largest magnitude, at least 1
+// (with one key the score gradients are exactly zero in double and ~1e-7 in
+// float); a gradient is defined in both or in neither.
+void ExpectCloseToDouble(const Outcome& fused, const Outcome& ref, double y_rel, double grad_rel) {
+  auto tol = [](const torch::Tensor& t, double rel) {
+    return rel * std::max(1.0, t.abs().max().item<double>());
+  };
+  ASSERT_EQ(fused.y.sizes(), ref.y.sizes());
+  EXPECT_LE(MaxAbsDiff(fused.y.to(torch::kFloat64), ref.y), tol(ref.y, y_rel)) << "forward";
+  ASSERT_EQ(fused.grads.size(), ref.grads.size());
+  for (size_t i = 0; i < ref.grads.size(); ++i) {
+    ASSERT_EQ(fused.grads[i].defined(), ref.grads[i].defined()) << "input " << i;
+    if (!ref.grads[i].defined()) continue;
+    ASSERT_EQ(fused.grads[i].sizes(), ref.grads[i].sizes()) << "input " << i;
+    EXPECT_LE(MaxAbsDiff(fused.grads[i].to(torch::kFloat64), ref.grads[i]), tol(ref.grads[i], grad_rel))
+        << "gradient of input " << i;
+  }
+}
+
 TEST_P(CpuFusedAttention, EqualsTheCompositeInDouble) {
   torch::manual_seed(80);
   for (const AttnCase& c : Cases()) {
@@ -121,24 +141,7 @@ TEST_P(CpuFusedAttention, EqualsTheCompositeInDouble) {
     torch::Tensor probe = torch::randn({c.B, c.T, c.H * c.hd});
     std::vector<torch::Tensor> in64;
     for (const auto& t : in) in64.push_back(t.defined() ? t.to(torch::kFloat64) : t);
-    const Outcome fused = RunAttention(in, probe, true), ref = RunAttention(in64, probe, false);
-    ASSERT_EQ(fused.y.sizes(), ref.y.sizes());
-    // Relative to the tensor's largest magnitude, at least 1 (with one key
-    // the score gradients are exactly zero in double and ~1e-7 in float).
-    auto tol = [](const torch::Tensor& t, double rel) {
-      return rel * std::max(1.0, t.abs().max().item<double>());
-    };
-    EXPECT_LE(MaxAbsDiff(fused.y.to(torch::kFloat64), ref.y), tol(ref.y, 2e-6)) << "forward";
-    for (size_t i = 0; i < ref.grads.size(); ++i) {
-      if (!ref.grads[i].defined()) {
-        EXPECT_FALSE(fused.grads[i].defined()) << "input " << i;
-        continue;
-      }
-      ASSERT_TRUE(fused.grads[i].defined()) << "input " << i << " has no gradient";
-      ASSERT_EQ(fused.grads[i].sizes(), ref.grads[i].sizes()) << "input " << i;
-      EXPECT_LE(MaxAbsDiff(fused.grads[i].to(torch::kFloat64), ref.grads[i]), tol(ref.grads[i], 1e-5))
-          << "gradient of input " << i;
-    }
+    ExpectCloseToDouble(RunAttention(in, probe, true), RunAttention(in64, probe, false), 2e-6, 1e-5);
   }
 }
 
@@ -346,19 +349,8 @@ TEST_P(CpuFusedAttentionQkv, EqualsRopeThenTheCompositeInDouble) {
       SCOPED_TRACE(Describe(c) + (model_tables ? " model tables" : " random tables"));
       const QkvInputs in = MakeQkv(c, model_tables);
       torch::Tensor probe = torch::randn({c.B, c.T, c.H * c.hd});
-      const Outcome fused = RunQkv(c, in, probe, true), ref = RunQkv(c, ToDouble(in), probe, false);
-      auto tol = [](const torch::Tensor& t, double rel) {
-        return rel * std::max(1.0, t.abs().max().item<double>());
-      };
-      ASSERT_EQ(fused.y.sizes(), ref.y.sizes());
-      EXPECT_LE(MaxAbsDiff(fused.y.to(torch::kFloat64), ref.y), tol(ref.y, 4e-6)) << "forward";
-      for (size_t i = 0; i < ref.grads.size(); ++i) {
-        ASSERT_EQ(fused.grads[i].defined(), ref.grads[i].defined()) << "input " << i;
-        if (!ref.grads[i].defined()) continue;
-        ASSERT_EQ(fused.grads[i].sizes(), ref.grads[i].sizes()) << "input " << i;
-        EXPECT_LE(MaxAbsDiff(fused.grads[i].to(torch::kFloat64), ref.grads[i]), tol(ref.grads[i], 2e-5))
-            << "gradient of input " << i;
-      }
+      ExpectCloseToDouble(RunQkv(c, in, probe, true), RunQkv(c, ToDouble(in), probe, false), 4e-6,
+                          2e-5);
     }
   }
 }

@@ -63,7 +63,6 @@ class Rope {
   void Tables(int64_t T, const torch::Tensor& x, torch::Tensor* cos, torch::Tensor* sin) const;
 
  private:
-
   torch::Tensor cos_;         // [max_len, head_dim], float32 on the CPU
   torch::Tensor sin_signed_;  // cat(-sin, sin) over the two halves
   int64_t max_len_;
@@ -95,7 +94,8 @@ class AttentionImpl : public torch::nn::Module {
   // MoDA: one softmax over the causal sequence K/V and, per token, the depth
   // K/V of earlier sub-layers (scale 1/sqrt(head_dim) for both). When
   // `own_kv` is given it receives this sub-layer's K/V, [B, kv_heads, T,
-  // head_dim] each (views of the projection), for later layers. Depth keys
+  // head_dim] each (copies on the fused CPU path, views of the projection
+  // elsewhere), for later layers. Depth keys
   // stay unrotated and are scored against the unrotated query: the
   // rotation-free dot product, which is what rotating both at their own
   // token's position gives.
