@@ -112,6 +112,28 @@ struct Slots {
   auto value(int64_t j, int64_t b, int64_t h, int64_t g, int64_t t) const {
     return v[j].at(b, per_query[j] ? h : g, t);
   }
+  // Asks the cache for row (b, h or g, t) of every slot's keys and values
+  // (hd elements each), ahead of their use. The slot loops read one row of
+  // each of S tensors per query row, from the same load instructions, so
+  // the hardware's per-instruction stride prefetcher never locks on and
+  // each row was a cache miss: at 14 slots (MoDA's last layer at L=8) the
+  // forward took 3.5 ms instead of 1.8 and the backward 8.3 instead of 6.1
+  // (one thread, B=8, 4 heads, T=128, hd=32). Always inlined: GCC's
+  // pure-const analysis sees a function whose only effect is
+  // __builtin_prefetch as having none, and drops its calls.
+  [[gnu::always_inline]] void Prefetch(int64_t b, int64_t h, int64_t g, int64_t t,
+                                       int64_t hd) const {
+    constexpr int kWrite = std::is_const_v<std::remove_pointer_t<decltype(k[0].p)>> ? 0 : 1;
+    const int64_t bytes = hd * static_cast<int64_t>(sizeof(*k[0].p));
+    for (size_t j = 0; j < k.size(); ++j) {
+      const char* kr = reinterpret_cast<const char*>(key(j, b, h, g, t));
+      const char* vr = reinterpret_cast<const char*>(value(j, b, h, g, t));
+      for (int64_t o = 0; o < bytes; o += 64) {
+        __builtin_prefetch(kr + o, kWrite);
+        __builtin_prefetch(vr + o, kWrite);
+      }
+    }
+  }
 };
 
 // y = mul rope_t(x) for one row (cs, sn: row t of the tables).
@@ -345,6 +367,9 @@ inline const T* DepthQuery(const Rows<T>& qr, const RopeTables<T>& rope, int64_t
   return buf;
 }
 
+// Query rows ahead at which the depth slots' rows are prefetched.
+constexpr int64_t kAhead = 4;
+
 template <typename T, int HD>
 void Forward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& k,
              const torch::Tensor& v, const std::vector<torch::Tensor>& dk,
@@ -381,6 +406,7 @@ void Forward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& k
             T* s = sb.data() + r * (tp + S);
             const T* qsi = qs.data() + r * hd;
             // Depth scores after the i + 1 sequence scores.
+            if (i + kAhead < T_len) depth.Prefetch(b, h, g, i + kAhead, hd);
             const T* qdi = DepthQuery<T>(qr, rope, b, h, i, hd, sc, qsi, S, qd.data());
             T* e = s + i + 1;
             for (int64_t j = 0; j < S; ++j) e[j] = DotHd<T, HD>(qdi, depth.key(j, b, h, g, i), hd);
@@ -479,6 +505,10 @@ void Backward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& 
               std::fill(p, p + n, T(0));
               std::fill(ds, ds + n, T(0));
               continue;
+            }
+            if (i + kAhead < T_len) {
+              depth.Prefetch(b, h, g, i + kAhead, hd);
+              gdepth.Prefetch(b, h, g, i + kAhead, hd);
             }
             // Probabilities, recomputed: exp(score - log-sum-exp).
             const T* qdi = DepthQuery<T>(qr, rope, b, h, i, hd, sc, qs, S, qd.data());

@@ -20,7 +20,7 @@
 // peak-memory children; --clock cpu: tokens per second of process CPU time
 // instead of wall time, steadier on a machine shared with other jobs; use it
 // with --threads 1, as idle OpenMP threads spin and count as CPU time;
-// --trace PREFIX: after the timed rounds, one more step of each design under
+// --trace PREFIX: after the timed rounds, --steps more steps of each design under
 // LibTorch's profiler, written as a Chrome trace to PREFIX<design>.json, to
 // see which ops a design's extra time goes to.)
 #include <sys/resource.h>
@@ -169,7 +169,7 @@ int Main(int argc, char** argv) {
     for (size_t i = 0; i < archs.size(); ++i) {
       torch::autograd::profiler::RecordProfile trace(c.trace_prefix +
                                                      std::string(ArchName(archs[i])) + ".json");
-      Step(models[i], in, tgt);
+      for (int s = 0; s < c.steps; ++s) Step(models[i], in, tgt);
     }
   }
   std::map<Arch, double> mem;
