@@ -71,16 +71,20 @@ std::vector<torch::Tensor> MhcCoefficients(const torch::Tensor& u, const torch::
 // The mHC connector's routing up to its read in one function: u =
 // RmsProject(h [..., n, d] flattened to n d, phi [n d, n^2 + 2n]),
 // (read, write, logits) = MhcCoefficients(u, gains, bias, n) and x =
-// HcRead(h, read); returns {x [..., d], write [..., n], logits [..., n, n]}.
-// Its backward returns one gradient for h (the three ops return two that
-// autograd adds).
+// HcRead(h, read); returns {x [..., d], write [..., n], logits [..., n, n],
+// h [..., n, d]}. Its backward returns one gradient for h (the three ops
+// return two that autograd adds). The last output is h passed through, for
+// the connector's write (HcWrite) to use instead of h: its gradient arrives
+// here and is added into h's in the same pass, where two uses of h would
+// have autograd add two [..., n, d] gradients (one more pass over them).
 std::vector<torch::Tensor> MhcRoute(const torch::Tensor& h, const torch::Tensor& phi,
                                     const torch::Tensor& gains, const torch::Tensor& bias,
                                     int64_t n, double eps);
 // The HC connector's routing up to its read in one function: u =
 // RmsProject(h [..., n, d], w [d, n + 2]) per stream, (a, b) =
 // HcCoefficients(u, ...) and x = HcRead(h, a[..., 0]); returns {x [..., d],
-// ar = a[..., 1:] [..., n, n], b [..., n]} and one gradient for h.
+// ar = a[..., 1:] [..., n, n], b [..., n], h [..., n, d]} and one gradient
+// for h (the last output: h passed through, as MhcRoute's).
 std::vector<torch::Tensor> HcRoute(const torch::Tensor& h, const torch::Tensor& w,
                                    const torch::Tensor& static_a, const torch::Tensor& static_b,
                                    const torch::Tensor& gain_a, const torch::Tensor& gain_b,

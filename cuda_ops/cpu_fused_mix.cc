@@ -330,17 +330,23 @@ Projection ProjectRows(const torch::Tensor& x2, const torch::Tensor& wt, double 
 // past, so each weight row is read once per group instead of once per row
 // and the dw block once per group with no reloads of x (the per-row loops
 // below were bound by L1 misses on the m x k weights, 48 KB for mHC at
-// d = 128). dp: [kGroup][m] (rows past the end zero); xs: the group's rows.
-//   o_q  = c_q x_q + sum_j dp[q][j] w_j      (dx rows; o_q null: skipped)
-//   blk_j += sum_q dp[q][j] x_q              (dw^T rows)
-inline void GroupDx(const float* dp, const float* const* xs, const float* cs, const float* wp,
-                    int64_t k, int64_t m, float* const* o) {
+// d = 128). dp: [kGroup][m] (rows past the end zero); xs: the group's rows;
+// ins: gradient rows already arriving for them (null: none).
+//   o_q  = c_q x_q + in_q + sum_j dp[q][j] w_j   (dx rows; o_q null: skipped)
+//   blk_j += sum_q dp[q][j] x_q                  (dw^T rows)
+inline void GroupDx(const float* dp, const float* const* xs, const float* cs,
+                    const float* const* ins, const float* wp, int64_t k, int64_t m,
+                    float* const* o) {
   for (int64_t i = 0; i < k; i += 16) {
     V8f acc[kGroup][2];
     for (int q = 0; q < kGroup; ++q) {
       const V8f c = Broadcast8(cs[q]);
       acc[q][0] = c * Load8(xs[q] + i);
       acc[q][1] = c * Load8(xs[q] + i + 8);
+      if (ins[q] != nullptr) {
+        acc[q][0] += Load8(ins[q] + i);
+        acc[q][1] += Load8(ins[q] + i + 8);
+      }
     }
     for (int64_t j = 0; j < m; ++j) {
       const V8f w0 = Load8(wp + j * k + i), w1 = Load8(wp + j * k + i + 8);
@@ -371,11 +377,13 @@ inline void GroupDw(const float* dp, const float* const* xs, int64_t k, int64_t 
 // k / n values and belongs to token r / rows_per_token, whose read gradient
 // is dreadp[token * k / n ...]; stream s of row r gets readp[r n + s] times it
 // (mHC: a row is a token's n streams; HC: a row is one stream, n = 1).
+// dx_in: a gradient already arriving for x ([rows, k]; a route's pass-through
+// of its streams), added into dx in the same pass; null: none.
 template <typename T, typename DuRow>
 void ProjectBackwardRows(const T* xp, const T* wp, const T* rp, const T* upp, int64_t rows,
                          int64_t k, int64_t m, const T* readp, const T* dreadp, int64_t n,
-                         int64_t rows_per_token, std::vector<double>& partial, T* dxp,
-                         const DuRow& du_row) {
+                         int64_t rows_per_token, std::vector<double>& partial, const T* dx_in,
+                         T* dxp, const DuRow& du_row) {
   const int64_t d = k / n;
   // float rows of a multiple of 16: GroupDx / GroupDw.
   const bool blocked = std::is_same_v<T, float> && k % 16 == 0;
@@ -388,11 +396,13 @@ void ProjectBackwardRows(const T* xp, const T* wp, const T* rp, const T* upp, in
     for (int64_t r0 = begin; r0 < end; r0 += kGroup) {
       const int64_t n_rows = std::min<int64_t>(kGroup, end - r0);
       const T* xs[kGroup];
+      const T* ins[kGroup];
       T cs[kGroup];
       T* os[kGroup];
       for (int64_t q = 0; q < kGroup; ++q) {
         T* dq = dp.data() + q * m;
         xs[q] = xp + (r0 + std::min(q, n_rows - 1)) * k;
+        ins[q] = dx_in != nullptr && q < n_rows ? dx_in + (r0 + q) * k : nullptr;
         cs[q] = 0;
         os[q] = nullptr;
         if (q >= n_rows) {
@@ -412,7 +422,7 @@ void ProjectBackwardRows(const T* xp, const T* wp, const T* rp, const T* upp, in
         os[q] = dxp + r * k;
       }
       if constexpr (std::is_same_v<T, float>) {
-        if (blocked) GroupDx(dp.data(), xs, cs, wp, k, m, os);
+        if (blocked) GroupDx(dp.data(), xs, cs, ins, wp, k, m, os);
       }
       for (int64_t q = 0; q < n_rows; ++q) {
         const int64_t r = r0 + q;
@@ -421,6 +431,9 @@ void ProjectBackwardRows(const T* xp, const T* wp, const T* rp, const T* upp, in
           const T* dq = dp.data() + q * m;
           const T* xr = xs[q];
           for (int64_t i = 0; i < k; ++i) o[i] = cs[q] * xr[i];
+          if (ins[q] != nullptr) {
+            for (int64_t i = 0; i < k; ++i) o[i] += ins[q][i];
+          }
           // Four weight rows per sweep of o: one load and store per four
           // products.
           int64_t j = 0;
@@ -476,7 +489,7 @@ std::pair<torch::Tensor, torch::Tensor> ProjectBackward(const torch::Tensor& x2,
     const scalar_t* gp = du.data_ptr<scalar_t>();
     ProjectBackwardRows<scalar_t>(
         x2.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(), rs.data_ptr<scalar_t>(),
-        u.data_ptr<scalar_t>(), rows, k, m, nullptr, nullptr, 1, 1, partial,
+        u.data_ptr<scalar_t>(), rows, k, m, nullptr, nullptr, 1, 1, partial, nullptr,
         dx.data_ptr<scalar_t>(), [gp, m](int64_t r, scalar_t*) { return gp + r * m; });
   });
   return {dx, SumPartials(partial, threads, m * k, {m, k}, x2.scalar_type())};
@@ -810,7 +823,8 @@ constexpr int64_t kMaxRouteStreams = 64;
 class MhcRouteFunction : public torch::autograd::Function<MhcRouteFunction> {
  public:
   // h [..., n, d], phi [n d, n^2 + 2n] -> {x [..., d], write [..., n],
-  // logits [..., n, n]}.
+  // logits [..., n, n], h [..., n, d]}. The last is h passed through (see
+  // MhcRoute in cpu_fused.h): its gradient is added into h's here.
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& h_in,
                                const torch::Tensor& phi, const torch::Tensor& gains_in,
                                const torch::Tensor& bias_in, int64_t n, double eps) {
@@ -863,7 +877,7 @@ class MhcRouteFunction : public torch::autograd::Function<MhcRouteFunction> {
     nn.push_back(n);
     square.push_back(n);
     square.push_back(n);
-    return {x, write.view(nn), logits.view(square)};
+    return {x, write.view(nn), logits.view(square), h};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -875,6 +889,7 @@ class MhcRouteFunction : public torch::autograd::Function<MhcRouteFunction> {
     const int64_t m = n * n + 2 * n, k = n * d;
     torch::Tensor dx = ContiguousOrUndefined(grads[0]);
     torch::Tensor dwrite = ContiguousOrUndefined(grads[1]), dlogits = ContiguousOrUndefined(grads[2]);
+    torch::Tensor dh_in = ContiguousOrUndefined(grads[3]);  // the pass-through's
     torch::Tensor dh = torch::empty_like(x2);
     const int64_t threads = at::get_num_threads();
     std::vector<double> partial_w(static_cast<size_t>(threads * m * k), 0.0);
@@ -905,6 +920,7 @@ class MhcRouteFunction : public torch::autograd::Function<MhcRouteFunction> {
       };
       ProjectBackwardRows<scalar_t>(hp, wt.data_ptr<scalar_t>(), rs.data_ptr<scalar_t>(), up,
                                     rows, k, m, dxp ? rp : nullptr, dxp, n, 1, partial_w,
+                                    dh_in.defined() ? dh_in.data_ptr<scalar_t>() : nullptr,
                                     dh.data_ptr<scalar_t>(), du_row);
     });
     torch::Tensor dwt = SumPartials(partial_w, threads, m * k, {m, k}, x2.scalar_type());
@@ -927,7 +943,8 @@ class MhcRouteFunction : public torch::autograd::Function<MhcRouteFunction> {
 // route). Outputs the residual mix a[:, 1:] and b for HcWrite.
 class HcRouteFunction : public torch::autograd::Function<HcRouteFunction> {
  public:
-  // h [..., n, d] -> {x [..., d], ar [..., n, n], b [..., n]}.
+  // h [..., n, d] -> {x [..., d], ar [..., n, n], b [..., n], h [..., n, d]}
+  // (the last: h passed through, as MhcRoute's).
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& h_in,
                                const torch::Tensor& w, const torch::Tensor& static_a_in,
                                const torch::Tensor& static_b_in, const torch::Tensor& gain_a,
@@ -990,7 +1007,7 @@ class HcRouteFunction : public torch::autograd::Function<HcRouteFunction> {
     ctx->saved_data["static_b_sizes"] = static_b_in.sizes();
     std::vector<int64_t> nb(h.sizes().begin(), h.sizes().end() - 1), square = nb;  // [..., n]
     square.push_back(n);
-    return {x, ar.view(square), b.view(nb)};
+    return {x, ar.view(square), b.view(nb), h};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -1000,6 +1017,7 @@ class HcRouteFunction : public torch::autograd::Function<HcRouteFunction> {
     const int64_t tokens = read.size(0), n = read.size(1), d = x2.size(1), m = n + 2;
     torch::Tensor dx = ContiguousOrUndefined(grads[0]);
     torch::Tensor dar = ContiguousOrUndefined(grads[1]), db = ContiguousOrUndefined(grads[2]);
+    torch::Tensor dh_in = ContiguousOrUndefined(grads[3]);  // the pass-through's
     torch::Tensor dh = torch::empty_like(x2);
     const int64_t threads = at::get_num_threads();
     std::vector<double> partial_w(static_cast<size_t>(threads * m * d), 0.0);
@@ -1029,7 +1047,9 @@ class HcRouteFunction : public torch::autograd::Function<HcRouteFunction> {
       };
       ProjectBackwardRows<scalar_t>(hp, wt.data_ptr<scalar_t>(), rs.data_ptr<scalar_t>(), up,
                                     tokens * n, d, m, dxp ? read.data_ptr<scalar_t>() : nullptr,
-                                    dxp, 1, n, partial_w, dh.data_ptr<scalar_t>(), du_row);
+                                    dxp, 1, n, partial_w,
+                                    dh_in.defined() ? dh_in.data_ptr<scalar_t>() : nullptr,
+                                    dh.data_ptr<scalar_t>(), du_row);
     });
     torch::Tensor dwt = SumPartials(partial_w, threads, m * d, {m, d}, x2.scalar_type());
     torch::Tensor sums = SumPartials(partial_c, threads, count, {count}, x2.scalar_type());

@@ -232,12 +232,12 @@ HcRouteTensors HcRouteOp(const torch::Tensor& h, const torch::Tensor& w,
   if (CpuFused({&h, &w, &static_a, &static_b, &gain_a, &gain_b})) {
     std::vector<torch::Tensor> r =
         cpu_fused::HcRoute(h, w, static_a, static_b, gain_a, gain_b, eps);
-    return {r[0], r[1], r[2]};
+    return {r[0], r[1], r[2], r[3]};
   }
   // The routing runs in w's precision (fp32 in the model, h may be bf16).
   torch::Tensor u = RmsProjectOp(h.to(w.scalar_type()), w, eps);
   HcCoefficientTensors c = HcCoefficientsOp(u, static_a, static_b, gain_a, gain_b);
-  return {HcReadOp(h, c.a.select(-1, 0)), c.a.narrow(-1, 1, n), c.b};
+  return {HcReadOp(h, c.a.select(-1, 0)), c.a.narrow(-1, 1, n), c.b, h};
 }
 
 MhcRouteTensors MhcRouteOp(const torch::Tensor& h, const torch::Tensor& phi,
@@ -250,12 +250,12 @@ MhcRouteTensors MhcRouteOp(const torch::Tensor& h, const torch::Tensor& phi,
               n * n + 2 * n, "]");
   if (CpuFused({&h, &phi, &gains, &bias})) {
     std::vector<torch::Tensor> r = cpu_fused::MhcRoute(h, phi, gains, bias, n, eps);
-    return {r[0], r[1], r[2]};
+    return {r[0], r[1], r[2], r[3]};
   }
   // The routing runs in phi's precision (fp32 in the model, h may be bf16).
   torch::Tensor u = RmsProjectOp(h.to(phi.scalar_type()).flatten(-2), phi, eps);
   MhcCoefficientTensors c = MhcCoefficientsOp(u, gains, bias, n);
-  return {HcReadOp(h, c.read), c.write, c.logits};
+  return {HcReadOp(h, c.read), c.write, c.logits, h};
 }
 
 torch::Tensor SwiGluGateOp(const torch::Tensor& g, const torch::Tensor& u) {

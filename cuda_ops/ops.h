@@ -74,6 +74,10 @@ struct HcRouteTensors {
   torch::Tensor x;   // [..., d]: the read, the sub-layer's input
   torch::Tensor ar;  // [..., n, n]: the residual mix a[..., 1:]
   torch::Tensor b;   // [..., n]: the write weights
+  // The streams for the connector's write (HcWriteOp): on the fused CPU path
+  // the route's pass-through of h, whose gradient its backward adds into
+  // h's (no separate add of two stream gradients); elsewhere h itself.
+  torch::Tensor h;
 };
 HcRouteTensors HcRouteOp(const torch::Tensor& h, const torch::Tensor& w,
                          const torch::Tensor& static_a, const torch::Tensor& static_b,
@@ -88,6 +92,7 @@ struct MhcRouteTensors {
   torch::Tensor x;       // [..., d]: the read, the sub-layer's input
   torch::Tensor write;   // [..., n]
   torch::Tensor logits;  // [..., n, n], for SinkhornOp
+  torch::Tensor h;       // the streams for the write, as HcRouteTensors::h
 };
 MhcRouteTensors MhcRouteOp(const torch::Tensor& h, const torch::Tensor& phi,
                            const torch::Tensor& gains, const torch::Tensor& bias, int64_t n,

@@ -271,7 +271,8 @@ class CpuFusedMhcRoute : public ThreadsTest {};
 // MhcCoefficientsOp, HcReadOp) run as composites in double: values and the
 // gradients of h, phi, gains and bias, with every output used and with each
 // left out (its gradient arrives undefined), for the model's broadcast
-// first-block streams too.
+// first-block streams too. The fourth output passes h through: its gradient
+// must join h's (the composite returns h itself, for autograd to add).
 TEST_P(CpuFusedMhcRoute, EqualsTheThreeOpsInDouble) {
   torch::manual_seed(90 + GetParam());
   for (int64_t n : {4, 2, 3}) {
@@ -280,9 +281,9 @@ TEST_P(CpuFusedMhcRoute, EqualsTheThreeOpsInDouble) {
     torch::Tensor h = torch::randn({B, T, n, d}) * 2, phi = torch::randn({n * d, m}) * 0.05;
     torch::Tensor gains = torch::rand({3}) + 0.1, bias = torch::randn({m});
     torch::Tensor px = torch::randn({B, T, d}), pw = torch::randn({B, T, n}),
-                  pl = torch::randn({B, T, n, n});
+                  pl = torch::randn({B, T, n, n}), ph = torch::randn({B, T, n, d});
     for (bool broadcast : {false, true}) {
-      for (int skip = -1; skip < 3; ++skip) {  // every output, then each left out in turn
+      for (int skip = -1; skip < 4; ++skip) {  // every output, then each left out in turn
         SCOPED_TRACE(::testing::Message() << "broadcast=" << broadcast << " skip=" << skip);
         auto f = [&](bool fused) {
           return [=](auto& in) {
@@ -290,7 +291,7 @@ TEST_P(CpuFusedMhcRoute, EqualsTheThreeOpsInDouble) {
             MhcRouteTensors r;
             if (fused) {
               std::vector<torch::Tensor> v = cpu_fused::MhcRoute(hh, in[1], in[2], in[3], n, 1e-6);
-              r = {v[0], v[1], v[2]};
+              r = {v[0], v[1], v[2], v[3]};
             } else {
               SetFusedOpsEnabled(false);
               auto c = [&](const torch::Tensor& t) { return t.to(torch::kFloat64); };
@@ -301,6 +302,7 @@ TEST_P(CpuFusedMhcRoute, EqualsTheThreeOpsInDouble) {
             if (skip != 0) y = y + (r.x * px.to(r.x.scalar_type())).sum(-1);
             if (skip != 1) y = y + (r.write * pw.to(r.x.scalar_type())).sum(-1);
             if (skip != 2) y = y + (r.logits * pl.to(r.x.scalar_type())).sum({-2, -1});
+            if (skip != 3) y = y + (r.h.to(r.x.scalar_type()) * ph.to(r.x.scalar_type())).sum({-2, -1});
             return y.to(torch::kFloat32);
           };
         };
@@ -322,7 +324,8 @@ class CpuFusedHcRoute : public ThreadsTest {};
 // HcRouteOp's CPU function equals the three ops it fuses (RmsProjectOp,
 // HcCoefficientsOp, HcReadOp) run as composites in double: values and the
 // gradients of h, w, static_a, static_b and the two gains, with every
-// output used and with each left out, for broadcast streams too.
+// output used and with each left out, for broadcast streams too; the fourth
+// output is h passed through, as MhcRoute's.
 TEST_P(CpuFusedHcRoute, EqualsTheThreeOpsInDouble) {
   torch::manual_seed(95 + GetParam());
   for (int64_t n : {4, 2, 3}) {
@@ -332,9 +335,9 @@ TEST_P(CpuFusedHcRoute, EqualsTheThreeOpsInDouble) {
     torch::Tensor sa = torch::randn({n, n + 1}), sb = torch::rand({n}) + 0.5;
     torch::Tensor ga = torch::rand({1}) + 0.1, gb = torch::rand({1}) + 0.1;
     torch::Tensor px = torch::randn({B, T, d}), pa = torch::randn({B, T, n, n}),
-                  pb = torch::randn({B, T, n});
+                  pb = torch::randn({B, T, n}), ph = torch::randn({B, T, n, d});
     for (bool broadcast : {false, true}) {
-      for (int skip = -1; skip < 3; ++skip) {
+      for (int skip = -1; skip < 4; ++skip) {
         SCOPED_TRACE(::testing::Message() << "broadcast=" << broadcast << " skip=" << skip);
         auto f = [&](bool fused) {
           return [=](auto& in) {
@@ -342,7 +345,7 @@ TEST_P(CpuFusedHcRoute, EqualsTheThreeOpsInDouble) {
             HcRouteTensors r;
             if (fused) {
               std::vector<torch::Tensor> v = cpu_fused::HcRoute(hh, in[1], in[2], in[3], in[4], in[5], 1e-6);
-              r = {v[0], v[1], v[2]};
+              r = {v[0], v[1], v[2], v[3]};
             } else {
               SetFusedOpsEnabled(false);
               auto c = [&](const torch::Tensor& t) { return t.to(torch::kFloat64); };
@@ -353,6 +356,7 @@ TEST_P(CpuFusedHcRoute, EqualsTheThreeOpsInDouble) {
             if (skip != 0) y = y + (r.x * px.to(r.x.scalar_type())).sum(-1);
             if (skip != 1) y = y + (r.ar * pa.to(r.x.scalar_type())).sum({-2, -1});
             if (skip != 2) y = y + (r.b * pb.to(r.x.scalar_type())).sum(-1);
+            if (skip != 3) y = y + (r.h.to(r.x.scalar_type()) * ph.to(r.x.scalar_type())).sum({-2, -1});
             return y.to(torch::kFloat32);
           };
         };
@@ -498,7 +502,7 @@ TEST(CpuFusedMixGradcheck, MhcRoute) {
                                    Var(torch::rand({3}, kF64) + 0.5), Var(torch::randn({m}, kF64))};
   EXPECT_EQ(GradCheck([](const auto& x) {
               std::vector<torch::Tensor> r = cpu_fused::MhcRoute(x[0], x[1], x[2], x[3], 3, 1e-6);
-              return torch::cat({r[0].flatten(), r[1].flatten(), r[2].flatten()});
+              return torch::cat({r[0].flatten(), r[1].flatten(), r[2].flatten(), r[3].flatten()});
             }, in),
             "");
 }
@@ -511,7 +515,7 @@ TEST(CpuFusedMixGradcheck, HcRoute) {
                                    Var(torch::rand({1}, kF64) + 0.5), Var(torch::rand({1}, kF64) + 0.5)};
   EXPECT_EQ(GradCheck([](const auto& x) {
               std::vector<torch::Tensor> r = cpu_fused::HcRoute(x[0], x[1], x[2], x[3], x[4], x[5], 1e-6);
-              return torch::cat({r[0].flatten(), r[1].flatten(), r[2].flatten()});
+              return torch::cat({r[0].flatten(), r[1].flatten(), r[2].flatten(), r[3].flatten()});
             }, in),
             "");
 }

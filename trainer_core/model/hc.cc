@@ -81,7 +81,8 @@ class HcConnectorImpl : public torch::nn::Module {
     if (residual_map != nullptr) {
       *residual_map = code_form ? torch::eye(n).expand_as(r.ar).clone() : r.ar.detach();
     }
-    return HcWriteOp(h, code_form ? torch::Tensor() : r.ar, r.b, y);
+    // r.h: h as the route passed it through (one stream gradient, HcRouteOp).
+    return HcWriteOp(r.h, code_form ? torch::Tensor() : r.ar, r.b, y);
   }
 
   // Static routing only: the tanh gains decay (spec section 9).

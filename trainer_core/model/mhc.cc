@@ -62,7 +62,7 @@ class MhcConnectorImpl : public torch::nn::Module {
   template <typename Branch>
   torch::Tensor forward(const torch::Tensor& h, Branch&& branch, torch::Tensor* residual_map) {
     const int64_t n = n_;
-    torch::Tensor x, write, map;
+    torch::Tensor x, write, map, streams;
     {
       AutocastOffGuard fp32_routing;  // coefficients and Sinkhorn stay fp32
       // RMS over the flattened n*d values, then Phi; group gains, bias, the
@@ -72,13 +72,14 @@ class MhcConnectorImpl : public torch::nn::Module {
       MhcRouteTensors r = MhcRouteOp(h, phi, gains, bias, n, kNormEps);
       x = r.x;
       write = r.write;
+      streams = r.h;  // h passed through the route (one stream gradient)
       // Fused Sinkhorn on CUDA and CPU (cuda_ops SinkhornOp).
       map = SinkhornOp(r.logits, kSinkhornIterations, kSinkhornEps);  // [B,T,n,n]
     }
     if (residual_map != nullptr) *residual_map = map.detach();
     torch::Tensor y = branch(x);
     // out_t = sum_s map[s, t] h_s + write_t y, i.e. map^T h + write y.
-    return HcWriteOp(h, map, write, y);
+    return HcWriteOp(streams, map, write, y);
   }
 
   std::vector<torch::Tensor> NoDecay() { return {bias, gains}; }
