@@ -363,11 +363,12 @@ inline void GroupDx(const float* dp, const float* const* xs, const float* cs,
     }
   }
 }
+template <int R>
 inline void GroupDw(const float* dp, const float* const* xs, int64_t k, int64_t m, float* block) {
   for (int64_t i = 0; i < k; i += 16) {
-    const float* x[kGroup];
-    for (int q = 0; q < kGroup; ++q) x[q] = xs[q] + i;
-    RankUpdate16<kGroup>(dp, m, x, m, block + i, k);
+    const float* x[R];
+    for (int q = 0; q < R; ++q) x[q] = xs[q] + i;
+    RankUpdate16<R>(dp, m, x, m, block + i, k);
   }
 }
 
@@ -390,17 +391,24 @@ void ProjectBackwardRows(const T* xp, const T* wp, const T* rp, const T* upp, in
   at::parallel_for(0, rows, Grain(3 * m * k), [&](int64_t begin, int64_t end) {
     double* acc = partial.data() + at::get_thread_num() * m * k;
     std::vector<T> block(static_cast<size_t>(m * k), 0);  // dw^T of <= kFlushRows rows
-    // dp of the kGroup rows in hand ([kGroup][m]; rows past the end: 0).
-    std::vector<T> dp(static_cast<size_t>(kGroup * m)), scratch(static_cast<size_t>(m));
+    // dp and the rows of the last two groups ([2 kGroup][m]; rows past the
+    // end: 0): the blocked dw update takes two groups at once (each block
+    // row loaded and stored once per 2 kGroup rows: the block, 48 KB at
+    // mHC's m x k, lives in L2, and its traffic bound the backward). The
+    // terms are added in the same order either way.
+    std::vector<T> dp_pair(static_cast<size_t>(2 * kGroup * m)), scratch(static_cast<size_t>(m));
+    const T* xs_pair[2 * kGroup];
+    int half = 0;  // which group of the pair is in hand
     int64_t pending = 0;
     for (int64_t r0 = begin; r0 < end; r0 += kGroup) {
       const int64_t n_rows = std::min<int64_t>(kGroup, end - r0);
-      const T* xs[kGroup];
+      T* const dp = dp_pair.data() + half * kGroup * m;
+      const T** xs = xs_pair + half * kGroup;
       const T* ins[kGroup];
       T cs[kGroup];
       T* os[kGroup];
       for (int64_t q = 0; q < kGroup; ++q) {
-        T* dq = dp.data() + q * m;
+        T* dq = dp + q * m;
         xs[q] = xp + (r0 + std::min(q, n_rows - 1)) * k;
         ins[q] = dx_in != nullptr && q < n_rows ? dx_in + (r0 + q) * k : nullptr;
         cs[q] = 0;
@@ -422,13 +430,13 @@ void ProjectBackwardRows(const T* xp, const T* wp, const T* rp, const T* upp, in
         os[q] = dxp + r * k;
       }
       if constexpr (std::is_same_v<T, float>) {
-        if (blocked) GroupDx(dp.data(), xs, cs, ins, wp, k, m, os);
+        if (blocked) GroupDx(dp, xs, cs, ins, wp, k, m, os);
       }
       for (int64_t q = 0; q < n_rows; ++q) {
         const int64_t r = r0 + q;
         T* o = os[q];
         if (!blocked) {
-          const T* dq = dp.data() + q * m;
+          const T* dq = dp + q * m;
           const T* xr = xs[q];
           for (int64_t i = 0; i < k; ++i) o[i] = cs[q] * xr[i];
           if (ins[q] != nullptr) {
@@ -449,10 +457,20 @@ void ProjectBackwardRows(const T* xp, const T* wp, const T* rp, const T* upp, in
           for (int64_t s = 0; s < n; ++s) Axpy(readp[r * n + s], dr, o + s * d, d);
         }
       }
-      // dw^T rows += the group's kGroup rank-1 terms: one load and store
-      // of the block per kGroup products.
+      // dw^T rows += the pair's 2 kGroup rank-1 terms (or one group's
+      // before a flush): one load and store of the block per 2 kGroup
+      // products.
+      pending += n_rows;
+      const bool flush = pending >= kFlushRows || r0 + n_rows == end;
       if constexpr (std::is_same_v<T, float>) {
-        if (blocked) GroupDw(dp.data(), xs, k, m, block.data());
+        if (blocked) {
+          if (half == 1) {
+            GroupDw<2 * kGroup>(dp_pair.data(), xs_pair, k, m, block.data());
+          } else if (flush) {
+            GroupDw<kGroup>(dp_pair.data(), xs_pair, k, m, block.data());
+          }
+          half = half == 0 && !flush ? 1 : 0;
+        }
       }
       if (!blocked) {
         for (int64_t j = 0; j < m; ++j) {
@@ -462,8 +480,7 @@ void ProjectBackwardRows(const T* xp, const T* wp, const T* rp, const T* upp, in
           for (int64_t i = 0; i < k; ++i) b[i] += (d0 * x0[i] + d1 * x1[i]) + (d2 * x2r[i] + d3 * x3[i]);
         }
       }
-      pending += n_rows;
-      if (pending >= kFlushRows || r0 + n_rows == end) {
+      if (flush) {
         for (int64_t e = 0; e < m * k; ++e) acc[e] += block[static_cast<size_t>(e)];
         std::fill(block.begin(), block.end(), T(0));
         pending = 0;
