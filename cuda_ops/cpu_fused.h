@@ -101,10 +101,15 @@ bool SinkhornInRange(const torch::Tensor& logits);
 torch::Tensor Sinkhorn(const torch::Tensor& logits, int iterations, double eps);
 // rmsnorm(sum_i softmax_i(query . (key_gain * rmsnorm(v_i))) v_i) * out_gain;
 // sources S tensors [..., d] of one shape; query and key_gain [d] or both
-// undefined (uniform mixing); out_gain [d].
+// undefined (uniform mixing); out_gain [d]. With `passed` non-null it
+// receives the sources passed through the function, for the next mix to
+// take instead: their gradients arrive in this one's backward and are added
+// into the sources' as it writes them, where a source read by every later
+// mix (Full AttnRes) would otherwise have autograd add one gradient per
+// reader (one more pass over [..., d] each).
 torch::Tensor AttnResMix(const std::vector<torch::Tensor>& sources, const torch::Tensor& query,
                          const torch::Tensor& key_gain, const torch::Tensor& out_gain,
-                         double eps);
+                         double eps, std::vector<torch::Tensor>* passed = nullptr);
 
 // Causal self-attention over the sequence, softmax(scale q k^T + causal
 // mask) v, with optional same-token depth keys and values (MoDA) in the same

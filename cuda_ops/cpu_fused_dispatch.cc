@@ -171,8 +171,8 @@ torch::Tensor Sinkhorn(const torch::Tensor& logits, int iterations, double eps) 
 }
 torch::Tensor AttnResMix(const std::vector<torch::Tensor>& sources, const torch::Tensor& query,
                          const torch::Tensor& key_gain, const torch::Tensor& out_gain,
-                         double eps) {
-  return DEPTHBENCH_CPU_FUSED_CALL(AttnResMix, sources, query, key_gain, out_gain, eps);
+                         double eps, std::vector<torch::Tensor>* passed) {
+  return DEPTHBENCH_CPU_FUSED_CALL(AttnResMix, sources, query, key_gain, out_gain, eps, passed);
 }
 
 torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k,

@@ -43,7 +43,7 @@
   torch::Tensor Sinkhorn(const torch::Tensor& logits, int iterations, double eps);            \
   torch::Tensor AttnResMix(const std::vector<torch::Tensor>& sources, const torch::Tensor& query, \
                            const torch::Tensor& key_gain, const torch::Tensor& out_gain,      \
-                           double eps);                                                       \
+                           double eps, std::vector<torch::Tensor>* passed);                   \
   torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k,                \
                                 const torch::Tensor& v, const torch::Tensor& depth_keys,       \
                                 const torch::Tensor& depth_values, double scale);              \

@@ -278,8 +278,10 @@ torch::Tensor SwiGluPackedOp(const torch::Tensor& gu) {
 
 torch::Tensor AttnResMixOp(const std::vector<torch::Tensor>& sources,
                            const torch::Tensor& query, const torch::Tensor& key_gain,
-                           const torch::Tensor& out_gain, double eps) {
+                           const torch::Tensor& out_gain, double eps,
+                           std::vector<torch::Tensor>* passed) {
   TORCH_CHECK(!sources.empty(), "AttnResMixOp: no sources");
+  if (passed != nullptr) *passed = sources;  // the fused CPU path replaces them
 #ifdef DEPTHBENCH_HAVE_FUSED_OPS
   const torch::Tensor& v0 = sources[0];
   bool ok = Fused({&v0, &query, &key_gain, &out_gain}) && fused::KernelDtype(v0) &&
@@ -303,7 +305,7 @@ torch::Tensor AttnResMixOp(const std::vector<torch::Tensor>& sources,
                                      query.numel() == s0.size(-1) &&
                                      key_gain.numel() == s0.size(-1)));
     for (const auto& s : sources) cpu = cpu && CpuFused({&s0, &s}) && s.sizes() == s0.sizes();
-    if (cpu) return cpu_fused::AttnResMix(sources, query, key_gain, out_gain, eps);
+    if (cpu) return cpu_fused::AttnResMix(sources, query, key_gain, out_gain, eps, passed);
   }
   return reference::AttnResMix(sources, query, key_gain, out_gain, eps);
 }

@@ -108,9 +108,14 @@ torch::Tensor SwiGluPackedOp(const torch::Tensor& gu);
 // rmsnorm(sum_i softmax_i(query . (key_gain * rmsnorm(v_i))) v_i) * out_gain.
 // sources: S >= 1 tensors [..., d] of one shape and dtype; query may be
 // undefined (uniform mixing; key_gain may then be undefined too).
+// passed (non-null): receives the sources for later mixes to take instead:
+// on the fused CPU path passed through the mix, so a source's gradients from
+// all its readers add up inside the kernels (cpu_fused::AttnResMix), else
+// the sources themselves.
 torch::Tensor AttnResMixOp(const std::vector<torch::Tensor>& sources,
                            const torch::Tensor& query, const torch::Tensor& key_gain,
-                           const torch::Tensor& out_gain, double eps);
+                           const torch::Tensor& out_gain, double eps,
+                           std::vector<torch::Tensor>* passed = nullptr);
 
 // Log-domain Sinkhorn-Knopp of logits [..., n, n] (fp32 on the fused path):
 // exp(z) after `iterations` row-then-column normalisations.

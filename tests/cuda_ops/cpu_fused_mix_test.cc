@@ -446,6 +446,43 @@ TEST_P(CpuFusedAttnRes, EqualsTheReferenceForFullAndBlockSourceLists) {
   }
 }
 
+// The model's chain (attnres_common.cc): a mix passes its sources through
+// and the next mix (and here the loss too) reads the passed tensors. The
+// gradient of each source, from every reader, must come out as with the
+// sources read directly (the reference composites, autograd adding).
+TEST_P(CpuFusedAttnRes, PassedSourcesCarryEveryReadersGradient) {
+  torch::manual_seed(45 + GetParam());
+  const int64_t d = 128;
+  for (bool with_query : {true, false}) {
+    SCOPED_TRACE(::testing::Message() << "query=" << with_query);
+    std::vector<torch::Tensor> in;
+    for (int i = 0; i < 4; ++i) in.push_back(torch::randn({2, 150, d}) * (1 + 0.3 * i));
+    for (int mix = 0; mix < 2; ++mix) {
+      in.push_back(with_query ? torch::randn({d}) : torch::Tensor());
+      in.push_back(with_query ? torch::rand({d}) + 0.5 : torch::Tensor());
+      in.push_back(torch::rand({d}) + 0.5);
+    }
+    auto call = [](bool fused) {
+      return [fused](const std::vector<torch::Tensor>& x) {
+        const std::vector<torch::Tensor> src = {x[0], x[1], x[2]};
+        std::vector<torch::Tensor> passed;
+        torch::Tensor y1 = fused ? cpu_fused::AttnResMix(src, x[4], x[5], x[6], 1e-6, &passed)
+                                 : reference::AttnResMix(src, x[4], x[5], x[6], 1e-6);
+        if (!fused) passed = src;
+        EXPECT_EQ(passed.size(), 3u);
+        const std::vector<torch::Tensor> next = {passed[0], passed[1], passed[2], x[3]};
+        torch::Tensor y2 = fused ? cpu_fused::AttnResMix(next, x[7], x[8], x[9], 1e-6)
+                                 : reference::AttnResMix(next, x[7], x[8], x[9], 1e-6);
+        // passed[1] has a third reader; passed[2] only the second mix.
+        return y1 + y2 + 0.5 * passed[1];
+      };
+    };
+    torch::Tensor probe = torch::randn({2, 150, d});
+    ExpectSame(Evaluate(call(true), in, probe), Evaluate(call(false), in, probe), 1e-3, 1e-3,
+               "AttnResMix chain");
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Threads, CpuFusedAttnRes, ::testing::Values(1, 2),
                          [](const auto& info) { return "threads" + std::to_string(info.param); });
 
@@ -546,6 +583,13 @@ TEST(CpuFusedMixGradcheck, AttnResMix) {
               return cpu_fused::AttnResMix({x[0], x[1]}, torch::Tensor(), torch::Tensor(), x[2], 1e-6);
             }, uniform),
             "");
+  // With the sources passed through and read again (their gradients join).
+  EXPECT_EQ(GradCheck([](const auto& x) {
+              std::vector<torch::Tensor> passed;
+              torch::Tensor y = cpu_fused::AttnResMix({x[0], x[1], x[2]}, x[3], x[4], x[5], 1e-6, &passed);
+              return torch::cat({y.flatten(), (passed[0] * passed[2]).flatten(), passed[1].flatten()});
+            }, in),
+            "");
 }
 
 // ---- the two ISA builds ----
@@ -605,8 +649,10 @@ TEST(CpuFusedIsa, Avx2AndBaselineBuildsAgree) {
        }},
       {"AttnResMix", {src[0], src[1], src[2], q, kg, og}, [](bool v, auto& in) {
          std::vector<torch::Tensor> s = {in[0], in[1], in[2]};
-         return v ? cpu_fused::avx2::AttnResMix(s, in[3], in[4], in[5], 1e-6)
-                  : cpu_fused::generic::AttnResMix(s, in[3], in[4], in[5], 1e-6);
+         std::vector<torch::Tensor> passed;
+         torch::Tensor y = v ? cpu_fused::avx2::AttnResMix(s, in[3], in[4], in[5], 1e-6, &passed)
+                             : cpu_fused::generic::AttnResMix(s, in[3], in[4], in[5], 1e-6, &passed);
+         return torch::cat({y.flatten(), (passed[0] * passed[1]).flatten()});
        }},
   };
   for (const Kernel& k : kernels) {

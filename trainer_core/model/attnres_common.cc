@@ -238,8 +238,13 @@ class AttnResDesign final : public DesignImpl {
       xn = pre_norm.forward(AttnResMix(Sources(s), query, key_norm, &w));
       records_.push_back({k, w, s.tensors.back().defined() && block_size_ > 1});
     } else {
+      // The sources come back passed through the mix (one gradient per
+      // source, summed in the kernels; cuda_ops AttnResMixOp) and replace
+      // the state's.
+      std::vector<torch::Tensor> passed;
       xn = AttnResMixOp(Sources(s), query, key_norm ? key_norm->weight : torch::Tensor(),
-                        pre_norm.weight, pre_norm.eps());
+                        pre_norm.weight, pre_norm.eps(), &passed);
+      std::copy(passed.begin(), passed.end(), s.tensors.begin());
     }
     MaybeFreeze(k, s);
     torch::Tensor y = branch(xn);
