@@ -148,13 +148,19 @@ void CheckCausalAttentionShapes(const char* op, const torch::Tensor& q, const to
 // positions c and c + hd / 2, the first half's sin negated). Returns
 // {out [B, T, H * hd]}, with return_kv {out, k, v}: copies of the unrotated
 // keys and the values, [B, KV, T, hd] (MoDA's own slots for later layers;
-// their gradients join the packed one in this function's backward).
+// their gradients join the packed one in this function's backward). With
+// pass_slots the S key slots and the S value slots follow, passed through
+// for the next layer to read instead: their gradients arrive in this
+// backward and are added into the slots' as the kernel writes them, where a
+// slot read by every later layer would otherwise have autograd add one
+// gradient per reader (one more pass over [B, KV, T, hd] each).
 std::vector<torch::Tensor> CausalAttentionQkv(const torch::Tensor& qkv, int64_t heads,
                                               int64_t kv_heads, const torch::Tensor& cos,
                                               const torch::Tensor& sin,
                                               const std::vector<torch::Tensor>& depth_keys,
                                               const std::vector<torch::Tensor>& depth_values,
-                                              double scale, bool return_kv = false);
+                                              double scale, bool return_kv = false,
+                                              bool pass_slots = false);
 void CheckCausalAttentionQkvShapes(const char* op, const torch::Tensor& qkv, int64_t heads,
                                    int64_t kv_heads, const torch::Tensor& cos,
                                    const torch::Tensor& sin,

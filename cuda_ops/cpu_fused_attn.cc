@@ -61,11 +61,15 @@ struct AttnShape {
 // packed q/k/v gradient among them).
 template <typename E>
 struct StridedRows {
-  E* p;
-  int64_t sb, sh, st;
-  explicit StridedRows(const torch::Tensor& t)
-      : p(t.data_ptr<std::remove_const_t<E>>()), sb(t.stride(0)), sh(t.stride(1)),
-        st(t.stride(2)) {}
+  E* p = nullptr;  // null: an undefined tensor (no rows)
+  int64_t sb = 0, sh = 0, st = 0;
+  explicit StridedRows(const torch::Tensor& t) {
+    if (!t.defined()) return;
+    p = t.data_ptr<std::remove_const_t<E>>();
+    sb = t.stride(0);
+    sh = t.stride(1);
+    st = t.stride(2);
+  }
   E* at(int64_t b, int64_t h, int64_t t) const { return p + b * sb + h * sh + t * st; }
 };
 template <typename T>
@@ -98,14 +102,16 @@ template <typename T, typename R>
 struct Slots {
   std::vector<R> k, v;
   std::vector<char> per_query;
+  // An undefined key (and value) tensor: a slot without rows (has(j) false).
   Slots(const std::vector<torch::Tensor>& keys, const std::vector<torch::Tensor>& values,
         int64_t H) {
     for (size_t j = 0; j < keys.size(); ++j) {
       k.emplace_back(keys[j]);
       v.emplace_back(values[j]);
-      per_query.push_back(keys[j].size(1) == H);
+      per_query.push_back(keys[j].defined() && keys[j].size(1) == H);
     }
   }
+  bool has(int64_t j) const { return k[j].p != nullptr; }
   auto key(int64_t j, int64_t b, int64_t h, int64_t g, int64_t t) const {
     return k[j].at(b, per_query[j] ? h : g, t);
   }
@@ -126,6 +132,7 @@ struct Slots {
     constexpr int kWrite = std::is_const_v<std::remove_pointer_t<decltype(k[0].p)>> ? 0 : 1;
     const int64_t bytes = hd * static_cast<int64_t>(sizeof(*k[0].p));
     for (size_t j = 0; j < k.size(); ++j) {
+      if (!has(static_cast<int64_t>(j))) continue;
       const char* kr = reinterpret_cast<const char*>(key(j, b, h, g, t));
       const char* vr = reinterpret_cast<const char*>(value(j, b, h, g, t));
       for (int64_t o = 0; o < bytes; o += 64) {
@@ -432,9 +439,13 @@ void Backward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& 
               const std::vector<torch::Tensor>& dv, double scale, const RopeTables<T>& rope,
               const torch::Tensor& out, const torch::Tensor& lse, const torch::Tensor& dout,
               torch::Tensor& gq, torch::Tensor& gk, torch::Tensor& gv,
-              std::vector<torch::Tensor>& gdk, std::vector<torch::Tensor>& gdv) {
+              std::vector<torch::Tensor>& gdk, std::vector<torch::Tensor>& gdv,
+              const std::vector<torch::Tensor>& in_gdk, const std::vector<torch::Tensor>& in_gdv) {
   const Rows<T> qr(q), kr(k), vr(v);
   const Slots<T, Rows<T>> depth(dk, dv, sh.H);
+  // Gradients already arriving for slots written once per row (passed-
+  // through slots; undefined: none), added as those rows are written.
+  const Slots<T, Rows<T>> incoming(in_gdk, in_gdv, sh.H);
   // Written per query head; a KV-head slot with several query heads per
   // key/value head is summed over them (zero-filled by the caller).
   const Slots<T, OutRows<T>> gdepth(gdk, gdv, sh.H);
@@ -509,6 +520,7 @@ void Backward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& 
             if (i + kAhead < T_len) {
               depth.Prefetch(b, h, g, i + kAhead, hd);
               gdepth.Prefetch(b, h, g, i + kAhead, hd);
+              incoming.Prefetch(b, h, g, i + kAhead, hd);
             }
             // Probabilities, recomputed: exp(score - log-sum-exp).
             const T* qdi = DepthQuery<T>(qr, rope, b, h, i, hd, sc, qs, S, qd.data());
@@ -541,6 +553,14 @@ void Backward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& 
                 for (int64_t c = 0; c < hd; ++c) {
                   gk_row[c] = dse[j] * qdi[c];
                   gv_row[c] = pe[j] * go[c];
+                }
+                if (incoming.has(j)) {
+                  const T* ik = incoming.key(j, b, h, g, i);
+                  const T* iv = incoming.value(j, b, h, g, i);
+                  for (int64_t c = 0; c < hd; ++c) {
+                    gk_row[c] += ik[c];
+                    gv_row[c] += iv[c];
+                  }
                 }
               } else {  // summed over the group's query heads (zero-filled)
                 AxpyHd<T, HD>(dse[j], qdi, gk_row, hd);
@@ -621,27 +641,43 @@ std::pair<torch::Tensor, torch::Tensor> AttnForward(const AttnArgs& a) {
 }
 
 // Writes gq, gk, gv and the depth slots' gradients gdk, gdv (any strides;
-// SlotGradient allocates the latter).
+// SlotGradients allocates the latter); in_gdk, in_gdv (empty, or S tensors,
+// undefined where none): gradients added into slot rows written once.
 void AttnBackward(const AttnArgs& a, const torch::Tensor& out, const torch::Tensor& lse,
                   const torch::Tensor& dout, torch::Tensor& gq, torch::Tensor& gk,
                   torch::Tensor& gv, std::vector<torch::Tensor>& gdk,
-                  std::vector<torch::Tensor>& gdv) {
+                  std::vector<torch::Tensor>& gdv, const std::vector<torch::Tensor>& in_gdk = {},
+                  const std::vector<torch::Tensor>& in_gdv = {}) {
   const AttnShape sh = a.shape();
+  const std::vector<torch::Tensor> none(a.dk.size());
   AT_DISPATCH_FLOATING_TYPES(a.q.scalar_type(), "cpu_fused::CausalAttentionBackward", [&] {
     WithHeadDim(sh.hd, [&](auto hd_c) {
-      Backward<scalar_t, decltype(hd_c)::value>(sh, a.q, a.k, a.v, a.dk, a.dv, a.scale,
-                                                TablesOf<scalar_t>(a), out, lse, dout, gq, gk,
-                                                gv, gdk, gdv);
+      Backward<scalar_t, decltype(hd_c)::value>(
+          sh, a.q, a.k, a.v, a.dk, a.dv, a.scale, TablesOf<scalar_t>(a), out, lse, dout, gq, gk,
+          gv, gdk, gdv, in_gdk.empty() ? none : in_gdk, in_gdv.empty() ? none : in_gdv);
     });
   });
 }
 
-// The gradient of a depth slot: zero-filled where the kernel sums it over
-// several query heads (a KV-head slot under GQA), else written once.
-torch::Tensor SlotGradient(const torch::Tensor& slot, int64_t H, int64_t KV) {
-  return SlotSummedOverGroup(slot.size(1) == H, H / KV)
-             ? torch::zeros(slot.sizes(), slot.options())
-             : torch::empty(slot.sizes(), slot.options());
+// The gradients of depth slots `slots` given the gradients already arriving
+// for them (`in`, S tensors, undefined where none: a passed-through slot's
+// later readers'): a slot the kernel sums over several query heads (a
+// KV-head slot under GQA) starts as a copy of its incoming gradient (or
+// zeros), and its entry in `in` is cleared; a slot written once per row is
+// allocated and keeps its entry, which the kernel adds as it writes.
+std::vector<torch::Tensor> SlotGradients(const std::vector<torch::Tensor>& slots, int64_t H,
+                                         int64_t KV, std::vector<torch::Tensor>& in) {
+  std::vector<torch::Tensor> out;
+  for (size_t j = 0; j < slots.size(); ++j) {
+    const torch::Tensor& slot = slots[j];
+    if (SlotSummedOverGroup(slot.size(1) == H, H / KV)) {
+      out.push_back(in[j].defined() ? in[j].clone() : torch::zeros(slot.sizes(), slot.options()));
+      in[j] = torch::Tensor();
+    } else {
+      out.push_back(torch::empty(slot.sizes(), slot.options()));
+    }
+  }
+  return out;
 }
 
 // The S slots of a stacked [B, H, T, S, hd] depth tensor (undefined: none).
@@ -705,13 +741,17 @@ std::vector<torch::Tensor> LastDimContiguous(at::TensorList ts) {
 // slots are read in place (no [B, H, T, S, hd] stack). With return_kv it
 // also returns copies of k (unrotated) and v, [B, KV, T, hd] (MoDA's cache):
 // their gradients are added to the packed one here, where gradients of
-// views of qkv would each zero-fill and add a qkv-sized tensor.
+// views of qkv would each zero-fill and add a qkv-sized tensor. With
+// pass_slots the S key and S value slots follow, passed through: their
+// gradients (from the later layers that read them) are added into the
+// slots' gradients as the kernel writes them.
 class CausalAttentionQkvFunction : public torch::autograd::Function<CausalAttentionQkvFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& qkv_in,
                                const torch::Tensor& cos_in, const torch::Tensor& sin_in,
                                at::TensorList dk_in, at::TensorList dv_in, int64_t heads,
-                               int64_t kv_heads, double scale, bool return_kv) {
+                               int64_t kv_heads, double scale, bool return_kv,
+                               bool pass_slots) {
     torch::Tensor qkv = LastDimContiguous(qkv_in);
     torch::Tensor cos = cos_in.contiguous(), sin = sin_in.contiguous();
     std::vector<torch::Tensor> dk = LastDimContiguous(dk_in), dv = LastDimContiguous(dv_in);
@@ -724,8 +764,14 @@ class CausalAttentionQkvFunction : public torch::autograd::Function<CausalAttent
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["heads"] = heads;
     ctx->saved_data["kv_heads"] = kv_heads;
-    if (!return_kv) return {out};
-    return {out, k.contiguous(), v.contiguous()};
+    ctx->saved_data["return_kv"] = return_kv;
+    variable_list result = {out};
+    if (return_kv) result.insert(result.end(), {k.contiguous(), v.contiguous()});
+    if (pass_slots) {
+      result.insert(result.end(), dk.begin(), dk.end());
+      result.insert(result.end(), dv.begin(), dv.end());
+    }
+    return result;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -744,19 +790,27 @@ class CausalAttentionQkvFunction : public torch::autograd::Function<CausalAttent
                      ctx->saved_data["scale"].toDouble()};
     torch::Tensor gqkv = torch::empty(qkv.sizes(), qkv.options());
     auto [gq, gk, gv] = QkvHeads(gqkv, H, KV);
-    std::vector<torch::Tensor> gdk, gdv;
-    for (size_t j = 0; j < S; ++j) {
-      gdk.push_back(SlotGradient(a.dk[j], H, KV));
-      gdv.push_back(SlotGradient(a.dv[j], H, KV));
+    const bool return_kv = ctx->saved_data["return_kv"].toBool();
+    const size_t passed = return_kv ? 3 : 1;  // the passed slots' gradients from here
+    std::vector<torch::Tensor> in_gdk(S), in_gdv(S);
+    if (grads.size() > passed) {
+      for (size_t j = 0; j < S; ++j) {
+        in_gdk[j] = grads[passed + j];
+        in_gdv[j] = grads[passed + S + j];
+      }
     }
-    AttnBackward(a, saved[3], saved[4], grads[0].contiguous(), gq, gk, gv, gdk, gdv);
+    std::vector<torch::Tensor> gdk = SlotGradients(a.dk, H, KV, in_gdk);
+    std::vector<torch::Tensor> gdv = SlotGradients(a.dv, H, KV, in_gdv);
+    AttnBackward(a, saved[3], saved[4], grads[0].contiguous(), gq, gk, gv, gdk, gdv, in_gdk,
+                 in_gdv);
     // The returned k and v copies' gradients (undefined: unused).
-    if (grads.size() == 3 && grads[1].defined()) gk.add_(grads[1]);
-    if (grads.size() == 3 && grads[2].defined()) gv.add_(grads[2]);
+    if (return_kv && grads[1].defined()) gk.add_(grads[1]);
+    if (return_kv && grads[2].defined()) gv.add_(grads[2]);
     variable_list out = {gqkv, torch::Tensor(), torch::Tensor()};
     out.insert(out.end(), gdk.begin(), gdk.end());
     out.insert(out.end(), gdv.begin(), gdv.end());
-    out.insert(out.end(), {torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()});
+    out.insert(out.end(),
+               {torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()});
     return out;
   }
 };
@@ -779,7 +833,7 @@ std::vector<torch::Tensor> CausalAttentionQkv(const torch::Tensor& qkv, int64_t 
                                               const torch::Tensor& sin,
                                               const std::vector<torch::Tensor>& depth_keys,
                                               const std::vector<torch::Tensor>& depth_values,
-                                              double scale, bool return_kv) {
+                                              double scale, bool return_kv, bool pass_slots) {
   CheckCausalAttentionQkvShapes("CausalAttentionQkv", qkv, heads, kv_heads, cos, sin, depth_keys,
                                 depth_values);
   for (size_t j = 0; j < depth_keys.size(); ++j) {
@@ -793,7 +847,7 @@ std::vector<torch::Tensor> CausalAttentionQkv(const torch::Tensor& qkv, int64_t 
   // would be passed through as a non-tensor).
   return CausalAttentionQkvFunction::apply(qkv, cos, sin, at::TensorList(depth_keys),
                                            at::TensorList(depth_values), heads, kv_heads, scale,
-                                           return_kv);
+                                           return_kv, pass_slots);
 }
 
 }  // namespace DEPTHBENCH_CPU_FUSED_ISA

@@ -186,9 +186,9 @@ std::vector<torch::Tensor> CausalAttentionQkv(const torch::Tensor& qkv, int64_t 
                                               const torch::Tensor& sin,
                                               const std::vector<torch::Tensor>& depth_keys,
                                               const std::vector<torch::Tensor>& depth_values,
-                                              double scale, bool return_kv) {
+                                              double scale, bool return_kv, bool pass_slots) {
   return DEPTHBENCH_CPU_FUSED_CALL(CausalAttentionQkv, qkv, heads, kv_heads, cos, sin, depth_keys,
-                                   depth_values, scale, return_kv);
+                                   depth_values, scale, return_kv, pass_slots);
 }
 
 #undef DEPTHBENCH_CPU_FUSED_CALL

@@ -50,7 +50,8 @@
   std::vector<torch::Tensor> CausalAttentionQkv(                                              \
       const torch::Tensor& qkv, int64_t heads, int64_t kv_heads, const torch::Tensor& cos,     \
       const torch::Tensor& sin, const std::vector<torch::Tensor>& depth_keys,                  \
-      const std::vector<torch::Tensor>& depth_values, double scale, bool return_kv);           \
+      const std::vector<torch::Tensor>& depth_values, double scale, bool return_kv,            \
+      bool pass_slots);                                                                        \
   /* Threads at::parallel_for ran a 64-task loop on, as compiled in this object. */          \
   int ParallelForThreads();                                                                  \
   }

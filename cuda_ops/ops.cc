@@ -356,16 +356,24 @@ torch::Tensor CausalAttentionQkvOp(const torch::Tensor& qkv, int64_t heads, int6
                                    const torch::Tensor& cos, const torch::Tensor& sin,
                                    const std::vector<torch::Tensor>& depth_keys,
                                    const std::vector<torch::Tensor>& depth_values, double scale,
-                                   std::pair<torch::Tensor, torch::Tensor>* own_kv) {
+                                   std::pair<torch::Tensor, torch::Tensor>* own_kv,
+                                   DepthSlotLists* passed_slots) {
+  if (passed_slots != nullptr) *passed_slots = {depth_keys, depth_values};  // fused: replaced
   cpu_fused::CheckCausalAttentionQkvShapes("CausalAttentionQkvOp", qkv, heads, kv_heads, cos, sin,
                                            depth_keys, depth_values);
   bool fused = CpuAttentionFused() && CpuFused({&qkv, &cos, &sin});
   for (const torch::Tensor& t : depth_keys) fused = fused && CpuFused({&qkv, &t});
   for (const torch::Tensor& t : depth_values) fused = fused && CpuFused({&qkv, &t});
   if (fused) {
-    std::vector<torch::Tensor> r = cpu_fused::CausalAttentionQkv(
-        qkv, heads, kv_heads, cos, sin, depth_keys, depth_values, scale, own_kv != nullptr);
+    std::vector<torch::Tensor> r =
+        cpu_fused::CausalAttentionQkv(qkv, heads, kv_heads, cos, sin, depth_keys, depth_values,
+                                      scale, own_kv != nullptr, passed_slots != nullptr);
+    const size_t S = depth_keys.size(), first = own_kv != nullptr ? 3 : 1;
     if (own_kv != nullptr) *own_kv = {r[1], r[2]};
+    if (passed_slots != nullptr) {
+      passed_slots->first.assign(r.begin() + first, r.begin() + first + S);
+      passed_slots->second.assign(r.begin() + first + S, r.begin() + first + 2 * S);
+    }
     return r[0];
   }
   if (own_kv != nullptr) {

@@ -148,12 +148,18 @@ torch::Tensor RopeRotate(const torch::Tensor& x, const torch::Tensor& cos,
 // one gradient for qkv, the slots read in place; cpu_fused.h), else
 // RopeRotate, the slots stacked and the composite. own_kv, if given,
 // receives this layer's unrotated keys and values [B, KV, T, hd] (MoDA's
-// slots for later layers).
+// slots for later layers). passed_slots, if given, receives the depth keys
+// and values for later layers to read instead: on the fused CPU path passed
+// through the attention, so a slot's gradients from all its readers add up
+// inside the kernels (cpu_fused::CausalAttentionQkv), else the slots
+// themselves.
+using DepthSlotLists = std::pair<std::vector<torch::Tensor>, std::vector<torch::Tensor>>;
 torch::Tensor CausalAttentionQkvOp(const torch::Tensor& qkv, int64_t heads, int64_t kv_heads,
                                    const torch::Tensor& cos, const torch::Tensor& sin,
                                    const std::vector<torch::Tensor>& depth_keys,
                                    const std::vector<torch::Tensor>& depth_values, double scale,
-                                   std::pair<torch::Tensor, torch::Tensor>* own_kv = nullptr);
+                                   std::pair<torch::Tensor, torch::Tensor>* own_kv = nullptr,
+                                   DepthSlotLists* passed_slots = nullptr);
 
 // HC/mHC connector. h [..., n, d]; read, b [..., n]; a [..., n, n] or
 // undefined (identity, the HC code form); coefficients fp32.

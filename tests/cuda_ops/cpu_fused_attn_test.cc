@@ -306,7 +306,10 @@ QkvInputs ToDouble(const QkvInputs& in) {
 
 // Output and the gradients of qkv and every depth slot; fused: the kernel,
 // else the op with fused ops disabled (RopeRotate, the slots stacked with
-// their keys rotated, and the composite).
+// their keys rotated, and the composite). The slots also come back passed
+// through (MoDA's later layers read those) and are probed again: their
+// gradients must join the slots' (the composite returns the slots
+// themselves, for autograd to add).
 Outcome RunQkv(const AttnCase& c, const QkvInputs& in, const torch::Tensor& probe, bool fused) {
   // Leaves keep the inputs' strides (clone preserves them).
   auto leaf = [](const torch::Tensor& t) { return t.detach().clone().requires_grad_(true); };
@@ -318,21 +321,31 @@ Outcome RunQkv(const AttnCase& c, const QkvInputs& in, const torch::Tensor& prob
   // With MoDA's own keys and values returned and used (probed) too.
   torch::Tensor y;
   std::pair<torch::Tensor, torch::Tensor> own;
+  DepthSlotLists passed;
   if (fused) {
     std::vector<torch::Tensor> r =
-        cpu_fused::CausalAttentionQkv(qkv, c.H, c.KV, in.cos, in.sin, dk, dv, scale, true);
+        cpu_fused::CausalAttentionQkv(qkv, c.H, c.KV, in.cos, in.sin, dk, dv, scale, true, true);
     y = r[0];
     own = {r[1], r[2]};
+    passed.first.assign(r.begin() + 3, r.begin() + 3 + c.S);
+    passed.second.assign(r.begin() + 3 + c.S, r.end());
   } else {
     SetFusedOpsEnabled(false);
-    y = CausalAttentionQkvOp(qkv, c.H, c.KV, in.cos, in.sin, dk, dv, scale, &own);
+    y = CausalAttentionQkvOp(qkv, c.H, c.KV, in.cos, in.sin, dk, dv, scale, &own, &passed);
     SetFusedOpsEnabled(true);
   }
-  // Position-dependent probes of the returned k and v.
+  // Position-dependent probes of the returned k and v, and of the passed
+  // slots (slot 1's values left unread: their gradient arrives undefined).
   torch::Tensor pk = torch::arange(c.T, torch::kFloat64).div(c.T).view({1, 1, c.T, 1});
-  ((y * probe.to(y.scalar_type())).sum() + (own.first * pk.to(y.scalar_type())).sum() +
-   (own.second * (1 - pk).to(y.scalar_type())).sum())
-      .backward();
+  torch::Tensor loss = (y * probe.to(y.scalar_type())).sum() +
+                       (own.first * pk.to(y.scalar_type())).sum() +
+                       (own.second * (1 - pk).to(y.scalar_type())).sum();
+  EXPECT_EQ(static_cast<int64_t>(passed.first.size()), c.S);
+  for (int64_t j = 0; j < c.S; ++j) {
+    loss = loss + (passed.first[j] * (pk + j).to(y.scalar_type())).sum();
+    if (j != 1) loss = loss + (passed.second[j] * (2 - pk).to(y.scalar_type())).sum();
+  }
+  loss.backward();
   Outcome r{y.detach(), {qkv.grad()}};
   for (const auto& t : dk) r.grads.push_back(t.grad());
   for (const auto& t : dv) r.grads.push_back(t.grad());
@@ -380,7 +393,13 @@ TEST(CpuFusedAttentionQkvCheck, GradcheckWithRandomTables) {
     EXPECT_EQ(GradCheck([&](const auto& x) {
                 const std::vector<torch::Tensor> dk(x.begin() + 1, x.begin() + 1 + S),
                     dv(x.begin() + 1 + S, x.end());
-                return cpu_fused::CausalAttentionQkv(x[0], c.H, c.KV, in.cos, in.sin, dk, dv, 0.7)[0];
+                // With the slots passed through and read again, scaled per
+                // slot (their gradients join the slots').
+                std::vector<torch::Tensor> r =
+                    cpu_fused::CausalAttentionQkv(x[0], c.H, c.KV, in.cos, in.sin, dk, dv, 0.7, false, true);
+                std::vector<torch::Tensor> parts = {r[0].flatten()};
+                for (size_t j = 1; j < r.size(); ++j) parts.push_back(r[j].flatten() * (0.5 * j));
+                return torch::cat(parts);
               }, leaves),
               "");
   }
@@ -400,9 +419,9 @@ TEST(CpuFusedAttentionQkvCheck, Avx2AndBaselineBuildsAgree) {
       torch::Tensor qkv = in.qkv.clone().requires_grad_(true);
       torch::Tensor y =
           avx2 ? cpu_fused::avx2::CausalAttentionQkv(qkv, c.H, c.KV, in.cos, in.sin, in.dk, in.dv, 0.25,
-                                                     false)[0]
+                                                     false, false)[0]
                : cpu_fused::generic::CausalAttentionQkv(qkv, c.H, c.KV, in.cos, in.sin, in.dk, in.dv,
-                                                        0.25, false)[0];
+                                                        0.25, false, false)[0];
       (y * probe).sum().backward();
       return std::vector<torch::Tensor>{y.detach(), qkv.grad()};
     };

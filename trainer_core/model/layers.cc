@@ -84,7 +84,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const Rope& rope) {
 
 torch::Tensor AttentionImpl::ForwardWithDepth(
     const torch::Tensor& x, const Rope& rope, const DepthKv& depth,
-    std::pair<torch::Tensor, torch::Tensor>* own_kv) {
+    std::pair<torch::Tensor, torch::Tensor>* own_kv, DepthKv* passed) {
   const int64_t B = x.size(0), T = x.size(1);
   const int64_t H = options_.heads, KV = options_.kv_heads, hd = head_dim_;
   // One GEMM for Q, K and V (their weights stay separate parameters; the
@@ -97,8 +97,10 @@ torch::Tensor AttentionImpl::ForwardWithDepth(
   rope.Tables(T, qkv, &cos, &sin);
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
   // No depth slots: plain causal attention.
-  torch::Tensor out =
-      CausalAttentionQkvOp(qkv, H, KV, cos, sin, depth.keys, depth.values, scale, own_kv);
+  DepthSlotLists slots;
+  torch::Tensor out = CausalAttentionQkvOp(qkv, H, KV, cos, sin, depth.keys, depth.values, scale,
+                                           own_kv, passed != nullptr ? &slots : nullptr);
+  if (passed != nullptr) *passed = {std::move(slots.first), std::move(slots.second)};
   return o_proj->forward(out);
 }
 

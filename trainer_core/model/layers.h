@@ -99,9 +99,12 @@ class AttentionImpl : public torch::nn::Module {
   // stay unrotated and are scored against the unrotated query: the
   // rotation-free dot product, which is what rotating both at their own
   // token's position gives.
+  // passed (optional): the depth slots for later layers to read instead of
+  // `depth`'s (CausalAttentionQkvOp's passed_slots: one gradient per slot).
   torch::Tensor ForwardWithDepth(const torch::Tensor& x, const Rope& rope,
                                  const DepthKv& depth,
-                                 std::pair<torch::Tensor, torch::Tensor>* own_kv);
+                                 std::pair<torch::Tensor, torch::Tensor>* own_kv,
+                                 DepthKv* passed = nullptr);
 
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr},
       o_proj{nullptr};

@@ -71,13 +71,19 @@ class ModaDesign final : public DesignImpl {
   void ApplyBlock(int64_t position, int64_t weights, DepthState& s) override {
     ModaBlockImpl& b = *blocks_[weights];
     const bool last = position == num_blocks() - 1;
-    // The slots as they are (the attention reads them in place).
+    // The slots as they are (the attention reads them in place). Later
+    // layers read them as the attention passes them through, so each slot's
+    // gradients from all its readers add up in the kernels (one autograd
+    // add per reader otherwise); the last layer has no later readers.
     const DepthKv depth{s.depth_keys, s.depth_values};
     std::pair<torch::Tensor, torch::Tensor> own;
+    DepthKv passed;
     torch::Tensor h = s.tensors[0];
     h = h + b.attn->ForwardWithDepth(b.attn_norm->forward(h), rope(), depth,
-                                     last ? nullptr : &own);
+                                     last ? nullptr : &own, last ? nullptr : &passed);
     if (!last) {
+      s.depth_keys = std::move(passed.keys);
+      s.depth_values = std::move(passed.values);
       s.depth_keys.push_back(own.first);
       s.depth_values.push_back(own.second);
     }
