@@ -7,13 +7,16 @@
 //
 // Throughput: the designs are alternated round-robin (rounds x steps each) so
 // drift on a shared machine hits all of them alike; the figure is the median
-// over rounds. Peak memory: the binary re-runs itself once per design
+// over rounds. 11 rounds by default: with 5, the median of one design's
+// ratio moved by up to 0.08 between back-to-back runs on this 2-core machine
+// (whose speed changes from minute to minute); the rounds are short (a
+// whole run takes under a minute). Peak memory: the binary re-runs itself once per design
 // (--memory_of=<arch>); the child reports its peak RSS (getrusage
 // ru_maxrss) minus its RSS after building the model and one batch, i.e. the
 // activations and gradients of one forward+backward.
 //
 //   designs_bench [--layers 8] [--d 128] [--heads 4] [--seq 128] [--batch 8]
-//                 [--threads 2] [--rounds 5] [--steps 3]
+//                 [--threads 2] [--rounds 11] [--steps 3]
 //                 [--archs pre_ln,hc,mhc,attnres_full] [--no-memory]
 //                 [--clock wall|cpu] [--trace PREFIX]
 // (--archs: a subset, Pre-LN always included; --no-memory: skip the
@@ -48,7 +51,7 @@ namespace {
 
 struct Config {
   int64_t layers = 8, d = 128, heads = 4, seq = 128, batch = 8, threads = 2;
-  int rounds = 5, steps = 3;
+  int rounds = 11, steps = 3;
   std::string archs;  // comma-separated subset; empty: all
   bool memory = true;
   bool cpu_clock = false;
