@@ -335,7 +335,7 @@ Outcome RunQkv(const AttnCase& c, const QkvInputs& in, const torch::Tensor& prob
     SetFusedOpsEnabled(true);
   }
   // Position-dependent probes of the returned k and v, and of the passed
-  // slots (slot 1's values left unread: their gradient arrives undefined).
+  // slots (slot 1's values left unread: autograd hands the backward zeros).
   torch::Tensor pk = torch::arange(c.T, torch::kFloat64).div(c.T).view({1, 1, c.T, 1});
   torch::Tensor loss = (y * probe.to(y.scalar_type())).sum() +
                        (own.first * pk.to(y.scalar_type())).sum() +
