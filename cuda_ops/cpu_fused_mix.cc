@@ -1227,22 +1227,6 @@ class SinkhornFunction : public torch::autograd::Function<SinkhornFunction> {
 // the passed gradients' reads missed and took half of the backward.
 constexpr int64_t kRowsAhead = 2;
 
-// Prefetches the n elements at p (for writing if `write`). Always inlined:
-// GCC's pure-const analysis takes a function whose only effect is
-// __builtin_prefetch for one without effects and drops its calls.
-template <typename T>
-[[gnu::always_inline]] inline void PrefetchRow(const T* p, int64_t n, bool write) {
-  const char* c = reinterpret_cast<const char*>(p);
-  const int64_t bytes = n * static_cast<int64_t>(sizeof(T));
-  for (int64_t o = 0; o < bytes; o += 64) {
-    if (write) {
-      __builtin_prefetch(c + o, 1);
-    } else {
-      __builtin_prefetch(c + o, 0);
-    }
-  }
-}
-
 class AttnResMixFunction : public torch::autograd::Function<AttnResMixFunction> {
  public:
   // has_query false: uniform weights; query and key_gain are then empty
