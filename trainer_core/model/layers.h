@@ -95,11 +95,10 @@ class AttentionImpl : public torch::nn::Module {
   // K/V of earlier sub-layers (scale 1/sqrt(head_dim) for both). When
   // `own_kv` is given it receives this sub-layer's K/V, [B, kv_heads, T,
   // head_dim] each (copies on the fused CPU path, views of the projection
-  // elsewhere), for later layers. Depth keys
-  // stay unrotated and are scored against the unrotated query: the
-  // rotation-free dot product, which is what rotating both at their own
-  // token's position gives.
-  // passed (optional): the depth slots for later layers to read instead of
+  // elsewhere), for later layers. Depth keys stay unrotated and are scored
+  // against the unrotated query: the rotation-free dot product, which is
+  // what rotating both at their own token's position gives. `passed`, when
+  // given, receives the depth slots for later layers to read instead of
   // `depth`'s (CausalAttentionQkvOp's passed_slots: one gradient per slot).
   torch::Tensor ForwardWithDepth(const torch::Tensor& x, const Rope& rope,
                                  const DepthKv& depth,
