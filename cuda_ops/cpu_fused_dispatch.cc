@@ -1,7 +1,7 @@
-// The cpu_fused:: entry points (cpu_fused.h): each runs the AVX2 + FMA build
-// of its kernel where the CPU has both, the baseline build otherwise
+// The cpu_fused:: entry points (cpu_fused.h): each runs the widest build of
+// its kernel the CPU runs: AVX-512, AVX2 + FMA, or the baseline
 // (cpu_fused_isa.h). The choice is made once per process. Also the helpers
-// both builds share.
+// the builds share.
 #include <cstdlib>
 #include <cstring>
 
@@ -11,6 +11,8 @@
 namespace depthbench {
 namespace cpu_fused {
 namespace {
+
+enum class Build { kGeneric, kAvx2, kAvx512 };
 
 bool CpuHasAvx2() {
 #if defined(DEPTHBENCH_CPU_FUSED_HAVE_AVX2) && defined(__GNUC__) && \
@@ -22,13 +24,29 @@ bool CpuHasAvx2() {
 #endif
 }
 
-// DEPTHBENCH_CPU_FUSED_ISA=generic forces the baseline kernels (to compare
-// the two builds, or to rule the AVX2 one out); any other value is ignored.
-bool UseAvx2() {
-  static const bool use = [] {
+// libgcc's cpu model also checks that the OS saves the AVX-512 state (XCR0)
+// before it reports these features.
+bool CpuHasAvx512() {
+#if defined(DEPTHBENCH_CPU_FUSED_HAVE_AVX512) && defined(__GNUC__) && \
+    (defined(__x86_64__) || defined(__i386__))
+  __builtin_cpu_init();
+  return CpuHasAvx2() && __builtin_cpu_supports("avx512f") &&
+         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+         __builtin_cpu_supports("avx512dq");
+#else
+  return false;
+#endif
+}
+
+// DEPTHBENCH_CPU_FUSED_ISA=generic or avx2 caps the choice (to compare the
+// builds, or to rule a wider one out); any other value is ignored.
+Build Chosen() {
+  static const Build use = [] {
     const char* forced = std::getenv("DEPTHBENCH_CPU_FUSED_ISA");
-    if (forced != nullptr && std::strcmp(forced, "generic") == 0) return false;
-    return CpuHasAvx2();
+    if (forced != nullptr && std::strcmp(forced, "generic") == 0) return Build::kGeneric;
+    const bool cap_avx2 = forced != nullptr && std::strcmp(forced, "avx2") == 0;
+    if (!cap_avx2 && CpuHasAvx512()) return Build::kAvx512;
+    return CpuHasAvx2() ? Build::kAvx2 : Build::kGeneric;
   }();
   return use;
 }
@@ -36,10 +54,23 @@ bool UseAvx2() {
 }  // namespace
 
 bool Avx2Available() { return CpuHasAvx2(); }
-const char* KernelIsa() { return UseAvx2() ? "avx2" : "generic"; }
+bool Avx512Available() { return CpuHasAvx512(); }
+const char* KernelIsa() {
+  switch (Chosen()) {
+    case Build::kAvx512: return "avx512";
+    case Build::kAvx2: return "avx2";
+    default: return "generic";
+  }
+}
 
-#if defined(DEPTHBENCH_CPU_FUSED_HAVE_AVX2)
-#define DEPTHBENCH_CPU_FUSED_CALL(fn, ...) (UseAvx2() ? avx2::fn(__VA_ARGS__) : generic::fn(__VA_ARGS__))
+#if defined(DEPTHBENCH_CPU_FUSED_HAVE_AVX512)
+#define DEPTHBENCH_CPU_FUSED_CALL(fn, ...)                                                \
+  (Chosen() == Build::kAvx512 ? avx512::fn(__VA_ARGS__)                                   \
+   : Chosen() == Build::kAvx2 ? avx2::fn(__VA_ARGS__)                                     \
+                              : generic::fn(__VA_ARGS__))
+#elif defined(DEPTHBENCH_CPU_FUSED_HAVE_AVX2)
+#define DEPTHBENCH_CPU_FUSED_CALL(fn, ...) \
+  (Chosen() == Build::kAvx2 ? avx2::fn(__VA_ARGS__) : generic::fn(__VA_ARGS__))
 #else
 #define DEPTHBENCH_CPU_FUSED_CALL(fn, ...) generic::fn(__VA_ARGS__)
 #endif

@@ -1,17 +1,18 @@
 // The fused CPU kernels (cpu_fused.cc, cpu_fused_mix.cc, cpu_fused_attn.cc) are
-// compiled twice
-// (cuda_ops/CMakeLists.txt): for the baseline x86-64 ISA and with AVX2 + FMA,
-// each object in its own namespace below. cpu_fused_dispatch.cc picks one per
-// process from the CPU's features, so a binary built here runs on any x86-64
-// CPU and uses 8-wide FMA loops where there are (issue 18: the multi-stream
-// mixing is dot and axpy loops over [tokens, n, d] whose arithmetic, not
-// memory traffic, bounded them in the SSE2 build).
+// compiled three times (cuda_ops/CMakeLists.txt): for the baseline x86-64
+// ISA, with AVX2 + FMA and with AVX-512, each object in its own namespace
+// below. cpu_fused_dispatch.cc picks one per process from the CPU's
+// features, so a binary built here runs on any x86-64 CPU and uses 8-wide
+// (16-wide) FMA loops where there are (issue 18: the multi-stream mixing is
+// dot and axpy loops over [tokens, n, d] whose arithmetic, not memory
+// traffic, bounded them in the SSE2 build; the routing projections stayed
+// FMA-bound at 8 wide).
 //
-// Only the kernels' own code is built for AVX2: cpu_fused_target.h, included
-// last in a kernel file, switches the target after every header, so no
-// inline function shared with the rest of the program is compiled for AVX2
-// (the ctest cpu_fused_avx2_code_stays_in_its_namespace checks the AVX2
-// object's code for that).
+// Only the kernels' own code is built for the wider ISAs: cpu_fused_target.h,
+// included last in a kernel file, switches the target after every header,
+// so no inline function shared with the rest of the program is compiled for
+// AVX2 or AVX-512 (the ctests cpu_fused_{avx2,avx512}_code_stays_in_its_namespace
+// check each object's code for that).
 #ifndef DEPTHBENCH_CUDA_OPS_CPU_FUSED_ISA_H_
 #define DEPTHBENCH_CUDA_OPS_CPU_FUSED_ISA_H_
 
@@ -61,6 +62,7 @@ namespace cpu_fused {
 
 DEPTHBENCH_CPU_FUSED_KERNELS(generic)
 DEPTHBENCH_CPU_FUSED_KERNELS(avx2)
+DEPTHBENCH_CPU_FUSED_KERNELS(avx512)
 
 // Shared by both builds (defined once, in cpu_fused_dispatch.cc): sums
 // per-thread double partials [threads][count] in thread order into a tensor
@@ -72,7 +74,12 @@ torch::Tensor SumPartials(const std::vector<double>& partial, int64_t threads, i
 // Whether this build has the AVX2 kernels and the CPU runs them (cpuid:
 // AVX2 and FMA).
 bool Avx2Available();
-// Which kernels the cpu_fused:: entry points run: "avx2" or "generic".
+// Whether this build has the AVX-512 kernels and the CPU (and OS) runs them:
+// AVX-512 F, BW, VL and DQ besides AVX2 and FMA.
+bool Avx512Available();
+// Which kernels the cpu_fused:: entry points run: "avx512", "avx2" or
+// "generic" (the widest available; DEPTHBENCH_CPU_FUSED_ISA=avx2 or generic
+// caps it).
 const char* KernelIsa();
 
 }  // namespace cpu_fused

@@ -260,7 +260,7 @@ inline void ProjectRow(const T* xr, const T* wp, int64_t k, int64_t m, double ep
 }
 
 // ProjectRow for `count` <= kGroup consecutive rows x (stride k) into rs
-// [count] and u [count][m]. In float with k a multiple of 8, register-
+// [count] and u [count][m]. In float with k a multiple of kVF, register-
 // blocked: two weight rows against all the rows at once, so the m x k
 // weights (48 KB for mHC at d = 128, past L1) stream once per group
 // instead of once per row.
@@ -268,7 +268,7 @@ template <typename T>
 inline void ProjectGroup(const T* x, int64_t count, const T* wp, int64_t k, int64_t m, double eps,
                          T* rs, T* u) {
   if constexpr (std::is_same_v<T, float>) {
-    if (k % 8 == 0) {
+    if (k % kVF == 0) {
       const float* xs[kGroup];
       for (int64_t q = 0; q < kGroup; ++q) {
         xs[q] = x + std::min(q, count - 1) * k;  // rows past the end: a copy (unused)
@@ -281,18 +281,18 @@ inline void ProjectGroup(const T* x, int64_t count, const T* wp, int64_t k, int6
       for (int64_t j = 0; j < m; j += 2) {
         const float* w0 = wp + j * k;
         const float* w1 = j + 1 < m ? w0 + k : w0;  // odd m: the last row twice (unused)
-        V8f a[kGroup][2] = {};
-        for (int64_t i = 0; i < k; i += 8) {
-          const V8f v0 = Load8(w0 + i), v1 = Load8(w1 + i);
+        VF a[kGroup][2] = {};
+        for (int64_t i = 0; i < k; i += kVF) {
+          const VF v0 = LoadVF(w0 + i), v1 = LoadVF(w1 + i);
           for (int q = 0; q < kGroup; ++q) {
-            const V8f xv = Load8(xs[q] + i);
+            const VF xv = LoadVF(xs[q] + i);
             a[q][0] += xv * v0;
             a[q][1] += xv * v1;
           }
         }
         for (int64_t q = 0; q < count; ++q) {
-          u[q * m + j] = rs[q] * Sum8(a[q][0]);
-          if (j + 1 < m) u[q * m + j + 1] = rs[q] * Sum8(a[q][1]);
+          u[q * m + j] = rs[q] * SumVF(a[q][0]);
+          if (j + 1 < m) u[q * m + j + 1] = rs[q] * SumVF(a[q][1]);
         }
       }
       return;
@@ -337,29 +337,27 @@ Projection ProjectRows(const torch::Tensor& x2, const torch::Tensor& wt, double 
 inline void GroupDx(const float* dp, const float* const* xs, const float* cs,
                     const float* const* ins, const float* wp, int64_t k, int64_t m,
                     float* const* o) {
+  constexpr int kC = 16 / kVF;  // vectors per 16 columns
   for (int64_t i = 0; i < k; i += 16) {
-    V8f acc[kGroup][2];
+    VF acc[kGroup][kC];
     for (int q = 0; q < kGroup; ++q) {
-      const V8f c = Broadcast8(cs[q]);
-      acc[q][0] = c * Load8(xs[q] + i);
-      acc[q][1] = c * Load8(xs[q] + i + 8);
-      if (ins[q] != nullptr) {
-        acc[q][0] += Load8(ins[q] + i);
-        acc[q][1] += Load8(ins[q] + i + 8);
+      const VF c = BroadcastVF(cs[q]);
+      for (int v = 0; v < kC; ++v) {
+        acc[q][v] = c * LoadVF(xs[q] + i + v * kVF);
+        if (ins[q] != nullptr) acc[q][v] += LoadVF(ins[q] + i + v * kVF);
       }
     }
     for (int64_t j = 0; j < m; ++j) {
-      const V8f w0 = Load8(wp + j * k + i), w1 = Load8(wp + j * k + i + 8);
+      VF w[kC];
+      for (int v = 0; v < kC; ++v) w[v] = LoadVF(wp + j * k + i + v * kVF);
       for (int q = 0; q < kGroup; ++q) {
-        const V8f b = Broadcast8(dp[q * m + j]);
-        acc[q][0] += b * w0;
-        acc[q][1] += b * w1;
+        const VF b = BroadcastVF(dp[q * m + j]);
+        for (int v = 0; v < kC; ++v) acc[q][v] += b * w[v];
       }
     }
     for (int q = 0; q < kGroup; ++q) {
       if (o[q] == nullptr) continue;
-      Store8(o[q] + i, acc[q][0]);
-      Store8(o[q] + i + 8, acc[q][1]);
+      for (int v = 0; v < kC; ++v) StoreVF(o[q] + i + v * kVF, acc[q][v]);
     }
   }
 }

@@ -30,7 +30,28 @@ inline V8f Load8(const float* p) {
   return v;
 }
 inline void Store8(float* p, V8f v) { std::memcpy(p, &v, sizeof v); }
-inline V8f Broadcast8(float x) { return V8f{} + x; }
+// x in every lane. Not `V8f{} + x`: 0 + x is not x for x = -0, so GCC kept
+// a scalar add before each broadcast (one per coefficient in the rank
+// updates).
+inline V8f Broadcast8(float x) { return x - V8f{}; }
+
+// The build's widest float vector, VF (kVF lanes): 16 floats in the AVX-512
+// build, V8f otherwise. The register-blocked loops that were FMA-bound at 8
+// wide (the routing projections, RankUpdate16) are written over it, so the
+// same code runs one zmm or two ymm (two SSE pairs) per 16 columns.
+#if defined(DEPTHBENCH_CPU_FUSED_AVX512)
+typedef float VF __attribute__((vector_size(64)));
+#else
+typedef V8f VF;
+#endif
+constexpr int kVF = static_cast<int>(sizeof(VF) / sizeof(float));
+inline VF LoadVF(const float* p) {
+  VF v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void StoreVF(float* p, VF v) { std::memcpy(p, &v, sizeof v); }
+inline VF BroadcastVF(float x) { return x - VF{}; }  // as Broadcast8
 
 // exp(x) of 8 floats for x <= 0 (softmax terms after the max or log-sum-exp
 // shift): 2^n by the exponent bits times a degree-6 polynomial on the
@@ -79,29 +100,29 @@ inline V8f Tanh8(V8f x) {
 }
 
 // dst[j * dst_ld + c] += sum_{r < R} coef[r * ld + j] vec[r][c] for j < n and
-// c < 16: the R vectors' 16 columns stay in 2R registers while the n
+// c < 16: the R vectors' 16 columns stay in R 16 / kVF registers while the n
 // destination rows stream past (the rank-R updates of the attention's key
 // and value gradients and of the routing projection's dw; reloading the
-// vectors per row made those loops load-bound). R <= 4 keeps it within the
-// 16 AVX registers.
+// vectors per row made those loops load-bound). The vectors take 2R of the
+// AVX2 build's 16 registers (at R = 8 some are reloaded from L1) and R of
+// the AVX-512 build's 32.
 template <int R>
 inline void RankUpdate16(const float* coef, int64_t ld, const float* const* vec, int64_t n,
                          float* dst, int64_t dst_ld) {
-  V8f v[R][2];
+  constexpr int kC = 16 / kVF;
+  VF v[R][kC];
   for (int r = 0; r < R; ++r) {
-    v[r][0] = Load8(vec[r]);
-    v[r][1] = Load8(vec[r] + 8);
+    for (int c = 0; c < kC; ++c) v[r][c] = LoadVF(vec[r] + c * kVF);
   }
   for (int64_t j = 0; j < n; ++j) {
     float* d = dst + j * dst_ld;
-    V8f a0 = Load8(d), a1 = Load8(d + 8);
+    VF a[kC];
+    for (int c = 0; c < kC; ++c) a[c] = LoadVF(d + c * kVF);
     for (int r = 0; r < R; ++r) {
-      const V8f w = Broadcast8(coef[r * ld + j]);
-      a0 += w * v[r][0];
-      a1 += w * v[r][1];
+      const VF w = BroadcastVF(coef[r * ld + j]);
+      for (int c = 0; c < kC; ++c) a[c] += w * v[r][c];
     }
-    Store8(d, a0);
-    Store8(d + 8, a1);
+    for (int c = 0; c < kC; ++c) StoreVF(d + c * kVF, a[c]);
   }
 }
 
@@ -126,6 +147,17 @@ template <typename T>
 inline float Sum8(V8f v) {
   return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
 }
+#if defined(DEPTHBENCH_CPU_FUSED_AVX512)
+// Sum of the 16 lanes: the two halves added, then pairwise.
+inline float SumVF(VF v) {
+  V8f lo, hi;
+  std::memcpy(&lo, &v, sizeof lo);
+  std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof lo, sizeof hi);
+  return Sum8(lo + hi);
+}
+#else
+inline float SumVF(VF v) { return Sum8(v); }
+#endif
 
 }  // namespace DEPTHBENCH_CPU_FUSED_ISA
 }  // namespace cpu_fused

@@ -20,12 +20,17 @@
 #include "cuda_ops/cpu_fused_isa.h"
 #include "cuda_ops/ops.h"
 #include "tests/cuda_ops/gradcheck.h"
+#include "tests/cuda_ops/isa_builds.h"
 #include "trainer_core/model/layers.h"
 
 namespace depthbench {
 namespace {
 
+using testing::Build;
+using testing::BuildName;
 using testing::GradCheck;
+using testing::kNoWideBuild;
+using testing::WideBuilds;
 using testing::MaxAbsDiff;
 
 struct AttnCase {
@@ -176,7 +181,7 @@ TEST(CpuFusedAttentionGradcheck, SequenceGqaAndDepthKeys) {
   }
 }
 
-// The AVX2 build's outputs a against the baseline build's g: FMA contracts
+// A wider build's outputs a against the baseline build's g: FMA contracts
 // a*b+c into one rounding, so equal up to float rounding.
 void ExpectBuildsAgree(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& g) {
   ASSERT_EQ(a.size(), g.size());
@@ -185,21 +190,18 @@ void ExpectBuildsAgree(const std::vector<torch::Tensor>& a, const std::vector<to
   }
 }
 
-TEST(CpuFusedAttentionIsa, Avx2AndBaselineBuildsAgree) {
-  if (!cpu_fused::Avx2Available()) {
-    GTEST_SKIP() << "this CPU (or build) has no AVX2 + FMA kernels; the baseline build is the "
-                    "one every other test here runs";
-  }
+TEST(CpuFusedAttentionIsa, WideAndBaselineBuildsAgree) {
+  const std::vector<Build> wide = WideBuilds();
+  if (wide.empty()) GTEST_SKIP() << kNoWideBuild;
   torch::manual_seed(83);
   for (const AttnCase& c : {AttnCase{2, 4, 2, 45, 16, 0}, AttnCase{1, 2, 2, 20, 12, 2}}) {
     SCOPED_TRACE(Describe(c));
     std::vector<torch::Tensor> in = Inputs(c);
     torch::Tensor probe = torch::randn({c.B, c.T, c.H * c.hd});
-    auto run = [&](bool avx2) {
+    auto run = [&](Build b) {
       std::vector<torch::Tensor> l;
       for (const auto& t : in) l.push_back(t.defined() ? t.clone().requires_grad_(true) : t);
-      torch::Tensor y = avx2 ? cpu_fused::avx2::CausalAttention(l[0], l[1], l[2], l[3], l[4], 0.25)
-                             : cpu_fused::generic::CausalAttention(l[0], l[1], l[2], l[3], l[4], 0.25);
+      torch::Tensor y = DB_BUILD_CALL(b, CausalAttention, l[0], l[1], l[2], l[3], l[4], 0.25);
       (y * probe).sum().backward();
       std::vector<torch::Tensor> out = {y.detach()};
       for (const auto& t : l) {
@@ -207,7 +209,10 @@ TEST(CpuFusedAttentionIsa, Avx2AndBaselineBuildsAgree) {
       }
       return out;
     };
-    ExpectBuildsAgree(run(true), run(false));
+    for (Build b : wide) {
+      SCOPED_TRACE(BuildName(b));
+      ExpectBuildsAgree(run(b), run(Build::kGeneric));
+    }
   }
 }
 
@@ -405,27 +410,25 @@ TEST(CpuFusedAttentionQkvCheck, GradcheckWithRandomTables) {
   }
 }
 
-TEST(CpuFusedAttentionQkvCheck, Avx2AndBaselineBuildsAgree) {
-  if (!cpu_fused::Avx2Available()) {
-    GTEST_SKIP() << "this CPU (or build) has no AVX2 + FMA kernels; the baseline build is the "
-                    "one every other test here runs";
-  }
+TEST(CpuFusedAttentionQkvCheck, WideAndBaselineBuildsAgree) {
+  const std::vector<Build> wide = WideBuilds();
+  if (wide.empty()) GTEST_SKIP() << kNoWideBuild;
   torch::manual_seed(88);
   for (const AttnCase& c : {AttnCase{2, 4, 2, 45, 16, 0}, AttnCase{1, 2, 2, 20, 12, 2}}) {
     SCOPED_TRACE(Describe(c));
     const QkvInputs in = MakeQkv(c, true);
     torch::Tensor probe = torch::randn({c.B, c.T, c.H * c.hd});
-    auto run = [&](bool avx2) {
+    auto run = [&](Build b) {
       torch::Tensor qkv = in.qkv.clone().requires_grad_(true);
-      torch::Tensor y =
-          avx2 ? cpu_fused::avx2::CausalAttentionQkv(qkv, c.H, c.KV, in.cos, in.sin, in.dk, in.dv, 0.25,
-                                                     false, false)[0]
-               : cpu_fused::generic::CausalAttentionQkv(qkv, c.H, c.KV, in.cos, in.sin, in.dk, in.dv,
-                                                        0.25, false, false)[0];
+      torch::Tensor y = DB_BUILD_CALL(b, CausalAttentionQkv, qkv, c.H, c.KV, in.cos, in.sin, in.dk,
+                                      in.dv, 0.25, false, false)[0];
       (y * probe).sum().backward();
       return std::vector<torch::Tensor>{y.detach(), qkv.grad()};
     };
-    ExpectBuildsAgree(run(true), run(false));
+    for (Build b : wide) {
+      SCOPED_TRACE(BuildName(b));
+      ExpectBuildsAgree(run(b), run(Build::kGeneric));
+    }
   }
 }
 

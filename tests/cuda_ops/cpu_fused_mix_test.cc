@@ -18,11 +18,16 @@
 #include "cuda_ops/ops.h"
 #include "cuda_ops/reference.h"
 #include "tests/cuda_ops/gradcheck.h"
+#include "tests/cuda_ops/isa_builds.h"
 
 namespace depthbench {
 namespace {
 
 using testing::AllClose;
+using testing::Build;
+using testing::BuildName;
+using testing::kNoWideBuild;
+using testing::WideBuilds;
 using testing::GradCheck;
 using testing::MaxAbsDiff;
 using testing::ThreadsTest;
@@ -592,14 +597,13 @@ TEST(CpuFusedMixGradcheck, AttnResMix) {
             "");
 }
 
-// ---- the two ISA builds ----
+// ---- the ISA builds ----
 
-TEST(CpuFusedIsa, Avx2AndBaselineBuildsAgree) {
-  if (!cpu_fused::Avx2Available()) {
-    GTEST_SKIP() << "this CPU (or build) has no AVX2 + FMA kernels; the baseline build is the "
-                    "one every other test here runs";
-  }
-  EXPECT_STREQ(cpu_fused::KernelIsa(), "avx2");
+TEST(CpuFusedIsa, WideAndBaselineBuildsAgree) {
+  const std::vector<Build> wide = WideBuilds();
+  if (wide.empty()) GTEST_SKIP() << kNoWideBuild;
+  // The entry points run the widest build.
+  EXPECT_STREQ(cpu_fused::KernelIsa(), BuildName(wide.back()));
   torch::manual_seed(70);
   const int64_t B = 2, T = 33, n = 4, d = 40;
   torch::Tensor h = torch::randn({B, T, n, d}), read = torch::rand({B, T, n});
@@ -611,56 +615,55 @@ TEST(CpuFusedIsa, Avx2AndBaselineBuildsAgree) {
   struct Kernel {
     const char* name;
     std::vector<torch::Tensor> inputs;
-    std::function<torch::Tensor(bool avx2, const std::vector<torch::Tensor>&)> f;
+    std::function<torch::Tensor(Build, const std::vector<torch::Tensor>&)> f;
   };
   const std::vector<Kernel> kernels = {
-      {"RmsNorm", {y, rw}, [](bool v, auto& in) {
-         return v ? cpu_fused::avx2::RmsNorm(in[0], in[1], 1e-6) : cpu_fused::generic::RmsNorm(in[0], in[1], 1e-6);
+      {"RmsNorm", {y, rw}, [](Build v, auto& in) {
+         return DB_BUILD_CALL(v, RmsNorm, in[0], in[1], 1e-6);
        }},
-      {"HcRead", {h, read}, [](bool v, auto& in) {
-         return v ? cpu_fused::avx2::HcRead(in[0], in[1]) : cpu_fused::generic::HcRead(in[0], in[1]);
+      {"HcRead", {h, read}, [](Build v, auto& in) {
+         return DB_BUILD_CALL(v, HcRead, in[0], in[1]);
        }},
-      {"HcWrite", {h, a, b, y}, [](bool v, auto& in) {
-         return v ? cpu_fused::avx2::HcWrite(in[0], in[1], in[2], in[3])
-                  : cpu_fused::generic::HcWrite(in[0], in[1], in[2], in[3]);
+      {"HcWrite", {h, a, b, y}, [](Build v, auto& in) {
+         return DB_BUILD_CALL(v, HcWrite, in[0], in[1], in[2], in[3]);
        }},
-      {"RmsProject", {h, w}, [](bool v, auto& in) {
-         return v ? cpu_fused::avx2::RmsProject(in[0], in[1], 1e-6)
-                  : cpu_fused::generic::RmsProject(in[0], in[1], 1e-6);
+      {"RmsProject", {h, w}, [](Build v, auto& in) {
+         return DB_BUILD_CALL(v, RmsProject, in[0], in[1], 1e-6);
        }},
       {"MhcRoute", {h, torch::randn({n * d, n * n + 2 * n}) * 0.05, torch::rand({3}) + 0.1,
                     torch::randn({n * n + 2 * n})},
-       [](bool v, auto& in) {
+       [](Build v, auto& in) {
          std::vector<torch::Tensor> r =
-             v ? cpu_fused::avx2::MhcRoute(in[0], in[1], in[2], in[3], 4, 1e-6)
-               : cpu_fused::generic::MhcRoute(in[0], in[1], in[2], in[3], 4, 1e-6);
+             DB_BUILD_CALL(v, MhcRoute, in[0], in[1], in[2], in[3], 4, 1e-6);
          return torch::cat({r[0].flatten(), r[1].flatten(), r[2].flatten()});
        }},
       {"HcRoute", {h, w, torch::randn({n, n + 1}), torch::rand({n}) + 0.5, torch::rand({1}) + 0.1,
                    torch::rand({1}) + 0.1},
-       [](bool v, auto& in) {
+       [](Build v, auto& in) {
          std::vector<torch::Tensor> r =
-             v ? cpu_fused::avx2::HcRoute(in[0], in[1], in[2], in[3], in[4], in[5], 1e-6)
-               : cpu_fused::generic::HcRoute(in[0], in[1], in[2], in[3], in[4], in[5], 1e-6);
+             DB_BUILD_CALL(v, HcRoute, in[0], in[1], in[2], in[3], in[4], in[5], 1e-6);
          return torch::cat({r[0].flatten(), r[1].flatten(), r[2].flatten()});
        }},
-      {"Sinkhorn", {z}, [](bool v, auto& in) {
-         return v ? cpu_fused::avx2::Sinkhorn(in[0], 20, 1e-6) : cpu_fused::generic::Sinkhorn(in[0], 20, 1e-6);
+      {"Sinkhorn", {z}, [](Build v, auto& in) {
+         return DB_BUILD_CALL(v, Sinkhorn, in[0], 20, 1e-6);
        }},
-      {"AttnResMix", {src[0], src[1], src[2], q, kg, og}, [](bool v, auto& in) {
+      {"AttnResMix", {src[0], src[1], src[2], q, kg, og}, [](Build v, auto& in) {
          std::vector<torch::Tensor> s = {in[0], in[1], in[2]};
          std::vector<torch::Tensor> passed;
-         torch::Tensor y = v ? cpu_fused::avx2::AttnResMix(s, in[3], in[4], in[5], 1e-6, &passed)
-                             : cpu_fused::generic::AttnResMix(s, in[3], in[4], in[5], 1e-6, &passed);
+         torch::Tensor y = DB_BUILD_CALL(v, AttnResMix, s, in[3], in[4], in[5], 1e-6, &passed);
          return torch::cat({y.flatten(), (passed[0] * passed[1]).flatten()});
        }},
   };
-  for (const Kernel& k : kernels) {
-    torch::Tensor probe = torch::randn(k.f(false, k.inputs).sizes());
-    // FMA contracts a*b+c into one rounding: equal up to float rounding.
-    ExpectSame(Evaluate([&](auto& in) { return k.f(true, in); }, k.inputs, probe),
-               Evaluate([&](auto& in) { return k.f(false, in); }, k.inputs, probe), 1e-5, 1e-5,
-               k.name);
+  for (Build b : wide) {
+    SCOPED_TRACE(BuildName(b));
+    for (const Kernel& k : kernels) {
+      torch::Tensor probe = torch::randn(k.f(Build::kGeneric, k.inputs).sizes());
+      // FMA contracts a*b+c into one rounding and the wider builds sum in
+      // other orders: equal up to float rounding.
+      ExpectSame(Evaluate([&](auto& in) { return k.f(b, in); }, k.inputs, probe),
+                 Evaluate([&](auto& in) { return k.f(Build::kGeneric, in); }, k.inputs, probe), 1e-5,
+                 1e-5, k.name);
+    }
   }
 }
 

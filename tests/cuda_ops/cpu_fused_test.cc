@@ -18,6 +18,7 @@
 #include "cuda_ops/ops.h"
 #include "cuda_ops/reference.h"
 #include "tests/cuda_ops/gradcheck.h"
+#include "tests/cuda_ops/isa_builds.h"
 
 namespace depthbench {
 namespace {
@@ -41,13 +42,16 @@ Grads RunNorm(Fn&& fn, const torch::Tensor& x, const torch::Tensor& w, const tor
 
 // at::parallel_for is serial in a file compiled without -fopenmp (ATen's
 // OpenMP backend is a header template): the kernels then ignore
-// torch::set_num_threads. Both ISA builds of the kernel objects must fan out.
+// torch::set_num_threads. Every ISA build of the kernel objects must fan out.
 TEST(CpuFusedThreads, KernelLoopsRunOnEveryIntraOpThread) {
   const int saved = torch::get_num_threads();
   torch::set_num_threads(2);
   EXPECT_EQ(cpu_fused::generic::ParallelForThreads(), 2);
   if (cpu_fused::Avx2Available()) {
     EXPECT_EQ(cpu_fused::avx2::ParallelForThreads(), 2);
+  }
+  if (cpu_fused::Avx512Available()) {
+    EXPECT_EQ(cpu_fused::avx512::ParallelForThreads(), 2);
   }
   torch::set_num_threads(1);
   EXPECT_EQ(cpu_fused::generic::ParallelForThreads(), 1);
@@ -185,17 +189,18 @@ TEST(CpuFusedSwiGluCheck, GradcheckInDouble) {
             "");
 }
 
-TEST(CpuFusedSwiGluCheck, Avx2AndBaselineBuildsAgree) {
-  if (!cpu_fused::Avx2Available()) {
-    GTEST_SKIP() << "this CPU (or build) has no AVX2 + FMA kernels; the baseline build is the "
-                    "one every other test here runs";
-  }
+TEST(CpuFusedSwiGluCheck, WideAndBaselineBuildsAgree) {
+  const std::vector<testing::Build> wide = testing::WideBuilds();
+  if (wide.empty()) GTEST_SKIP() << testing::kNoWideBuild;
   torch::manual_seed(22);
   torch::Tensor gu = torch::randn({37, 2 * 45}) * 5, probe = torch::randn({37, 45});
-  const GateGrads a = RunGate([](const auto& x) { return cpu_fused::avx2::SwiGluPacked(x); }, gu, probe);
   const GateGrads g = RunGate([](const auto& x) { return cpu_fused::generic::SwiGluPacked(x); }, gu, probe);
-  EXPECT_TRUE(AllClose(a.y, g.y, 1e-6, 1e-7));
-  EXPECT_TRUE(AllClose(a.dgu, g.dgu, 1e-6, 1e-7));
+  for (testing::Build b : wide) {
+    SCOPED_TRACE(testing::BuildName(b));
+    const GateGrads a = RunGate([b](const auto& x) { return DB_BUILD_CALL(b, SwiGluPacked, x); }, gu, probe);
+    EXPECT_TRUE(AllClose(a.y, g.y, 1e-6, 1e-7));
+    EXPECT_TRUE(AllClose(a.dgu, g.dgu, 1e-6, 1e-7));
+  }
 }
 
 TEST(CpuFusedSwiGluCheck, DispatcherUsesItOnCpuAndTheCompositeWhenDisabled) {
