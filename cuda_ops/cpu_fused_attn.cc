@@ -254,7 +254,7 @@ inline void RankUpdate(const T* coef, int64_t ld, const T* vecs, int64_t n, T* d
     for (int c = 0; c < HD; c += 16) {
       const float* v[kRows];
       for (int r = 0; r < kRows; ++r) v[r] = vecs + r * HD + c;
-      RankUpdate16<kRows>(coef, ld, v, n, dst + c, HD);
+      RankUpdateBlock<kRows>(coef, ld, v, n, dst + c, HD);
     }
   } else if constexpr (kVec8<T, HD>) {
     for (int64_t j = 0; j < n; ++j) {

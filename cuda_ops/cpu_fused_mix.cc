@@ -249,6 +249,11 @@ constexpr int64_t kFlushRows = 16;
 // RmsProject's backward: rows whose dw terms are added in one sweep of the
 // block (written out as four in the loop).
 constexpr int64_t kGroup = 4;
+// Columns per block of the backward's register-blocked products (GroupDx,
+// GroupDw): two vectors, so each row's sum over the weight rows runs as two
+// independent FMA chains (at one 16-wide vector per row, the AVX-512 build
+// waited on the FMA latency). 16 at 8 wide, 32 at 16.
+constexpr int64_t kRouteCols = 2 * kVF;
 
 // One row of the projection: *rs = rsqrt(mean(x^2) + eps), u[j] = rs x . wt[j].
 template <typename T>
@@ -325,8 +330,9 @@ Projection ProjectRows(const torch::Tensor& x2, const torch::Tensor& wt, double 
 }
 
 // The projection backward's two products for a group of kGroup rows in
-// float with k a multiple of 16, register-blocked: 16 columns of the kGroup
-// rows' outputs stay in registers while the m weight (or dw) rows stream
+// float with k a multiple of kRouteCols, register-blocked: kRouteCols
+// columns of the kGroup rows' outputs stay in registers while the m weight
+// (or dw) rows stream
 // past, so each weight row is read once per group instead of once per row
 // and the dw block once per group with no reloads of x (the per-row loops
 // below were bound by L1 misses on the m x k weights, 48 KB for mHC at
@@ -337,8 +343,8 @@ Projection ProjectRows(const torch::Tensor& x2, const torch::Tensor& wt, double 
 inline void GroupDx(const float* dp, const float* const* xs, const float* cs,
                     const float* const* ins, const float* wp, int64_t k, int64_t m,
                     float* const* o) {
-  constexpr int kC = 16 / kVF;  // vectors per 16 columns
-  for (int64_t i = 0; i < k; i += 16) {
+  constexpr int kC = kRouteCols / kVF;
+  for (int64_t i = 0; i < k; i += kRouteCols) {
     VF acc[kGroup][kC];
     for (int q = 0; q < kGroup; ++q) {
       const VF c = BroadcastVF(cs[q]);
@@ -363,10 +369,10 @@ inline void GroupDx(const float* dp, const float* const* xs, const float* cs,
 }
 template <int R>
 inline void GroupDw(const float* dp, const float* const* xs, int64_t k, int64_t m, float* block) {
-  for (int64_t i = 0; i < k; i += 16) {
+  for (int64_t i = 0; i < k; i += kRouteCols) {
     const float* x[R];
     for (int q = 0; q < R; ++q) x[q] = xs[q] + i;
-    RankUpdate16<R>(dp, m, x, m, block + i, k);
+    RankUpdateBlock<R, kRouteCols>(dp, m, x, m, block + i, k);
   }
 }
 
@@ -384,8 +390,8 @@ void ProjectBackwardRows(const T* xp, const T* wp, const T* rp, const T* upp, in
                          int64_t rows_per_token, std::vector<double>& partial, const T* dx_in,
                          T* dxp, const DuRow& du_row) {
   const int64_t d = k / n;
-  // float rows of a multiple of 16: GroupDx / GroupDw.
-  const bool blocked = std::is_same_v<T, float> && k % 16 == 0;
+  // float rows of a multiple of kRouteCols: GroupDx / GroupDw.
+  const bool blocked = std::is_same_v<T, float> && k % kRouteCols == 0;
   at::parallel_for(0, rows, Grain(3 * m * k), [&](int64_t begin, int64_t end) {
     double* acc = partial.data() + at::get_thread_num() * m * k;
     std::vector<T> block(static_cast<size_t>(m * k), 0);  // dw^T of <= kFlushRows rows
@@ -705,6 +711,9 @@ inline void MhcCoefficientsBackwardRow(const T* ur, const T* gp, const T* read, 
                                        const T* dr, const T* dw, const T* dl, int64_t n, T* dur,
                                        double* acc_g, double* acc_b) {
   const int64_t m = n * n + 2 * n;
+  // The row's gain terms are summed locally, then added: accumulating into
+  // acc_g per j chained every term through a store and a load.
+  double g[3] = {0, 0, 0};
   for (int64_t j = 0; j < m; ++j) {
     T dz = 0;
     int group = 2;
@@ -720,9 +729,10 @@ inline void MhcCoefficientsBackwardRow(const T* ur, const T* gp, const T* read, 
       dz = dl ? dl[j - 2 * n] : T(0);
     }
     dur[j] = gp[group] * dz;
-    acc_g[group] += static_cast<double>(dz) * ur[j];
+    g[group] += static_cast<double>(dz) * ur[j];
     acc_b[j] += dz;
   }
+  for (int q = 0; q < 3; ++q) acc_g[q] += g[q];
 }
 
 // mHC coefficients. Forward: {read, write [..., n], logits [..., n, n]} from u [..., m], m =

@@ -37,7 +37,7 @@ inline V8f Broadcast8(float x) { return x - V8f{}; }
 
 // The build's widest float vector, VF (kVF lanes): 16 floats in the AVX-512
 // build, V8f otherwise. The register-blocked loops that were FMA-bound at 8
-// wide (the routing projections, RankUpdate16) are written over it, so the
+// wide (the routing projections, RankUpdateBlock) are written over it, so the
 // same code runs one zmm or two ymm (two SSE pairs) per 16 columns.
 #if defined(DEPTHBENCH_CPU_FUSED_AVX512)
 typedef float VF __attribute__((vector_size(64)));
@@ -100,16 +100,17 @@ inline V8f Tanh8(V8f x) {
 }
 
 // dst[j * dst_ld + c] += sum_{r < R} coef[r * ld + j] vec[r][c] for j < n and
-// c < 16: the R vectors' 16 columns stay in R 16 / kVF registers while the n
-// destination rows stream past (the rank-R updates of the attention's key
-// and value gradients and of the routing projection's dw; reloading the
-// vectors per row made those loops load-bound). The vectors take 2R of the
-// AVX2 build's 16 registers (at R = 8 some are reloaded from L1) and R of
-// the AVX-512 build's 32.
-template <int R>
-inline void RankUpdate16(const float* coef, int64_t ld, const float* const* vec, int64_t n,
-                         float* dst, int64_t dst_ld) {
-  constexpr int kC = 16 / kVF;
+// c < C (C a multiple of kVF): the R vectors' C columns stay in R C / kVF
+// registers while the n destination rows stream past (the rank-R updates of
+// the attention's key and value gradients and of the routing projection's
+// dw; reloading the vectors per row made those loops load-bound). At C = 16
+// the vectors take 2R of the AVX2 build's 16 registers (at R = 8 some are
+// reloaded from L1).
+template <int R, int C = 16>
+inline void RankUpdateBlock(const float* coef, int64_t ld, const float* const* vec, int64_t n,
+                            float* dst, int64_t dst_ld) {
+  static_assert(C % kVF == 0, "whole vectors");
+  constexpr int kC = C / kVF;
   VF v[R][kC];
   for (int r = 0; r < R; ++r) {
     for (int c = 0; c < kC; ++c) v[r][c] = LoadVF(vec[r] + c * kVF);
