@@ -187,17 +187,48 @@ inline void TwoRowsTimesTransposed(const T* __restrict a0, const T* __restrict a
   }
 }
 
-// Whether the head-dim loops of a float kernel with head dim HD run on V8f.
+// Lanes of the head-dim vectors of a float kernel with head dim HD: the
+// build's widest vector (VF: 16 in the AVX-512 build) where HD is a multiple
+// of it, else V8f's 8; 0 (scalar loops) for doubles or other head dims.
 template <typename T, int HD>
-constexpr bool kVec8 = std::is_same_v<T, float> && HD > 0 && HD % 8 == 0;
+constexpr int kHdLanes = !std::is_same_v<T, float> || HD <= 0 ? 0
+                         : HD % kVF == 0                     ? kVF
+                         : HD % 8 == 0                       ? 8
+                                                             : 0;
+// Whether the head-dim loops run on vectors, and the vector type.
+template <typename T, int HD>
+constexpr bool kVecHd = kHdLanes<T, HD> > 0;
+template <typename T, int HD>
+using HdVec = std::conditional_t<kHdLanes<T, HD> == kVF, VF, V8f>;
+
+template <typename V>
+inline V LoadV(const float* p) {
+  V v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+template <typename V>
+inline void StoreV(float* p, V v) {
+  std::memcpy(p, &v, sizeof v);
+}
+template <typename V>
+inline float SumV(V v) {
+  if constexpr (sizeof(V) == sizeof(V8f)) {
+    return Sum8(v);
+  } else {
+    return SumVF(v);
+  }
+}
 
 template <typename T, int HD>
 inline T DotHd(const T* a, const T* b, int64_t hd_rt) {
-  if constexpr (kVec8<T, HD>) {
-    V8f acc = Load8(a) * Load8(b);
+  if constexpr (kVecHd<T, HD>) {
+    using V = HdVec<T, HD>;
+    constexpr int W = kHdLanes<T, HD>;
+    V acc = LoadV<V>(a) * LoadV<V>(b);
 #pragma GCC unroll 16
-    for (int c = 8; c < HD; c += 8) acc += Load8(a + c) * Load8(b + c);
-    return Sum8(acc);
+    for (int c = W; c < HD; c += W) acc += LoadV<V>(a + c) * LoadV<V>(b + c);
+    return SumV(acc);
   } else {
     const int64_t hd = HD > 0 ? HD : hd_rt;
     T sum = 0;
@@ -209,9 +240,11 @@ inline T DotHd(const T* a, const T* b, int64_t hd_rt) {
 // y[c] += w * x[c] over the head dim.
 template <typename T, int HD>
 inline void AxpyHd(T w, const T* x, T* y, int64_t hd_rt) {
-  if constexpr (kVec8<T, HD>) {
+  if constexpr (kVecHd<T, HD>) {
+    using V = HdVec<T, HD>;
+    constexpr int W = kHdLanes<T, HD>;
 #pragma GCC unroll 16
-    for (int c = 0; c < HD; c += 8) Store8(y + c, Load8(y + c) + w * Load8(x + c));
+    for (int c = 0; c < HD; c += W) StoreV<V>(y + c, LoadV<V>(y + c) + w * LoadV<V>(x + c));
   } else {
     const int64_t hd = HD > 0 ? HD : hd_rt;
     for (int64_t c = 0; c < hd; ++c) y[c] += w * x[c];
@@ -224,15 +257,17 @@ inline void AxpyHd(T w, const T* x, T* y, int64_t hd_rt) {
 template <typename T, int HD>
 inline void WeightedRowSum(const T* w, int64_t n, const T* rows, int64_t stride, T* out,
                            int64_t hd_rt) {
-  if constexpr (kVec8<T, HD>) {
-    V8f acc[HD / 8] = {};
+  if constexpr (kVecHd<T, HD>) {
+    using V = HdVec<T, HD>;
+    constexpr int W = kHdLanes<T, HD>;
+    V acc[HD / W] = {};
     for (int64_t j = 0; j < n; ++j) {
       const float wj = w[j];
       const float* r = rows + j * stride;
 #pragma GCC unroll 16
-      for (int c = 0; c < HD / 8; ++c) acc[c] += wj * Load8(r + 8 * c);
+      for (int c = 0; c < HD / W; ++c) acc[c] += wj * LoadV<V>(r + W * c);
     }
-    for (int c = 0; c < HD / 8; ++c) Store8(out + 8 * c, acc[c]);
+    for (int c = 0; c < HD / W; ++c) StoreV<V>(out + W * c, acc[c]);
   } else {
     const int64_t hd = HD > 0 ? HD : hd_rt;
     std::fill(out, out + hd, T(0));
@@ -249,14 +284,14 @@ constexpr int kRows = 4;
 template <typename T, int HD>
 inline void RankUpdate(const T* coef, int64_t ld, const T* vecs, int64_t n, T* dst,
                        int64_t hd_rt) {
-  if constexpr (kVec8<T, HD> && HD % 16 == 0) {
+  if constexpr (kVecHd<T, HD> && HD % 16 == 0) {
     // By 16 columns (all HD at once would not fit the registers).
     for (int c = 0; c < HD; c += 16) {
       const float* v[kRows];
       for (int r = 0; r < kRows; ++r) v[r] = vecs + r * HD + c;
       RankUpdateBlock<kRows>(coef, ld, v, n, dst + c, HD);
     }
-  } else if constexpr (kVec8<T, HD>) {
+  } else if constexpr (kVecHd<T, HD>) {
     for (int64_t j = 0; j < n; ++j) {
       const float c0 = coef[j], c1 = coef[ld + j], c2 = coef[2 * ld + j], c3 = coef[3 * ld + j];
       float* d = dst + j * HD;
