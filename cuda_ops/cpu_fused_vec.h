@@ -1,6 +1,7 @@
-// 8-float vectors, a vectorised exp and row prefetching for the fused CPU kernels
-// (cpu_fused_attn.cc, cpu_fused.cc, cpu_fused_mix.cc). Included after cpu_fused_target.h, so
-// these compile for the including object's ISA, in its namespace.
+// 8-float vectors, the build's widest float vector (VF), a vectorised exp and
+// row prefetching for the fused CPU kernels (cpu_fused_attn.cc, cpu_fused.cc,
+// cpu_fused_mix.cc). Included after cpu_fused_target.h, so these compile for
+// the including object's ISA, in its namespace.
 #ifndef DEPTHBENCH_CUDA_OPS_CPU_FUSED_VEC_H_
 #define DEPTHBENCH_CUDA_OPS_CPU_FUSED_VEC_H_
 
@@ -37,8 +38,9 @@ inline V8f Broadcast8(float x) { return x - V8f{}; }
 
 // The build's widest float vector, VF (kVF lanes): 16 floats in the AVX-512
 // build, V8f otherwise. The register-blocked loops that were FMA-bound at 8
-// wide (the routing projections, RankUpdateBlock) are written over it, so the
-// same code runs one zmm or two ymm (two SSE pairs) per 16 columns.
+// wide (the routing projections, RankUpdateBlock, the attention's head-dim
+// loops) are written over it, so the same code runs one zmm, or two ymm (two
+// pairs of SSE registers in the baseline build), per 16 columns.
 #if defined(DEPTHBENCH_CPU_FUSED_AVX512)
 typedef float VF __attribute__((vector_size(64)));
 #else
