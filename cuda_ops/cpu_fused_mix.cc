@@ -589,13 +589,15 @@ inline void HcCoefficientsRow(const T* tr, const T* sa, T sb, T ga, T gb, int64_
 template <typename T>
 inline void HcCoefficientsBackwardRow(const T* tr, T ga, T gb, const T* da, T db, int64_t n,
                                       T* dur, double* acc_sa, double* acc_sb, double* acc_g) {
+  double gain_a = 0;  // the row's terms first, as MhcCoefficientsBackwardRow's
   for (int64_t j = 0; j <= n; ++j) {
     const T t = tr[j];
     const T g = da ? da[j] : T(0);
     dur[j] = ga * g * (1 - t * t);
     acc_sa[j] += g;
-    acc_g[0] += static_cast<double>(g) * t;
+    gain_a += static_cast<double>(g) * t;
   }
+  acc_g[0] += gain_a;
   const T t = tr[n + 1];
   dur[n + 1] = gb * db * (1 - t * t);
   *acc_sb += db;
