@@ -201,25 +201,6 @@ constexpr bool kVecHd = kHdLanes<T, HD> > 0;
 template <typename T, int HD>
 using HdVec = std::conditional_t<kHdLanes<T, HD> == kVF, VF, V8f>;
 
-template <typename V>
-inline V LoadV(const float* p) {
-  V v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-template <typename V>
-inline void StoreV(float* p, V v) {
-  std::memcpy(p, &v, sizeof v);
-}
-template <typename V>
-inline float SumV(V v) {
-  if constexpr (sizeof(V) == sizeof(V8f)) {
-    return Sum8(v);
-  } else {
-    return SumVF(v);
-  }
-}
-
 template <typename T, int HD>
 inline T DotHd(const T* a, const T* b, int64_t hd_rt) {
   if constexpr (kVecHd<T, HD>) {

@@ -332,11 +332,10 @@ Projection ProjectRows(const torch::Tensor& x2, const torch::Tensor& wt, double 
 // The projection backward's two products for a group of kGroup rows in
 // float with k a multiple of kRouteCols, register-blocked: kRouteCols
 // columns of the kGroup rows' outputs stay in registers while the m weight
-// (or dw) rows stream
-// past, so each weight row is read once per group instead of once per row
-// and the dw block once per group with no reloads of x (the per-row loops
-// below were bound by L1 misses on the m x k weights, 48 KB for mHC at
-// d = 128). dp: [kGroup][m] (rows past the end zero); xs: the group's rows;
+// (or dw) rows stream past, so each weight row is read once per group
+// instead of once per row and the dw block once per group with no reloads
+// of x (the per-row loops below were bound by L1 misses on the m x k
+// weights, 48 KB for mHC at d = 128). dp: [kGroup][m] (rows past the end zero); xs: the group's rows;
 // ins: gradient rows already arriving for them (null: none).
 //   o_q  = c_q x_q + in_q + sum_j dp[q][j] w_j   (dx rows; o_q null: skipped)
 //   blk_j += sum_q dp[q][j] x_q                  (dw^T rows)

@@ -25,12 +25,19 @@ namespace DEPTHBENCH_CPU_FUSED_ISA {
 #pragma GCC diagnostic ignored "-Wpsabi"
 typedef float V8f __attribute__((vector_size(32)));
 typedef int32_t V8i __attribute__((vector_size(32)));
-inline V8f Load8(const float* p) {
-  V8f v;
+// Unaligned load and store of a float vector type V (V8f or VF below).
+template <typename V>
+inline V LoadV(const float* p) {
+  V v;
   std::memcpy(&v, p, sizeof v);
   return v;
 }
-inline void Store8(float* p, V8f v) { std::memcpy(p, &v, sizeof v); }
+template <typename V>
+inline void StoreV(float* p, V v) {
+  std::memcpy(p, &v, sizeof v);
+}
+inline V8f Load8(const float* p) { return LoadV<V8f>(p); }
+inline void Store8(float* p, V8f v) { StoreV(p, v); }
 // x in every lane. Not `V8f{} + x`: 0 + x is not x for x = -0, so GCC kept
 // a scalar add before each broadcast (one per coefficient in the rank
 // updates).
@@ -47,12 +54,8 @@ typedef float VF __attribute__((vector_size(64)));
 typedef V8f VF;
 #endif
 constexpr int kVF = static_cast<int>(sizeof(VF) / sizeof(float));
-inline VF LoadVF(const float* p) {
-  VF v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-inline void StoreVF(float* p, VF v) { std::memcpy(p, &v, sizeof v); }
+inline VF LoadVF(const float* p) { return LoadV<VF>(p); }
+inline void StoreVF(float* p, VF v) { StoreV(p, v); }
 inline VF BroadcastVF(float x) { return x - VF{}; }  // as Broadcast8
 
 // exp(x) of 8 floats for x <= 0 (softmax terms after the max or log-sum-exp
@@ -161,6 +164,15 @@ inline float SumVF(VF v) {
 #else
 inline float SumVF(VF v) { return Sum8(v); }
 #endif
+// Sum of the lanes of V8f or VF.
+template <typename V>
+inline float SumV(V v) {
+  if constexpr (sizeof(V) == sizeof(V8f)) {
+    return Sum8(v);
+  } else {
+    return SumVF(v);
+  }
+}
 
 }  // namespace DEPTHBENCH_CPU_FUSED_ISA
 }  // namespace cpu_fused
