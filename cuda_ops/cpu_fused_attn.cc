@@ -118,23 +118,6 @@ struct Slots {
   auto value(int64_t j, int64_t b, int64_t h, int64_t g, int64_t t) const {
     return v[j].at(b, per_query[j] ? h : g, t);
   }
-  // Asks the cache for row (b, h or g, t) of every slot's keys and values
-  // (hd elements each), ahead of their use. The slot loops read one row of
-  // each of S tensors per query row, from the same load instructions, so
-  // the hardware's per-instruction stride prefetcher never locks on and
-  // each row was a cache miss: at 14 slots (MoDA's last layer at L=8) the
-  // forward took 3.5 ms instead of 1.8 and the backward 8.3 instead of 6.1
-  // (one thread, B=8, 4 heads, T=128, hd=32). Always inlined, as
-  // PrefetchRow (cpu_fused_vec.h).
-  [[gnu::always_inline]] void Prefetch(int64_t b, int64_t h, int64_t g, int64_t t,
-                                       int64_t hd) const {
-    constexpr bool kWrite = !std::is_const_v<std::remove_pointer_t<decltype(k[0].p)>>;
-    for (size_t j = 0; j < k.size(); ++j) {
-      if (!has(static_cast<int64_t>(j))) continue;
-      PrefetchRow(key(j, b, h, g, t), hd, kWrite);
-      PrefetchRow(value(j, b, h, g, t), hd, kWrite);
-    }
-  }
 };
 
 // y = mul rope_t(x) for one row (cs, sn: row t of the tables).
@@ -371,21 +354,41 @@ inline void ScaledQuery(const Rows<T>& qr, const RopeTables<T>& rope, int64_t b,
   }
 }
 
-// The query the depth keys are scored with: with rope tables, the
-// unrotated scaled query (a depth key is its own token's, and RoPE at
-// relative offset 0 is the identity on q . k, so depth keys come
-// unrotated; written into buf), else qs itself.
-template <typename T>
-inline const T* DepthQuery(const Rows<T>& qr, const RopeTables<T>& rope, int64_t b, int64_t h,
-                           int64_t i, int64_t hd, T sc, const T* qs, int64_t S, T* buf) {
-  if (!rope || S == 0) return qs;
-  const T* qi = qr.at(b, h, i);
-  for (int64_t c = 0; c < hd; ++c) buf[c] = qi[c] * sc;
-  return buf;
+// The depth slots are visited slot-major: one slot's rows for every query
+// row of a head, then the next slot's, so each pass reads a handful of
+// sequential row streams (the slot's keys and values, their gradients)
+// that the hardware prefetchers follow. Row-major (every slot's row for
+// one query row, then the next row), the last layer of MoDA at L=8 read 14
+// slots x 6 streams in the backward, far more than the prefetchers track,
+// and the depth part, a few percent of the attention's FLOPs, took more
+// time than the sequence attention itself (issue 18). The per-row state
+// the slot passes need (scaled queries, output gradients, log-sum-exp)
+// waits in per-head buffers of [T, hd].
+
+// e[j * T + i] = qd_i . key_j(i) for every slot j and row i < T of head h:
+// the depth scores, slot-major; qd: [T, hd] scaled (unrotated) queries.
+template <typename T, int HD>
+void DepthScores(const Slots<T, Rows<T>>& depth, int64_t b, int64_t h, int64_t g, int64_t T_len,
+                 int64_t hd, const T* qd, T* e) {
+  for (size_t j = 0; j < depth.k.size(); ++j) {
+    T* ej = e + j * T_len;
+    for (int64_t i = 0; i < T_len; ++i) {
+      ej[i] = DotHd<T, HD>(qd + i * hd, depth.key(j, b, h, g, i), hd);
+    }
+  }
 }
 
-// Query rows ahead at which the depth slots' rows are prefetched.
-constexpr int64_t kAhead = 4;
+// qd[i] = scale q_i for i < T, unrotated: the query the depth keys are
+// scored with (a depth key is its own token's, and RoPE at relative offset 0
+// is the identity on q . k, so depth keys and their query stay unrotated).
+template <typename T>
+void DepthQueries(const Rows<T>& qr, int64_t b, int64_t h, int64_t T_len, int64_t hd, T sc,
+                  T* qd) {
+  for (int64_t i = 0; i < T_len; ++i) {
+    const T* qi = qr.at(b, h, i);
+    for (int64_t c = 0; c < hd; ++c) qd[i * hd + c] = qi[c] * sc;
+  }
+}
 
 template <typename T, int HD>
 void Forward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& k,
@@ -400,15 +403,22 @@ void Forward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& k
   const T sc = static_cast<T>(scale);
   at::parallel_for(0, sh.B * sh.KV, 1, [&](int64_t begin, int64_t end) {
     // Scores of two query rows (row r at s + r * (tp + S)), their scaled
-    // queries at qs + r * hd.
+    // queries at qs + r * hd; with depth slots, the head's depth queries
+    // [T, hd] and its depth scores [S, T] (DepthScores), which the row
+    // pass turns into probabilities for the slot pass that adds the
+    // slots' values.
     std::vector<T> kt(static_cast<size_t>(hd * tp)), sb(static_cast<size_t>(2 * (tp + S))),
-        qs(static_cast<size_t>(2 * hd)), qd(static_cast<size_t>(hd)),
-        krot(rope ? static_cast<size_t>(T_len * hd) : 0);
+        qs(static_cast<size_t>(2 * hd)), qd(static_cast<size_t>(S > 0 ? T_len * hd : 0)),
+        es(static_cast<size_t>(S * T_len)), krot(rope ? static_cast<size_t>(T_len * hd) : 0);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / sh.KV, g = task % sh.KV;
       const auto [k_rows, k_stride] = RotatedRows<T, HD>(kr, b, g, T_len, hd, rope, krot.data());
       Transpose(k_rows, k_stride, T_len, hd, tp, kt.data());
       for (int64_t h = g * sh.group(); h < (g + 1) * sh.group(); ++h) {
+        if (S > 0) {
+          DepthQueries(qr, b, h, T_len, hd, sc, qd.data());
+          DepthScores<T, HD>(depth, b, h, g, T_len, hd, qd.data(), es.data());
+        }
         for (int64_t i0 = 0; i0 < T_len; i0 += 2) {
           const int64_t rows = std::min<int64_t>(2, T_len - i0);
           // An odd last row is scored beside a row of zeros (discarded).
@@ -421,21 +431,26 @@ void Forward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& k
           for (int64_t r = 0; r < rows; ++r) {
             const int64_t i = i0 + r;
             T* s = sb.data() + r * (tp + S);
-            const T* qsi = qs.data() + r * hd;
             // Depth scores after the i + 1 sequence scores.
-            if (i + kAhead < T_len) depth.Prefetch(b, h, g, i + kAhead, hd);
-            const T* qdi = DepthQuery<T>(qr, rope, b, h, i, hd, sc, qsi, S, qd.data());
             T* e = s + i + 1;
-            for (int64_t j = 0; j < S; ++j) e[j] = DotHd<T, HD>(qdi, depth.key(j, b, h, g, i), hd);
+            for (int64_t j = 0; j < S; ++j) e[j] = es[j * T_len + i];
             const int64_t n = i + 1 + S;
             const T m = RowMax(s, n);
             const T sum = ExpShiftSum(s, n, m);
+            const T inv = T(1) / sum;
             T* o = op + ((b * T_len + i) * sh.H + h) * hd;
             WeightedRowSum<T, HD>(s, i + 1, vr.at(b, g, 0), vr.st, o, hd);
-            for (int64_t j = 0; j < S; ++j) AxpyHd<T, HD>(e[j], depth.value(j, b, h, g, i), o, hd);
-            const T inv = T(1) / sum;
             for (int64_t c = 0; c < hd; ++c) o[c] *= inv;
+            for (int64_t j = 0; j < S; ++j) es[j * T_len + i] = e[j] * inv;
             lp[(b * sh.H + h) * T_len + i] = m + std::log(sum);
+          }
+        }
+        // The slots' values, weighted by their probabilities, slot-major.
+        for (int64_t j = 0; j < S; ++j) {
+          const T* pj = es.data() + j * T_len;
+          for (int64_t i = 0; i < T_len; ++i) {
+            AxpyHd<T, HD>(pj[i], depth.value(j, b, h, g, i), op + ((b * T_len + i) * sh.H + h) * hd,
+                          hd);
           }
         }
       }
@@ -469,12 +484,15 @@ void Backward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& 
   at::parallel_for(0, sh.B * sh.KV, 1, [&](int64_t begin, int64_t end) {
     // Per block of kRows query rows: probabilities P and score gradients
     // dS (rows of tp, zero past each row's own position), the scaled
-    // queries and the output gradients.
+    // queries and the output gradients. With depth slots, per head: the
+    // depth queries [T, hd], rowsum(dO o) per row [T], and one slot's
+    // probabilities and dO v rows [T] at a time (the slot pass).
     std::vector<T> kt(static_cast<size_t>(hd * tp)), vt(static_cast<size_t>(hd * tp)),
         P(static_cast<size_t>(kRows * tp)), DS(static_cast<size_t>(kRows * tp)),
         qsb(static_cast<size_t>(kRows * hd)), gob(static_cast<size_t>(kRows * hd)),
-        pe(static_cast<size_t>(S)), dse(static_cast<size_t>(S)), gqb(static_cast<size_t>(hd)),
-        qd(static_cast<size_t>(hd)),
+        qd(static_cast<size_t>(S > 0 ? T_len * hd : 0)), rowsum(static_cast<size_t>(T_len)),
+        pe(static_cast<size_t>(S > 0 ? T_len : 0)), dpe(static_cast<size_t>(S > 0 ? T_len : 0)),
+        gqb(static_cast<size_t>(hd)),
         gk_task(static_cast<size_t>(T_len * hd)), gv_task(static_cast<size_t>(T_len * hd)),
         krot(rope ? static_cast<size_t>(T_len * hd) : 0);
     for (int64_t task = begin; task < end; ++task) {
@@ -519,7 +537,6 @@ void Backward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& 
           for (int r = 0; r < kRows; ++r) {
             T* p = P.data() + r * tp;
             T* ds = DS.data() + r * tp;
-            const T* qs = qsb.data() + r * hd;
             const T* go = gob.data() + r * hd;
             const int64_t i = i0 + r;
             if (i >= T_len) {  // past the end: a block row of zeros
@@ -527,26 +544,16 @@ void Backward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& 
               std::fill(ds, ds + n, T(0));
               continue;
             }
-            if (i + kAhead < T_len) {
-              depth.Prefetch(b, h, g, i + kAhead, hd);
-              gdepth.Prefetch(b, h, g, i + kAhead, hd);
-              incoming.Prefetch(b, h, g, i + kAhead, hd);
-            }
             // Probabilities, recomputed: exp(score - log-sum-exp).
-            const T* qdi = DepthQuery<T>(qr, rope, b, h, i, hd, sc, qs, S, qd.data());
-            for (int64_t j = 0; j < S; ++j) pe[j] = DotHd<T, HD>(qdi, depth.key(j, b, h, g, i), hd);
             const T l = lp[(b * sh.H + h) * T_len + i];
             ExpShiftSum(p, i + 1, l);
-            if (S > 0) ExpShiftSum(pe.data(), S, l);
             // dP = dO v^T; dS = P (dP - rowsum(dO o)).
             const T D = DotHd<T, HD>(go, op + ((b * T_len + i) * sh.H + h) * hd, hd);
+            rowsum[i] = D;
             for (int64_t j = 0; j <= i; ++j) ds[j] = p[j] * (ds[j] - D);
             for (int64_t j = i + 1; j < n; ++j) p[j] = ds[j] = T(0);
-            for (int64_t j = 0; j < S; ++j) {
-              dse[j] = pe[j] * (DotHd<T, HD>(go, depth.value(j, b, h, g, i), hd) - D);
-            }
-            // dq = scale (rope_i^T(dS k) + dS_depth k_depth), k rotated,
-            // the depth keys not (DepthQuery).
+            // dq = scale rope_i^T(dS k), k rotated; the depth keys' term
+            // (not rotated, DepthQueries) is added by the slot pass below.
             T* gqi = gqb.data();
             WeightedRowSum<T, HD>(ds, i + 1, k_rows, k_stride, gqi, hd);
             T* gq_row = gqr.at(b, h, i);
@@ -555,32 +562,51 @@ void Backward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& 
             } else {
               for (int64_t c = 0; c < hd; ++c) gq_row[c] = gqi[c] * sc;
             }
-            for (int64_t j = 0; j < S; ++j) {
-              AxpyHd<T, HD>(dse[j] * sc, depth.key(j, b, h, g, i), gq_row, hd);
-              T* gk_row = gdepth.key(j, b, h, g, i);
-              T* gv_row = gdepth.value(j, b, h, g, i);
-              if (!SlotSummedOverGroup(gdepth.per_query[j], sh.group())) {  // this row only
-                for (int64_t c = 0; c < hd; ++c) {
-                  gk_row[c] = dse[j] * qdi[c];
-                  gv_row[c] = pe[j] * go[c];
-                }
-                if (incoming.has(j)) {
-                  const T* ik = incoming.key(j, b, h, g, i);
-                  const T* iv = incoming.value(j, b, h, g, i);
-                  for (int64_t c = 0; c < hd; ++c) {
-                    gk_row[c] += ik[c];
-                    gv_row[c] += iv[c];
-                  }
-                }
-              } else {  // summed over the group's query heads (zero-filled)
-                AxpyHd<T, HD>(dse[j], qdi, gk_row, hd);
-                AxpyHd<T, HD>(pe[j], go, gv_row, hd);
-              }
-            }
           }
           // dk_j += sum_r dS_rj scale q_r; dv_j += sum_r P_rj dO_r.
           RankUpdate<T, HD>(DS.data(), tp, qsb.data(), n, gk_task.data(), hd);
           RankUpdate<T, HD>(P.data(), tp, gob.data(), n, gv_task.data(), hd);
+        }
+        if (S == 0) continue;
+        // The depth slots, slot-major (see DepthScores): per row i, with
+        // pe = exp(qd_i . k_j - lse_i) and dse = pe (dO_i . v_j - rowsum_i),
+        //   dq_i += scale dse k_j;  dk_j = dse qd_i;  dv_j = pe dO_i
+        // (plus the gradient arriving for the slot's row, or summed over
+        // the group's query heads).
+        DepthQueries(qr, b, h, T_len, hd, sc, qd.data());
+        const T* l_row = lp + (b * sh.H + h) * T_len;
+        auto go_row = [&](int64_t i) { return gop + ((b * T_len + i) * sh.H + h) * hd; };
+        for (int64_t j = 0; j < S; ++j) {
+          for (int64_t i = 0; i < T_len; ++i) {
+            pe[i] = DotHd<T, HD>(qd.data() + i * hd, depth.key(j, b, h, g, i), hd) - l_row[i];
+            dpe[i] = DotHd<T, HD>(go_row(i), depth.value(j, b, h, g, i), hd) - rowsum[i];
+          }
+          ExpShiftSum(pe.data(), T_len, T(0));
+          const bool summed = SlotSummedOverGroup(gdepth.per_query[j], sh.group());
+          for (int64_t i = 0; i < T_len; ++i) {
+            const T* qdi = qd.data() + i * hd;
+            const T* go = go_row(i);
+            const T dse = pe[i] * dpe[i];
+            AxpyHd<T, HD>(dse * sc, depth.key(j, b, h, g, i), gqr.at(b, h, i), hd);
+            T* gk_row = gdepth.key(j, b, h, g, i);
+            T* gv_row = gdepth.value(j, b, h, g, i);
+            if (summed) {  // summed over the group's query heads (zero-filled)
+              AxpyHd<T, HD>(dse, qdi, gk_row, hd);
+              AxpyHd<T, HD>(pe[i], go, gv_row, hd);
+            } else if (incoming.has(j)) {  // this row only, plus what arrives
+              const T* ik = incoming.key(j, b, h, g, i);
+              const T* iv = incoming.value(j, b, h, g, i);
+              for (int64_t c = 0; c < hd; ++c) {
+                gk_row[c] = dse * qdi[c] + ik[c];
+                gv_row[c] = pe[i] * go[c] + iv[c];
+              }
+            } else {
+              for (int64_t c = 0; c < hd; ++c) {
+                gk_row[c] = dse * qdi[c];
+                gv_row[c] = pe[i] * go[c];
+              }
+            }
+          }
         }
       }
       for (int64_t t = 0; t < T_len; ++t) {
