@@ -1236,12 +1236,22 @@ class SinkhornFunction : public torch::autograd::Function<SinkhornFunction> {
 
 // ---------------------------------------------------------- AttnRes mixing
 
-// Rows ahead at which the backward prefetches each source's rows: per row
-// it reads a row of every source and of every passed source's gradient and
-// writes one of every source gradient, 3 S streams (51 at a Full AttnRes
-// head at L = 8), more than the hardware prefetcher follows; without this
-// the passed gradients' reads missed and took half of the backward.
-constexpr int64_t kRowsAhead = 2;
+// Rows are processed in tiles, and within a tile source by source: each
+// loop over a tile's rows reads one source's rows (and writes one source
+// gradient's), a few sequential streams the hardware prefetchers follow.
+// Row by row, every row read a row of all S sources and of every passed
+// source's gradient and wrote one of every source gradient, 3 S streams
+// (51 at Full AttnRes's last mix at L = 8), far more than the prefetchers
+// track: with software prefetching of each stream, the backward still ran
+// at a third of the machine's streaming bandwidth (issue 18). The tile's
+// rows of all sources stay in L2 between the source-major passes; the
+// per-row state between them (mixed rows, their gradient, the logit
+// gradients) is a tile's worth.
+int64_t MixTileRows(int64_t S, int64_t d, size_t elem) {
+  constexpr int64_t kTileBytes = 256 * 1024;  // a quarter of a Zen 4/5 L2
+  const int64_t per_row = std::max<int64_t>(1, S * d * static_cast<int64_t>(elem));
+  return std::clamp<int64_t>(kTileBytes / per_row, 4, 64);
+}
 
 class AttnResMixFunction : public torch::autograd::Function<AttnResMixFunction> {
  public:
@@ -1287,33 +1297,50 @@ class AttnResMixFunction : public torch::autograd::Function<AttnResMixFunction> 
       scalar_t* rp = rr.data_ptr<scalar_t>();
       scalar_t* lp = lg.data_ptr<scalar_t>();
       scalar_t* sp = so.data_ptr<scalar_t>();
+      const int64_t tile = MixTileRows(S, d, sizeof(scalar_t));
       at::parallel_for(0, rows, Grain(3 * S * d), [&](int64_t begin, int64_t end) {
-        for (int64_t r = begin; r < end; ++r) {
-          scalar_t* pr = pp + r * S;
-          scalar_t* rrow = rp + r * S;
-          scalar_t* lrow = lp + r * S;
-          double mx = -INFINITY;
+        for (int64_t r0 = begin; r0 < end; r0 += tile) {
+          const int64_t r1 = std::min(end, r0 + tile);
+          // Source rsqrt and logit, source by source.
           for (int64_t i = 0; i < S; ++i) {
-            const scalar_t* vi = vp[i] + r * d;
-            if (has_query) {
-              const scalar_t inv = static_cast<scalar_t>(1.0 / std::sqrt(Dot(vi, vi, d) / d + eps));
-              rrow[i] = inv;
-              lrow[i] = inv * Dot(vi, a.data(), d);
-            } else {
-              rrow[i] = 0;
-              lrow[i] = 0;
+            for (int64_t r = r0; r < r1; ++r) {
+              const scalar_t* vi = vp[i] + r * d;
+              if (has_query) {
+                const scalar_t inv = static_cast<scalar_t>(1.0 / std::sqrt(Dot(vi, vi, d) / d + eps));
+                rp[r * S + i] = inv;
+                lp[r * S + i] = inv * Dot(vi, a.data(), d);
+              } else {
+                rp[r * S + i] = 0;
+                lp[r * S + i] = 0;
+              }
             }
-            mx = std::max<double>(mx, lrow[i]);
           }
-          double total = 0;
-          for (int64_t i = 0; i < S; ++i) total += std::exp(lrow[i] - mx);
-          for (int64_t i = 0; i < S; ++i) pr[i] = static_cast<scalar_t>(std::exp(lrow[i] - mx) / total);
-          scalar_t* yr = yp + r * d;
-          for (int64_t j = 0; j < d; ++j) yr[j] = pr[0] * vp[0][r * d + j];
-          for (int64_t i = 1; i < S; ++i) Axpy(pr[i], vp[i] + r * d, yr, d);
-          const scalar_t inv = static_cast<scalar_t>(1.0 / std::sqrt(Dot(yr, yr, d) / d + eps));
-          sp[r] = inv;
-          for (int64_t j = 0; j < d; ++j) yr[j] = yr[j] * inv * gop[j];
+          // Softmax per row.
+          for (int64_t r = r0; r < r1; ++r) {
+            scalar_t* pr = pp + r * S;
+            const scalar_t* lrow = lp + r * S;
+            double mx = -INFINITY;
+            for (int64_t i = 0; i < S; ++i) mx = std::max<double>(mx, lrow[i]);
+            double total = 0;
+            for (int64_t i = 0; i < S; ++i) total += std::exp(lrow[i] - mx);
+            for (int64_t i = 0; i < S; ++i) pr[i] = static_cast<scalar_t>(std::exp(lrow[i] - mx) / total);
+          }
+          // The mix sum_i p_i v_i, source by source, then normalised per row.
+          for (int64_t r = r0; r < r1; ++r) {
+            scalar_t* yr = yp + r * d;
+            const scalar_t p0 = pp[r * S];
+            const scalar_t* v0 = vp[0] + r * d;
+            for (int64_t j = 0; j < d; ++j) yr[j] = p0 * v0[j];
+          }
+          for (int64_t i = 1; i < S; ++i) {
+            for (int64_t r = r0; r < r1; ++r) Axpy(pp[r * S + i], vp[i] + r * d, yp + r * d, d);
+          }
+          for (int64_t r = r0; r < r1; ++r) {
+            scalar_t* yr = yp + r * d;
+            const scalar_t inv = static_cast<scalar_t>(1.0 / std::sqrt(Dot(yr, yr, d) / d + eps));
+            sp[r] = inv;
+            for (int64_t j = 0; j < d; ++j) yr[j] = yr[j] * inv * gop[j];
+          }
         }
       });
     });
@@ -1383,53 +1410,74 @@ class AttnResMixFunction : public torch::autograd::Function<AttnResMixFunction> 
       const scalar_t* rp = rr.data_ptr<scalar_t>();
       const scalar_t* lp = lg.data_ptr<scalar_t>();
       const scalar_t* sp = so.data_ptr<scalar_t>();
+      const int64_t tile = MixTileRows(S, d, sizeof(scalar_t));
       at::parallel_for(0, rows, Grain(5 * S * d), [&](int64_t begin, int64_t end) {
         double* acc_go = partial.data() + at::get_thread_num() * 2 * d;
         double* acc_a = acc_go + d;
-        std::vector<scalar_t> m(static_cast<size_t>(d)), dm(static_cast<size_t>(d));
-        std::vector<scalar_t> dp(static_cast<size_t>(S));
-        for (int64_t r = begin; r < end; ++r) {
-          const scalar_t* pr = pp + r * S;
-          const scalar_t* g = gp + r * d;
-          const scalar_t s = sp[r];
-          for (int64_t j = 0; j < d; ++j) m[j] = pr[0] * vp[0][r * d + j];
-          for (int64_t i = 1; i < S; ++i) Axpy(pr[i], vp[i] + r * d, m.data(), d);
-          scalar_t gm = 0;  // mean(og g m) via a dot of (og g) and m
-          for (int64_t j = 0; j < d; ++j) dm[j] = gop[j] * g[j];
-          gm = Dot(dm.data(), m.data(), d) / static_cast<scalar_t>(d);
-          const scalar_t c = s * s * gm;
-          for (int64_t j = 0; j < d; ++j) {
-            acc_go[j] += static_cast<double>(g[j]) * m[j] * s;
-            dm[j] = s * (dm[j] - m[j] * c);
+        // The tile's mixed rows m, their gradients dm, and dp [rows][S].
+        std::vector<scalar_t> m(static_cast<size_t>(tile * d)), dm(static_cast<size_t>(tile * d));
+        std::vector<scalar_t> dp(static_cast<size_t>(tile * S)), pdp(static_cast<size_t>(tile));
+        for (int64_t r0 = begin; r0 < end; r0 += tile) {
+          const int64_t r1 = std::min(end, r0 + tile);
+          // m = sum_i p_i v_i, source by source.
+          for (int64_t r = r0; r < r1; ++r) {
+            scalar_t* mr = m.data() + (r - r0) * d;
+            const scalar_t p0 = pp[r * S];
+            const scalar_t* v0 = vp[0] + r * d;
+            for (int64_t j = 0; j < d; ++j) mr[j] = p0 * v0[j];
           }
-          scalar_t pdp = 0;
-          for (int64_t i = 0; i < S; ++i) {
-            dp[i] = Dot(vp[i] + r * d, dm.data(), d);
-            pdp += pr[i] * dp[i];
-          }
-          for (int64_t i = 0; i < S; ++i) {
-            if (r + kRowsAhead < end) {  // source i's rows kRowsAhead on
-              const int64_t at = (r + kRowsAhead) * d;
-              PrefetchRow(vp[i] + at, d, false);
-              PrefetchRow(dvp[i] + at, d, true);
-              if (dvinp[i] != nullptr) PrefetchRow(dvinp[i] + at, d, false);
+          for (int64_t i = 1; i < S; ++i) {
+            for (int64_t r = r0; r < r1; ++r) {
+              Axpy(pp[r * S + i], vp[i] + r * d, m.data() + (r - r0) * d, d);
             }
-            const scalar_t* vi = vp[i] + r * d;
-            scalar_t* o = dvp[i] + r * d;
-            const scalar_t pi = pr[i];
-            if (!has_query) {
-              for (int64_t j = 0; j < d; ++j) o[j] = pi * dm[j];
-            } else {
-              const scalar_t dl = pi * (dp[i] - pdp) * rp[r * S + i];  // dlogit_i r_i
-              const scalar_t coef = rp[r * S + i] * lp[r * S + i] / static_cast<scalar_t>(d);
-              for (int64_t j = 0; j < d; ++j) {
-                o[j] = pi * dm[j] + dl * (a[j] - vi[j] * coef);
-                acc_a[j] += static_cast<double>(dl) * vi[j];
+          }
+          for (int64_t r = r0; r < r1; ++r) {
+            const scalar_t* g = gp + r * d;
+            const scalar_t s = sp[r];
+            const scalar_t* mr = m.data() + (r - r0) * d;
+            scalar_t* dmr = dm.data() + (r - r0) * d;
+            // mean(og g m) via a dot of (og g) and m
+            for (int64_t j = 0; j < d; ++j) dmr[j] = gop[j] * g[j];
+            const scalar_t gm = Dot(dmr, mr, d) / static_cast<scalar_t>(d);
+            const scalar_t c = s * s * gm;
+            for (int64_t j = 0; j < d; ++j) {
+              acc_go[j] += static_cast<double>(g[j]) * mr[j] * s;
+              dmr[j] = s * (dmr[j] - mr[j] * c);
+            }
+          }
+          // dp_i = v_i . dm, source by source; then sum_i p_i dp_i per row.
+          for (int64_t i = 0; i < S; ++i) {
+            for (int64_t r = r0; r < r1; ++r) {
+              dp[(r - r0) * S + i] = Dot(vp[i] + r * d, dm.data() + (r - r0) * d, d);
+            }
+          }
+          for (int64_t r = r0; r < r1; ++r) {
+            scalar_t sum = 0;
+            for (int64_t i = 0; i < S; ++i) sum += pp[r * S + i] * dp[(r - r0) * S + i];
+            pdp[r - r0] = sum;
+          }
+          // The source gradients, source by source.
+          for (int64_t i = 0; i < S; ++i) {
+            for (int64_t r = r0; r < r1; ++r) {
+              const scalar_t* vi = vp[i] + r * d;
+              const scalar_t* dmr = dm.data() + (r - r0) * d;
+              scalar_t* o = dvp[i] + r * d;
+              const scalar_t pi = pp[r * S + i];
+              if (!has_query) {
+                for (int64_t j = 0; j < d; ++j) o[j] = pi * dmr[j];
+              } else {
+                // dlogit_i r_i
+                const scalar_t dl = pi * (dp[(r - r0) * S + i] - pdp[r - r0]) * rp[r * S + i];
+                const scalar_t coef = rp[r * S + i] * lp[r * S + i] / static_cast<scalar_t>(d);
+                for (int64_t j = 0; j < d; ++j) {
+                  o[j] = pi * dmr[j] + dl * (a[j] - vi[j] * coef);
+                  acc_a[j] += static_cast<double>(dl) * vi[j];
+                }
               }
-            }
-            if (dvinp[i] != nullptr) {
-              const scalar_t* in = dvinp[i] + r * d;
-              for (int64_t j = 0; j < d; ++j) o[j] += in[j];
+              if (dvinp[i] != nullptr) {
+                const scalar_t* in = dvinp[i] + r * d;
+                for (int64_t j = 0; j < d; ++j) o[j] += in[j];
+              }
             }
           }
         }

@@ -132,23 +132,6 @@ inline void RankUpdateBlock(const float* coef, int64_t ld, const float* const* v
   }
 }
 
-// Prefetches the n elements at p (for writing if `write`), a 64-byte line at
-// a time. Always inlined: GCC's pure-const analysis takes a function whose
-// only effect is __builtin_prefetch for one without effects and drops its
-// calls.
-template <typename T>
-[[gnu::always_inline]] inline void PrefetchRow(const T* p, int64_t n, bool write) {
-  const char* c = reinterpret_cast<const char*>(p);
-  const int64_t bytes = n * static_cast<int64_t>(sizeof(T));
-  for (int64_t o = 0; o < bytes; o += 64) {
-    if (write) {
-      __builtin_prefetch(c + o, 1);
-    } else {
-      __builtin_prefetch(c + o, 0);
-    }
-  }
-}
-
 // Sum of the 8 lanes, pairwise.
 inline float Sum8(V8f v) {
   return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
