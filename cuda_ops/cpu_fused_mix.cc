@@ -1097,48 +1097,54 @@ class HcRouteFunction : public torch::autograd::Function<HcRouteFunction> {
 // different matrices overlap).
 constexpr int64_t kLanes = 8;
 
-// Runs the iterations on a block of kLanes n x n matrices in double; writes
-// the state after every half step to `states` (2 * iterations blocks) when
-// non-null and leaves the final matrices in p.
-void SinkhornBlock(double* p, int64_t n, int iterations, double eps, double* states) {
-  const int64_t nn = n * n;
-  double inv[kLanes];
-  for (int it = 0; it < iterations; ++it) {
-    for (int64_t i = 0; i < n; ++i) {  // row step
-      double sum[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
-      for (int64_t j = 0; j < n; ++j) {
-        const double* e = p + (i * n + j) * kLanes;
-        for (int64_t k = 0; k < kLanes; ++k) sum[k] += e[k];
-      }
-      for (int64_t k = 0; k < kLanes; ++k) inv[k] = 1.0 / (sum[k] + eps);
-      for (int64_t j = 0; j < n; ++j) {
-        double* e = p + (i * n + j) * kLanes;
-        for (int64_t k = 0; k < kLanes; ++k) e[k] *= inv[k];
-      }
+// One half step on a block: dst = src with each line (row, or column if
+// `col`) divided by its sum + eps. dst may be src (in place): a line's sum
+// is taken before it is written.
+template <int NC>
+inline void SinkhornHalfStep(const double* src, double* dst, int64_t n_rt, double eps, bool col) {
+  const int64_t n = NC > 0 ? NC : n_rt;
+  const int64_t along = col ? n : 1, across = col ? 1 : n;  // element strides
+  for (int64_t a = 0; a < n; ++a) {
+    double sum[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int64_t b = 0; b < n; ++b) {
+      const double* e = src + (a * across + b * along) * kLanes;
+#pragma GCC ivdep
+      for (int64_t k = 0; k < kLanes; ++k) sum[k] += e[k];
     }
-    if (states != nullptr) std::copy(p, p + nn * kLanes, states + (2 * it) * nn * kLanes);
-    for (int64_t j = 0; j < n; ++j) {  // column step
-      double sum[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
-      for (int64_t i = 0; i < n; ++i) {
-        const double* e = p + (i * n + j) * kLanes;
-        for (int64_t k = 0; k < kLanes; ++k) sum[k] += e[k];
-      }
-      for (int64_t k = 0; k < kLanes; ++k) inv[k] = 1.0 / (sum[k] + eps);
-      for (int64_t i = 0; i < n; ++i) {
-        double* e = p + (i * n + j) * kLanes;
-        for (int64_t k = 0; k < kLanes; ++k) e[k] *= inv[k];
-      }
+    double inv[kLanes];
+    for (int64_t k = 0; k < kLanes; ++k) inv[k] = 1.0 / (sum[k] + eps);
+    for (int64_t b = 0; b < n; ++b) {
+      const int64_t e = (a * across + b * along) * kLanes;
+#pragma GCC ivdep
+      for (int64_t k = 0; k < kLanes; ++k) dst[e + k] = src[e + k] * inv[k];
     }
-    if (states != nullptr) std::copy(p, p + nn * kLanes, states + (2 * it + 1) * nn * kLanes);
   }
+}
+
+// Runs the iterations on a block of kLanes n x n matrices in double (NC: n
+// at compile time, 0: n_rt at run time); writes the state after every half
+// step to `states` (2 * iterations blocks) when non-null, each step reading
+// the previous one there (no copies), and leaves the final matrices in p.
+template <int NC>
+void SinkhornBlock(double* p, int64_t n_rt, int iterations, double eps, double* states) {
+  const int64_t n = NC > 0 ? NC : n_rt, nn = n * n;
+  const double* src = p;
+  for (int step = 0; step < 2 * iterations; ++step) {
+    double* dst = states != nullptr ? states + step * nn * kLanes : p;
+    SinkhornHalfStep<NC>(src, dst, n, eps, step % 2 == 1);
+    src = dst;
+  }
+  if (src != p) std::copy(src, src + nn * kLanes, p);
 }
 
 // One half step of the backward on a block: g -= P * (sums of g along each
 // line), lines being the columns (col) or the rows of the n x n matrices.
 // Restrict-qualified so the lane loops vectorise without alias checks (with
 // them GCC left this loop scalar).
-inline void SinkhornBackStep(double* __restrict g, const double* __restrict pk, int64_t n,
+template <int NC>
+inline void SinkhornBackStep(double* __restrict g, const double* __restrict pk, int64_t n_rt,
                              bool col) {
+  const int64_t n = NC > 0 ? NC : n_rt;
   const int64_t along = col ? n : 1, across = col ? 1 : n;  // element strides
   for (int64_t a = 0; a < n; ++a) {
     double sum[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -1153,14 +1159,28 @@ inline void SinkhornBackStep(double* __restrict g, const double* __restrict pk, 
   }
 }
 
+// Calls fn with n as a compile-time constant for the stream counts the
+// designs use (2, 4, 8: the loops unroll), else with 0 (n at run time).
+template <typename Fn>
+void WithStreams(int64_t n, Fn&& fn) {
+  switch (n) {
+    case 2: fn(std::integral_constant<int, 2>{}); break;
+    case 4: fn(std::integral_constant<int, 4>{}); break;
+    case 8: fn(std::integral_constant<int, 8>{}); break;
+    default: fn(std::integral_constant<int, 0>{}); break;
+  }
+}
+
 // Loads matrices [m0, m0 + count) of z (count <= kLanes) as exp(z) into the
 // block layout; missing lanes get a copy of the first matrix (discarded).
 template <typename T>
 void LoadExp(const T* z, int64_t m0, int64_t count, int64_t nn, double* p) {
+  static_assert(kLanes == 8, "one Exp8d per element of the block");
   for (int64_t k = 0; k < kLanes; ++k) {
     const T* src = z + (m0 + (k < count ? k : 0)) * nn;
-    for (int64_t e = 0; e < nn; ++e) p[e * kLanes + k] = std::exp(static_cast<double>(src[e]));
+    for (int64_t e = 0; e < nn; ++e) p[e * kLanes + k] = static_cast<double>(src[e]);
   }
+  for (int64_t e = 0; e < nn; ++e) Exp8d(p + e * kLanes, p + e * kLanes);
 }
 
 class SinkhornFunction : public torch::autograd::Function<SinkhornFunction> {
@@ -1179,7 +1199,9 @@ class SinkhornFunction : public torch::autograd::Function<SinkhornFunction> {
         for (int64_t blk = begin; blk < end; ++blk) {
           const int64_t m0 = blk * kLanes, count = std::min(kLanes, mats - m0);
           LoadExp(zp, m0, count, nn, p);
-          SinkhornBlock(p, n, static_cast<int>(iterations), eps, nullptr);
+          WithStreams(n, [&](auto nc) {
+            SinkhornBlock<decltype(nc)::value>(p, n, static_cast<int>(iterations), eps, nullptr);
+          });
           for (int64_t k = 0; k < count; ++k) {
             for (int64_t e = 0; e < nn; ++e) op[(m0 + k) * nn + e] = static_cast<scalar_t>(p[e * kLanes + k]);
           }
@@ -1216,14 +1238,17 @@ class SinkhornFunction : public torch::autograd::Function<SinkhornFunction> {
         for (int64_t blk = begin; blk < end; ++blk) {
           const int64_t m0 = blk * kLanes, count = std::min(kLanes, mats - m0);
           LoadExp(zp, m0, count, nn, p);
-          SinkhornBlock(p, n, iterations, eps, states.data());
-          for (int64_t k = 0; k < kLanes; ++k) {
-            const scalar_t* src = gp + (m0 + (k < count ? k : 0)) * nn;
-            for (int64_t e = 0; e < nn; ++e) g[e * kLanes + k] = static_cast<double>(src[e]) * p[e * kLanes + k];
-          }
-          for (int step = 2 * iterations - 1; step >= 0; --step) {
-            SinkhornBackStep(g, states.data() + step * nn * kLanes, n, step % 2 == 1);
-          }
+          WithStreams(n, [&](auto nc) {
+            constexpr int NC = decltype(nc)::value;
+            SinkhornBlock<NC>(p, n, iterations, eps, states.data());
+            for (int64_t k = 0; k < kLanes; ++k) {
+              const scalar_t* src = gp + (m0 + (k < count ? k : 0)) * nn;
+              for (int64_t e = 0; e < nn; ++e) g[e * kLanes + k] = static_cast<double>(src[e]) * p[e * kLanes + k];
+            }
+            for (int step = 2 * iterations - 1; step >= 0; --step) {
+              SinkhornBackStep<NC>(g, states.data() + step * nn * kLanes, n, step % 2 == 1);
+            }
+          });
           for (int64_t k = 0; k < count; ++k) {
             for (int64_t e = 0; e < nn; ++e) dzp[(m0 + k) * nn + e] = static_cast<scalar_t>(g[e * kLanes + k]);
           }

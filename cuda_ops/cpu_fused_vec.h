@@ -9,6 +9,7 @@
 #error "include cuda_ops/cpu_fused_target.h first"
 #endif
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -156,6 +157,37 @@ inline float SumV(V v) {
     return SumVF(v);
   }
 }
+
+// out[k] = exp(in[k]) for 8 doubles. The wide builds call glibc's libmvec
+// (the vector exp GCC itself emits under -ffast-math; within 4 ulp, its
+// documented bound) at their width; the baseline build calls libm's exp per
+// value. A libm call per value was most of Sinkhorn's forward, and of its
+// backward's recomputation, at n = 4 (bench/RESULTS.md).
+#if defined(DEPTHBENCH_CPU_FUSED_AVX512)
+typedef double V8d __attribute__((vector_size(64)));
+extern "C" V8d _ZGVeN8v_exp(V8d);  // libmvec, AVX-512
+inline void Exp8d(const double* in, double* out) {
+  V8d v;
+  std::memcpy(&v, in, sizeof v);
+  v = _ZGVeN8v_exp(v);
+  std::memcpy(out, &v, sizeof v);
+}
+#elif defined(DEPTHBENCH_CPU_FUSED_AVX2)
+typedef double V4d __attribute__((vector_size(32)));
+extern "C" V4d _ZGVdN4v_exp(V4d);  // libmvec, AVX2
+inline void Exp8d(const double* in, double* out) {
+  for (int h = 0; h < 8; h += 4) {
+    V4d v;
+    std::memcpy(&v, in + h, sizeof v);
+    v = _ZGVdN4v_exp(v);
+    std::memcpy(out + h, &v, sizeof v);
+  }
+}
+#else
+inline void Exp8d(const double* in, double* out) {
+  for (int k = 0; k < 8; ++k) out[k] = std::exp(in[k]);
+}
+#endif
 
 }  // namespace DEPTHBENCH_CPU_FUSED_ISA
 }  // namespace cpu_fused
