@@ -700,17 +700,26 @@ void AttnBackward(const AttnArgs& a, const torch::Tensor& out, const torch::Tens
 // later readers'): a slot the kernel sums over several query heads (a
 // KV-head slot under GQA) starts as a copy of its incoming gradient (or
 // zeros), and its entry in `in` is cleared; a slot written once per row is
-// allocated and keeps its entry, which the kernel adds as it writes.
+// allocated and keeps its entry, which the kernel adds as it writes. An
+// incoming gradient of the kernels' own that nobody else sees
+// (TakeOwnedGradient, cpu_fused_isa.h) is used as the slot's gradient
+// itself: added into in place, where a copy would write a new slot-sized
+// tensor per later reader.
 std::vector<torch::Tensor> SlotGradients(const std::vector<torch::Tensor>& slots, int64_t H,
                                          int64_t KV, std::vector<torch::Tensor>& in) {
   std::vector<torch::Tensor> out;
   for (size_t j = 0; j < slots.size(); ++j) {
     const torch::Tensor& slot = slots[j];
+    const bool own = TakeOwnedGradient(in[j]) && in[j].is_contiguous() &&
+                     in[j].sizes() == slot.sizes() && in[j].scalar_type() == slot.scalar_type();
     if (SlotSummedOverGroup(slot.size(1) == H, H / KV)) {
-      out.push_back(in[j].defined() ? in[j].clone() : torch::zeros(slot.sizes(), slot.options()));
+      out.push_back(own              ? in[j]
+                    : in[j].defined() ? in[j].clone()
+                                      : torch::zeros(slot.sizes(), slot.options()));
       in[j] = torch::Tensor();
     } else {
-      out.push_back(torch::empty(slot.sizes(), slot.options()));
+      // Taken over: the kernel reads each element of in[j] before writing it.
+      out.push_back(own ? in[j] : torch::empty(slot.sizes(), slot.options()));
     }
   }
   return out;
@@ -831,8 +840,8 @@ class CausalAttentionQkvFunction : public torch::autograd::Function<CausalAttent
     std::vector<torch::Tensor> in_gdk(S), in_gdv(S);
     if (grads.size() > passed) {
       for (size_t j = 0; j < S; ++j) {
-        in_gdk[j] = grads[passed + j];
-        in_gdv[j] = grads[passed + S + j];
+        in_gdk[j] = std::move(grads[passed + j]);
+        in_gdv[j] = std::move(grads[passed + S + j]);
       }
     }
     std::vector<torch::Tensor> gdk = SlotGradients(a.dk, H, KV, in_gdk);
@@ -842,6 +851,8 @@ class CausalAttentionQkvFunction : public torch::autograd::Function<CausalAttent
     // The returned k and v copies' gradients (undefined: unused).
     if (return_kv && grads[1].defined()) gk.add_(grads[1]);
     if (return_kv && grads[2].defined()) gv.add_(grads[2]);
+    for (const torch::Tensor& g : gdk) MarkOwnedGradient(g);
+    for (const torch::Tensor& g : gdv) MarkOwnedGradient(g);
     variable_list out = {gqkv, torch::Tensor(), torch::Tensor()};
     out.insert(out.end(), gdk.begin(), gdk.end());
     out.insert(out.end(), gdv.begin(), gdv.end());

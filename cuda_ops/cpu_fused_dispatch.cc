@@ -2,8 +2,11 @@
 // its kernel the CPU runs: AVX-512, AVX2 + FMA, or the baseline
 // (cpu_fused_isa.h). The choice is made once per process. Also the helpers
 // the builds share.
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <vector>
 
 #include "cuda_ops/cpu_fused.h"
 #include "cuda_ops/cpu_fused_isa.h"
@@ -83,6 +86,36 @@ torch::Tensor SumPartials(const std::vector<double>& partial, int64_t threads, i
     for (int64_t e = 0; e < count; ++e) sp[e] += partial[static_cast<size_t>(t * count + e)];
   }
   return sum.to(dtype).reshape(sizes);
+}
+
+namespace {
+std::mutex owned_mu;
+std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>> owned;  // guarded by owned_mu
+
+void PruneOwnedLocked() {
+  owned.erase(std::remove_if(owned.begin(), owned.end(), [](const auto& w) { return w.expired(); }),
+              owned.end());
+}
+}  // namespace
+
+void MarkOwnedGradient(const torch::Tensor& grad) {
+  if (!grad.defined()) return;
+  std::lock_guard<std::mutex> lock(owned_mu);
+  PruneOwnedLocked();
+  owned.emplace_back(grad.getIntrusivePtr());
+}
+
+bool TakeOwnedGradient(const torch::Tensor& grad) {
+  if (!grad.defined()) return false;
+  std::lock_guard<std::mutex> lock(owned_mu);
+  PruneOwnedLocked();
+  // A live weak reference's target address can only be this TensorImpl.
+  const auto it = std::find_if(owned.begin(), owned.end(), [&](const auto& w) {
+    return w._unsafe_get_target() == grad.unsafeGetTensorImpl();
+  });
+  if (it == owned.end()) return false;
+  owned.erase(it);
+  return true;
 }
 
 bool Supports(std::initializer_list<const torch::Tensor*> tensors) {

@@ -71,6 +71,27 @@ DEPTHBENCH_CPU_FUSED_KERNELS(avx512)
 torch::Tensor SumPartials(const std::vector<double>& partial, int64_t threads, int64_t count,
                           torch::IntArrayRef sizes, torch::ScalarType dtype);
 
+// Gradient buffers a fused backward may update in place (shared by the
+// builds, in cpu_fused_dispatch.cc). The ops that pass their inputs
+// through (AttnResMix's sources, CausalAttentionQkv's depth slots) receive,
+// for each passed input, the gradient that the next reader's backward
+// returned for it, and return that gradient plus their own term as the
+// input's. Allocating a new tensor for that sum cost a write-allocate of a
+// full-size tensor per passed input per reader (Full AttnRes at L = 8: 153
+// of 512 KB per step, issue 18). A backward that allocates a gradient and
+// returns it once marks it (MarkOwnedGradient); when that tensor arrives
+// as the gradient of a passed output, no other node can see it (autograd
+// hands a returned gradient to the one node whose input it feeds, summed
+// with other readers' into a new tensor or into this one), so the receiving
+// backward takes it (TakeOwnedGradient) and adds its term in place. Marks
+// hold weak references: a marked tensor that died is never matched (its
+// TensorImpl's memory is not reused while the mark holds it) and is pruned.
+// Passed outputs must therefore carry no tensor hooks (retain_grad), which
+// would also see the gradient; the models register none.
+void MarkOwnedGradient(const torch::Tensor& grad);
+// Whether `grad` is a marked, live tensor; forgets the mark either way.
+bool TakeOwnedGradient(const torch::Tensor& grad);
+
 // Whether this build has the AVX2 kernels and the CPU runs them (cpuid:
 // AVX2 and FMA).
 bool Avx2Available();

@@ -1405,12 +1405,21 @@ class AttnResMixFunction : public torch::autograd::Function<AttnResMixFunction> 
     const torch::Tensor& so = saved[S + 6];
     torch::Tensor dy = grads[0].contiguous();
     const int64_t d = v[0].size(-1), rows = v[0].numel() / std::max<int64_t>(d, 1);
-    std::vector<torch::Tensor> dv, dv_in;  // dv_in: the pass-through's (undefined: none)
+    // dv_in: the pass-through's gradient (undefined: none); where it is a
+    // gradient of ours nobody else sees (TakeOwnedGradient), it becomes dv
+    // and the kernel adds into it in place.
+    std::vector<torch::Tensor> dv, dv_in;
     for (int64_t i = 0; i < S; ++i) {
-      dv.push_back(torch::empty_like(v[i]));
-      dv_in.push_back(static_cast<int64_t>(grads.size()) > 1 + i
-                          ? ContiguousOrUndefined(grads[1 + i])
-                          : torch::Tensor());
+      torch::Tensor in = static_cast<int64_t>(grads.size()) > 1 + i ? std::move(grads[1 + i])
+                                                                    : torch::Tensor();
+      if (TakeOwnedGradient(in) && in.is_contiguous() && in.sizes() == v[i].sizes() &&
+          in.scalar_type() == v[i].scalar_type()) {
+        dv.push_back(in);
+        dv_in.push_back(in);
+      } else {
+        dv.push_back(torch::empty_like(v[i]));
+        dv_in.push_back(ContiguousOrUndefined(in));
+      }
     }
     const int64_t threads = at::get_num_threads();
     // Per-thread partial sums: [threads][2][d] (dout_gain, da).
@@ -1487,21 +1496,26 @@ class AttnResMixFunction : public torch::autograd::Function<AttnResMixFunction> 
               const scalar_t* vi = vp[i] + r * d;
               const scalar_t* dmr = dm.data() + (r - r0) * d;
               scalar_t* o = dvp[i] + r * d;
+              // The arriving gradient's row; it may be o itself (in place:
+              // each element is read before it is written).
+              const scalar_t* in = dvinp[i] != nullptr ? dvinp[i] + r * d : nullptr;
               const scalar_t pi = pp[r * S + i];
               if (!has_query) {
-                for (int64_t j = 0; j < d; ++j) o[j] = pi * dmr[j];
+                if (in != nullptr) {
+                  for (int64_t j = 0; j < d; ++j) o[j] = pi * dmr[j] + in[j];
+                } else {
+                  for (int64_t j = 0; j < d; ++j) o[j] = pi * dmr[j];
+                }
               } else {
                 // dlogit_i r_i
                 const scalar_t dl = pi * (dp[(r - r0) * S + i] - pdp[r - r0]) * rp[r * S + i];
                 const scalar_t coef = rp[r * S + i] * lp[r * S + i] / static_cast<scalar_t>(d);
-                for (int64_t j = 0; j < d; ++j) {
-                  o[j] = pi * dmr[j] + dl * (a[j] - vi[j] * coef);
-                  acc_a[j] += static_cast<double>(dl) * vi[j];
+                for (int64_t j = 0; j < d; ++j) acc_a[j] += static_cast<double>(dl) * vi[j];
+                if (in != nullptr) {
+                  for (int64_t j = 0; j < d; ++j) o[j] = pi * dmr[j] + dl * (a[j] - vi[j] * coef) + in[j];
+                } else {
+                  for (int64_t j = 0; j < d; ++j) o[j] = pi * dmr[j] + dl * (a[j] - vi[j] * coef);
                 }
-              }
-              if (dvinp[i] != nullptr) {
-                const scalar_t* in = dvinp[i] + r * d;
-                for (int64_t j = 0; j < d; ++j) o[j] += in[j];
               }
             }
           }
@@ -1510,6 +1524,7 @@ class AttnResMixFunction : public torch::autograd::Function<AttnResMixFunction> 
     });
     torch::Tensor sums = SumPartials(partial, threads, 2 * d, {2, d}, og.scalar_type());
     torch::Tensor dgo = sums[0].reshape(og.sizes());
+    for (const torch::Tensor& g : dv) MarkOwnedGradient(g);
     variable_list out(dv.begin(), dv.end());
     if (has_query) {
       torch::Tensor da = sums[1];

@@ -488,6 +488,67 @@ TEST_P(CpuFusedAttnRes, PassedSourcesCarryEveryReadersGradient) {
   }
 }
 
+// Three mixes, each reading the last one's passed sources plus one more
+// (Full AttnRes): a source's gradient buffer is returned by the third mix,
+// taken over and added into in place by the second (TakeOwnedGradient),
+// returned again and taken over by the first. Every source's gradient must
+// come out as with the sources read directly.
+TEST_P(CpuFusedAttnRes, GradientsTakenOverAlongAChainOfMixes) {
+  torch::manual_seed(46 + GetParam());
+  const int64_t d = 64;
+  std::vector<torch::Tensor> in;
+  for (int i = 0; i < 4; ++i) in.push_back(torch::randn({3, 70, d}) * (1 + 0.2 * i));
+  for (int mix = 0; mix < 3; ++mix) {
+    in.push_back(torch::randn({d}));
+    in.push_back(torch::rand({d}) + 0.5);
+    in.push_back(torch::rand({d}) + 0.5);
+  }
+  auto call = [](bool fused) {
+    return [fused](const std::vector<torch::Tensor>& x) {
+      std::vector<torch::Tensor> src = {x[0], x[1]};
+      torch::Tensor y;
+      for (int mix = 0; mix < 3; ++mix) {
+        const auto& q = x[4 + 3 * mix];
+        const auto& kg = x[5 + 3 * mix];
+        const auto& og = x[6 + 3 * mix];
+        std::vector<torch::Tensor> passed;
+        torch::Tensor ym = fused ? cpu_fused::AttnResMix(src, q, kg, og, 1e-6, mix < 2 ? &passed : nullptr)
+                                 : reference::AttnResMix(src, q, kg, og, 1e-6);
+        if (!fused) passed = src;
+        y = y.defined() ? y + ym : ym;
+        if (mix < 2) {
+          src = passed;
+          src.push_back(x[2 + mix]);
+        }
+      }
+      return y;
+    };
+  };
+  torch::Tensor probe = torch::randn({3, 70, d});
+  ExpectSame(Evaluate(call(true), in, probe), Evaluate(call(false), in, probe), 1e-3, 1e-3,
+             "AttnResMix chain of three");
+}
+
+// A gradient the caller supplies for a passed source is not one of the
+// kernels' own: it is read, never written.
+TEST_P(CpuFusedAttnRes, SuppliedGradientsOfPassedSourcesStayUnchanged) {
+  torch::manual_seed(47 + GetParam());
+  const int64_t d = 32;
+  std::vector<torch::Tensor> src;
+  for (int i = 0; i < 3; ++i) src.push_back(torch::randn({2, 9, d}).requires_grad_());
+  std::vector<torch::Tensor> passed;
+  torch::Tensor y = cpu_fused::AttnResMix(src, torch::randn({d}), torch::rand({d}) + 0.5,
+                                          torch::rand({d}) + 0.5, 1e-6, &passed);
+  std::vector<torch::Tensor> outs = {y}, grads = {torch::randn({2, 9, d})}, copies;
+  for (const auto& p : passed) {
+    outs.push_back(p);
+    grads.push_back(torch::randn({2, 9, d}));
+    copies.push_back(grads.back().clone());
+  }
+  torch::autograd::backward(outs, grads);
+  for (size_t i = 0; i < copies.size(); ++i) EXPECT_TRUE(torch::equal(grads[i + 1], copies[i])) << i;
+}
+
 INSTANTIATE_TEST_SUITE_P(Threads, CpuFusedAttnRes, ::testing::Values(1, 2),
                          [](const auto& info) { return "threads" + std::to_string(info.param); });
 
