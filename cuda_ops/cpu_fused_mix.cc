@@ -237,6 +237,9 @@ class HcWriteFunction : public torch::autograd::Function<HcWriteFunction> {
         }
       });
     });
+    // A new dh (mix) is the route's to take over; without the mix dh is g,
+    // whose mark, if any, stays for the route as well.
+    if (mix) MarkOwnedGradient(dh);
     return {dh, da, db, dy, torch::Tensor()};
   }
 };
@@ -441,9 +444,11 @@ void ProjectBackwardRows(const T* xp, const T* wp, const T* rp, const T* upp, in
         if (!blocked) {
           const T* dq = dp + q * m;
           const T* xr = xs[q];
-          for (int64_t i = 0; i < k; ++i) o[i] = cs[q] * xr[i];
+          // ins[q] may be o (a taken-over gradient): read before written.
           if (ins[q] != nullptr) {
-            for (int64_t i = 0; i < k; ++i) o[i] += ins[q][i];
+            for (int64_t i = 0; i < k; ++i) o[i] = cs[q] * xr[i] + ins[q][i];
+          } else {
+            for (int64_t i = 0; i < k; ++i) o[i] = cs[q] * xr[i];
           }
           // Four weight rows per sweep of o: one load and store per four
           // products.
@@ -555,6 +560,31 @@ class RmsProjectFunction : public torch::autograd::Function<RmsProjectFunction> 
 // undefined gradient (read as zero by the kernels), kept undefined.
 torch::Tensor ContiguousOrUndefined(const torch::Tensor& g) {
   return g.defined() ? g.contiguous() : torch::Tensor();
+}
+
+// A route's stream gradient: the gradient arriving for the streams it
+// passed through (`in`, moved in), and the tensor dh [rows, k] to write the
+// streams' whole gradient into: `in` itself where it is a gradient of ours
+// nobody else sees (TakeOwnedGradient: HcWrite's backward, or a route's
+// passed on by the HC code form's write), so the write goes into the lines
+// just read; a new tensor otherwise. Returns {dh, in (contiguous or
+// undefined)}; the kernel reads each element of `in` before writing dh's.
+std::pair<torch::Tensor, torch::Tensor> RouteStreamGradient(torch::Tensor in,
+                                                            const torch::Tensor& x2) {
+  if (TakeOwnedGradient(in) && in.is_contiguous() && in.numel() == x2.numel() &&
+      in.scalar_type() == x2.scalar_type()) {
+    torch::Tensor dh = in.view(x2.sizes());
+    return {dh, dh};
+  }
+  return {torch::empty_like(x2), ContiguousOrUndefined(in)};
+}
+
+// The stream gradient a route returns, shaped as its input; marked as the
+// backward's own (MarkOwnedGradient) for the HcWrite before it.
+torch::Tensor ReturnedStreamGradient(const torch::Tensor& dh, AutogradContext* ctx) {
+  torch::Tensor out = dh.view(ctx->saved_data["h_sizes"].toIntVector());
+  MarkOwnedGradient(out);
+  return out;
 }
 
 // tr[j] = tanh(ur[j]) for j < count: 8 lanes at a time in float (Tanh8; a
@@ -915,8 +945,7 @@ class MhcRouteFunction : public torch::autograd::Function<MhcRouteFunction> {
     const int64_t m = n * n + 2 * n, k = n * d;
     torch::Tensor dx = ContiguousOrUndefined(grads[0]);
     torch::Tensor dwrite = ContiguousOrUndefined(grads[1]), dlogits = ContiguousOrUndefined(grads[2]);
-    torch::Tensor dh_in = ContiguousOrUndefined(grads[3]);  // the pass-through's
-    torch::Tensor dh = torch::empty_like(x2);
+    auto [dh, dh_in] = RouteStreamGradient(std::move(grads[3]), x2);  // the pass-through's
     const int64_t threads = at::get_num_threads();
     std::vector<double> partial_w(static_cast<size_t>(threads * m * k), 0.0);
     const int64_t count = 3 + m;  // dgains, dbias
@@ -951,7 +980,7 @@ class MhcRouteFunction : public torch::autograd::Function<MhcRouteFunction> {
     });
     torch::Tensor dwt = SumPartials(partial_w, threads, m * k, {m, k}, x2.scalar_type());
     torch::Tensor sums = SumPartials(partial_c, threads, count, {count}, x2.scalar_type());
-    return {dh.view(ctx->saved_data["h_sizes"].toIntVector()), dwt.t(),
+    return {ReturnedStreamGradient(dh, ctx), dwt.t(),
             sums.narrow(0, 0, 3).reshape(gains.sizes()),
             sums.narrow(0, 3, m).reshape(ctx->saved_data["bias_sizes"].toIntVector()),
             torch::Tensor(), torch::Tensor()};
@@ -1043,8 +1072,7 @@ class HcRouteFunction : public torch::autograd::Function<HcRouteFunction> {
     const int64_t tokens = read.size(0), n = read.size(1), d = x2.size(1), m = n + 2;
     torch::Tensor dx = ContiguousOrUndefined(grads[0]);
     torch::Tensor dar = ContiguousOrUndefined(grads[1]), db = ContiguousOrUndefined(grads[2]);
-    torch::Tensor dh_in = ContiguousOrUndefined(grads[3]);  // the pass-through's
-    torch::Tensor dh = torch::empty_like(x2);
+    auto [dh, dh_in] = RouteStreamGradient(std::move(grads[3]), x2);  // the pass-through's
     const int64_t threads = at::get_num_threads();
     std::vector<double> partial_w(static_cast<size_t>(threads * m * d), 0.0);
     // Per thread: dstatic_a [n (n + 1)], dstatic_b [n], dgain_a, dgain_b.
@@ -1079,7 +1107,7 @@ class HcRouteFunction : public torch::autograd::Function<HcRouteFunction> {
     });
     torch::Tensor dwt = SumPartials(partial_w, threads, m * d, {m, d}, x2.scalar_type());
     torch::Tensor sums = SumPartials(partial_c, threads, count, {count}, x2.scalar_type());
-    return {dh.view(ctx->saved_data["h_sizes"].toIntVector()),
+    return {ReturnedStreamGradient(dh, ctx),
             dwt.t(),
             sums.narrow(0, 0, n * (n + 1)).reshape(ctx->saved_data["static_a_sizes"].toIntVector()),
             sums.narrow(0, n * (n + 1), n).reshape(ctx->saved_data["static_b_sizes"].toIntVector()),
