@@ -54,11 +54,13 @@ DENIED_PACKAGES = re.compile(
     r"^(libabsl-dev|nlohmann-json3-dev|libcli11-dev|libgtest-dev|libgmock-dev|googletest"
     r"|libgrpc.*|protobuf.*|libprotobuf.*|libsqlite3-dev|libspdlog-dev|libfmt-dev"
     r"|libyaml-cpp-dev|libboost.*)$")
-# Direct shared-library dependencies a trainer-only binary may have.
+# Direct shared-library dependencies a trainer-only binary may have (libmvec:
+# glibc's vector math, as libm; the fused CPU kernels' vector exp).
 ALLOWED_NEEDED = re.compile(
     r"^(libtorch[a-z_]*\.so.*|libc10[a-z_]*\.so.*|libcaffe2[a-z_]*\.so.*|libcudart\.so.*"
     r"|libnccl\.so.*|libcuda\.so.*|libnvToolsExt\.so.*|libgomp\.so.*|libstdc\+\+\.so.*"
-    r"|libgcc_s\.so.*|libc\.so.*|libm\.so.*|libpthread\.so.*|libdl\.so.*|librt\.so.*"
+    r"|libgcc_s\.so.*|libc\.so.*|libm\.so.*|libmvec\.so.*|libpthread\.so.*|libdl\.so.*"
+    r"|librt\.so.*"
     r"|libatomic\.so.*|ld-linux.*|libgloo\.so.*)$")
 BUNDLED_MARKERS = ("absl/", "nlohmann/", "CLI/", "gtest/", "gmock/")
 
