@@ -1125,6 +1125,18 @@ class HcRouteFunction : public torch::autograd::Function<HcRouteFunction> {
 // different matrices overlap).
 constexpr int64_t kLanes = 8;
 
+// sum[k] = the sum of line a (row a, or column a if `col`) of the block's
+// kLanes n x n matrices x.
+inline void LineSums(const double* x, int64_t a, int64_t n, bool col, double* sum) {
+  const int64_t along = col ? n : 1, across = col ? 1 : n;
+  for (int64_t k = 0; k < kLanes; ++k) sum[k] = 0;
+  for (int64_t b = 0; b < n; ++b) {
+    const double* e = x + (a * across + b * along) * kLanes;
+#pragma GCC ivdep
+    for (int64_t k = 0; k < kLanes; ++k) sum[k] += e[k];
+  }
+}
+
 // One half step on a block: dst = src with each line (row, or column if
 // `col`) divided by its sum + eps. dst may be src (in place): a line's sum
 // is taken before it is written.
@@ -1133,12 +1145,8 @@ inline void SinkhornHalfStep(const double* src, double* dst, int64_t n_rt, doubl
   const int64_t n = NC > 0 ? NC : n_rt;
   const int64_t along = col ? n : 1, across = col ? 1 : n;  // element strides
   for (int64_t a = 0; a < n; ++a) {
-    double sum[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int64_t b = 0; b < n; ++b) {
-      const double* e = src + (a * across + b * along) * kLanes;
-#pragma GCC ivdep
-      for (int64_t k = 0; k < kLanes; ++k) sum[k] += e[k];
-    }
+    double sum[kLanes];
+    LineSums(src, a, n, col, sum);
     double inv[kLanes];
     for (int64_t k = 0; k < kLanes; ++k) inv[k] = 1.0 / (sum[k] + eps);
     for (int64_t b = 0; b < n; ++b) {
@@ -1175,11 +1183,8 @@ inline void SinkhornBackStep(double* __restrict g, const double* __restrict pk, 
   const int64_t n = NC > 0 ? NC : n_rt;
   const int64_t along = col ? n : 1, across = col ? 1 : n;  // element strides
   for (int64_t a = 0; a < n; ++a) {
-    double sum[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int64_t b = 0; b < n; ++b) {
-      const double* ge = g + (a * across + b * along) * kLanes;
-      for (int64_t k = 0; k < kLanes; ++k) sum[k] += ge[k];
-    }
+    double sum[kLanes];
+    LineSums(g, a, n, col, sum);
     for (int64_t b = 0; b < n; ++b) {
       const int64_t e = (a * across + b * along) * kLanes;
       for (int64_t k = 0; k < kLanes; ++k) g[e + k] -= pk[e + k] * sum[k];
