@@ -362,8 +362,8 @@ inline void ScaledQuery(const Rows<T>& qr, const RopeTables<T>& rope, int64_t b,
 // slots x 6 streams in the backward, far more than the prefetchers track,
 // and the depth part, a few percent of the attention's FLOPs, took more
 // time than the sequence attention itself (issue 18). The per-row state
-// the slot passes need (scaled queries, output gradients, log-sum-exp)
-// waits in per-head buffers of [T, hd].
+// the slot passes need waits in per-head buffers: the depth queries [T, hd]
+// both ways, the depth scores [S, T] forward, rowsum(dO o) [T] backward.
 
 // e[j * T + i] = qd_i . key_j(i) for every slot j and row i < T of head h:
 // the depth scores, slot-major; qd: [T, hd] scaled (unrotated) queries.
@@ -710,8 +710,7 @@ std::vector<torch::Tensor> SlotGradients(const std::vector<torch::Tensor>& slots
   std::vector<torch::Tensor> out;
   for (size_t j = 0; j < slots.size(); ++j) {
     const torch::Tensor& slot = slots[j];
-    const bool own = TakeOwnedGradient(in[j]) && in[j].is_contiguous() &&
-                     in[j].sizes() == slot.sizes() && in[j].scalar_type() == slot.scalar_type();
+    const bool own = TakeOwnedGradient(in[j], slot.sizes(), slot.scalar_type());
     if (SlotSummedOverGroup(slot.size(1) == H, H / KV)) {
       out.push_back(own              ? in[j]
                     : in[j].defined() ? in[j].clone()

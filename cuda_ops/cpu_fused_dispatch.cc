@@ -105,7 +105,8 @@ void MarkOwnedGradient(const torch::Tensor& grad) {
   owned.emplace_back(grad.getIntrusivePtr());
 }
 
-bool TakeOwnedGradient(const torch::Tensor& grad) {
+bool TakeOwnedGradient(const torch::Tensor& grad, torch::IntArrayRef sizes,
+                       torch::ScalarType dtype) {
   if (!grad.defined()) return false;
   std::lock_guard<std::mutex> lock(owned_mu);
   PruneOwnedLocked();
@@ -115,7 +116,7 @@ bool TakeOwnedGradient(const torch::Tensor& grad) {
   });
   if (it == owned.end()) return false;
   owned.erase(it);
-  return true;
+  return grad.is_contiguous() && grad.sizes() == sizes && grad.scalar_type() == dtype;
 }
 
 bool Supports(std::initializer_list<const torch::Tensor*> tensors) {

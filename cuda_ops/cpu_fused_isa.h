@@ -89,8 +89,11 @@ torch::Tensor SumPartials(const std::vector<double>& partial, int64_t threads, i
 // Passed outputs must therefore carry no tensor hooks (retain_grad), which
 // would also see the gradient; the models register none.
 void MarkOwnedGradient(const torch::Tensor& grad);
-// Whether `grad` is a marked, live tensor; forgets the mark either way.
-bool TakeOwnedGradient(const torch::Tensor& grad);
+// Whether `grad` is a marked, live tensor that can be written in place as
+// the gradient of a tensor of `sizes` and `dtype` (contiguous, that shape
+// and type); forgets the mark either way.
+bool TakeOwnedGradient(const torch::Tensor& grad, torch::IntArrayRef sizes,
+                       torch::ScalarType dtype);
 
 // Whether this build has the AVX2 kernels and the CPU runs them (cpuid:
 // AVX2 and FMA).

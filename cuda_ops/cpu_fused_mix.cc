@@ -570,9 +570,9 @@ torch::Tensor ContiguousOrUndefined(const torch::Tensor& g) {
 // just read; a new tensor otherwise. Returns {dh, in (contiguous or
 // undefined)}; the kernel reads each element of `in` before writing dh's.
 std::pair<torch::Tensor, torch::Tensor> RouteStreamGradient(torch::Tensor in,
-                                                            const torch::Tensor& x2) {
-  if (TakeOwnedGradient(in) && in.is_contiguous() && in.numel() == x2.numel() &&
-      in.scalar_type() == x2.scalar_type()) {
+                                                            const torch::Tensor& x2,
+                                                            AutogradContext* ctx) {
+  if (TakeOwnedGradient(in, ctx->saved_data["h_sizes"].toIntVector(), x2.scalar_type())) {
     torch::Tensor dh = in.view(x2.sizes());
     return {dh, dh};
   }
@@ -945,7 +945,7 @@ class MhcRouteFunction : public torch::autograd::Function<MhcRouteFunction> {
     const int64_t m = n * n + 2 * n, k = n * d;
     torch::Tensor dx = ContiguousOrUndefined(grads[0]);
     torch::Tensor dwrite = ContiguousOrUndefined(grads[1]), dlogits = ContiguousOrUndefined(grads[2]);
-    auto [dh, dh_in] = RouteStreamGradient(std::move(grads[3]), x2);  // the pass-through's
+    auto [dh, dh_in] = RouteStreamGradient(std::move(grads[3]), x2, ctx);  // the pass-through's
     const int64_t threads = at::get_num_threads();
     std::vector<double> partial_w(static_cast<size_t>(threads * m * k), 0.0);
     const int64_t count = 3 + m;  // dgains, dbias
@@ -1072,7 +1072,7 @@ class HcRouteFunction : public torch::autograd::Function<HcRouteFunction> {
     const int64_t tokens = read.size(0), n = read.size(1), d = x2.size(1), m = n + 2;
     torch::Tensor dx = ContiguousOrUndefined(grads[0]);
     torch::Tensor dar = ContiguousOrUndefined(grads[1]), db = ContiguousOrUndefined(grads[2]);
-    auto [dh, dh_in] = RouteStreamGradient(std::move(grads[3]), x2);  // the pass-through's
+    auto [dh, dh_in] = RouteStreamGradient(std::move(grads[3]), x2, ctx);  // the pass-through's
     const int64_t threads = at::get_num_threads();
     std::vector<double> partial_w(static_cast<size_t>(threads * m * d), 0.0);
     // Per thread: dstatic_a [n (n + 1)], dstatic_b [n], dgain_a, dgain_b.
@@ -1311,6 +1311,23 @@ int64_t MixTileRows(int64_t S, int64_t d, size_t elem) {
   return std::clamp<int64_t>(kTileBytes / per_row, 4, 64);
 }
 
+// The mix of rows [r0, r1): out row r - r0 (d apart) = sum_i p[r, i] v_i[r]
+// with p [rows][S], source by source (the forward's output before its
+// normalisation, and the backward's recomputed m).
+template <typename T>
+void MixTile(const T* pp, const std::vector<const T*>& vp, int64_t S, int64_t d, int64_t r0,
+             int64_t r1, T* out) {
+  for (int64_t r = r0; r < r1; ++r) {
+    T* o = out + (r - r0) * d;
+    const T p0 = pp[r * S];
+    const T* v0 = vp[0] + r * d;
+    for (int64_t j = 0; j < d; ++j) o[j] = p0 * v0[j];
+  }
+  for (int64_t i = 1; i < S; ++i) {
+    for (int64_t r = r0; r < r1; ++r) Axpy(pp[r * S + i], vp[i] + r * d, out + (r - r0) * d, d);
+  }
+}
+
 class AttnResMixFunction : public torch::autograd::Function<AttnResMixFunction> {
  public:
   // has_query false: uniform weights; query and key_gain are then empty
@@ -1384,15 +1401,7 @@ class AttnResMixFunction : public torch::autograd::Function<AttnResMixFunction> 
             for (int64_t i = 0; i < S; ++i) pr[i] = static_cast<scalar_t>(std::exp(lrow[i] - mx) / total);
           }
           // The mix sum_i p_i v_i, source by source, then normalised per row.
-          for (int64_t r = r0; r < r1; ++r) {
-            scalar_t* yr = yp + r * d;
-            const scalar_t p0 = pp[r * S];
-            const scalar_t* v0 = vp[0] + r * d;
-            for (int64_t j = 0; j < d; ++j) yr[j] = p0 * v0[j];
-          }
-          for (int64_t i = 1; i < S; ++i) {
-            for (int64_t r = r0; r < r1; ++r) Axpy(pp[r * S + i], vp[i] + r * d, yp + r * d, d);
-          }
+          MixTile(static_cast<const scalar_t*>(pp), vp, S, d, r0, r1, yp + r0 * d);
           for (int64_t r = r0; r < r1; ++r) {
             scalar_t* yr = yp + r * d;
             const scalar_t inv = static_cast<scalar_t>(1.0 / std::sqrt(Dot(yr, yr, d) / d + eps));
@@ -1445,8 +1454,7 @@ class AttnResMixFunction : public torch::autograd::Function<AttnResMixFunction> 
     for (int64_t i = 0; i < S; ++i) {
       torch::Tensor in = static_cast<int64_t>(grads.size()) > 1 + i ? std::move(grads[1 + i])
                                                                     : torch::Tensor();
-      if (TakeOwnedGradient(in) && in.is_contiguous() && in.sizes() == v[i].sizes() &&
-          in.scalar_type() == v[i].scalar_type()) {
+      if (TakeOwnedGradient(in, v[i].sizes(), v[i].scalar_type())) {
         dv.push_back(in);
         dv_in.push_back(in);
       } else {
@@ -1487,17 +1495,7 @@ class AttnResMixFunction : public torch::autograd::Function<AttnResMixFunction> 
         for (int64_t r0 = begin; r0 < end; r0 += tile) {
           const int64_t r1 = std::min(end, r0 + tile);
           // m = sum_i p_i v_i, source by source.
-          for (int64_t r = r0; r < r1; ++r) {
-            scalar_t* mr = m.data() + (r - r0) * d;
-            const scalar_t p0 = pp[r * S];
-            const scalar_t* v0 = vp[0] + r * d;
-            for (int64_t j = 0; j < d; ++j) mr[j] = p0 * v0[j];
-          }
-          for (int64_t i = 1; i < S; ++i) {
-            for (int64_t r = r0; r < r1; ++r) {
-              Axpy(pp[r * S + i], vp[i] + r * d, m.data() + (r - r0) * d, d);
-            }
-          }
+          MixTile(pp, vp, S, d, r0, r1, m.data());
           for (int64_t r = r0; r < r1; ++r) {
             const scalar_t* g = gp + r * d;
             const scalar_t s = sp[r];
