@@ -194,6 +194,28 @@ void CheckCausalAttentionQkvShapes(const char* op, const torch::Tensor& qkv, int
   }
 }
 
+bool AdamWStepApplies(const torch::Tensor& param, const torch::Tensor& grad,
+                      const torch::Tensor& exp_avg, const torch::Tensor& exp_avg_sq) {
+  for (const torch::Tensor* t : {&param, &grad, &exp_avg, &exp_avg_sq}) {
+    if (t == &grad && !grad.defined()) continue;
+    if (!t->defined() || !t->device().is_cpu() || t->scalar_type() != torch::kFloat32 ||
+        !t->is_contiguous() || t->sizes() != param.sizes()) {
+      return false;
+    }
+  }
+  return true;
+}
+
+void AdamWStep(const torch::Tensor& param, const torch::Tensor& grad, const torch::Tensor& exp_avg,
+               const torch::Tensor& exp_avg_sq, const AdamWCoefficients& c) {
+  TORCH_CHECK(AdamWStepApplies(param, grad, exp_avg, exp_avg_sq),
+              "AdamWStep: param ", param.sizes(), ", grad ",
+              grad.defined() ? grad.sizes() : torch::IntArrayRef{}, ", exp_avg ", exp_avg.sizes(),
+              " and exp_avg_sq ", exp_avg_sq.sizes(),
+              " must be contiguous float32 CPU tensors of one shape (grad may be undefined)");
+  DEPTHBENCH_CPU_FUSED_CALL(AdamWStep, param, grad, exp_avg, exp_avg_sq, c);
+}
+
 torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
   return DEPTHBENCH_CPU_FUSED_CALL(RmsNorm, x, weight, eps);
 }

@@ -20,6 +20,8 @@
 
 #include <vector>
 
+#include "cuda_ops/cpu_fused.h"
+
 #define DEPTHBENCH_CPU_FUSED_KERNELS(isa)                                                     \
   namespace isa {                                                                            \
   torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps);    \
@@ -53,6 +55,9 @@
       const torch::Tensor& sin, const std::vector<torch::Tensor>& depth_keys,                  \
       const std::vector<torch::Tensor>& depth_values, double scale, bool return_kv,            \
       bool pass_slots);                                                                        \
+  void AdamWStep(const torch::Tensor& param, const torch::Tensor& grad,                       \
+                 const torch::Tensor& exp_avg, const torch::Tensor& exp_avg_sq,              \
+                 const AdamWCoefficients& c);                                                \
   /* Threads at::parallel_for ran a 64-task loop on, as compiled in this object. */          \
   int ParallelForThreads();                                                                  \
   }

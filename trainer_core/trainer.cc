@@ -253,7 +253,7 @@ absl::StatusOr<std::pair<double, double>> ForwardBackward(const TrainConfig& con
     it.inputs = it.inputs.narrow(0, run->dp->rank() * run->per_rank_batch, run->per_rank_batch);
     it.targets = it.targets.narrow(0, run->dp->rank() * run->per_rank_batch, run->per_rank_batch);
   }
-  run->optimizer->zero_grad();
+  ClearGradients(run->model->parameters());
   torch::Tensor loss;
   {
     Bf16AutocastGuard autocast(run->bf16);

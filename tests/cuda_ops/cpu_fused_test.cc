@@ -232,5 +232,59 @@ TEST(CpuFusedSwiGluCheck, AnOddLastDimIsRejectedByName) {
   }
 }
 
+// AdamWStep against the update written out in double, for each build, with
+// a gradient and without one (a zero gradient), over a size with a vector
+// tail; and its input check.
+TEST(CpuFusedAdamWCheck, EveryBuildMatchesTheUpdateInDouble) {
+  torch::manual_seed(23);
+  const int64_t n = 16 * 37 + 5;
+  const torch::Tensor p0 = torch::randn({n}), g = torch::randn({n});
+  const torch::Tensor m0 = torch::randn({n}) * 0.1, v0 = torch::rand({n}) * 0.01;
+  cpu_fused::AdamWCoefficients c;
+  const double lr = 2e-3, wd = 0.1, beta1 = 0.9, beta2 = 0.95, step = 3;
+  const double bc1 = 1 - std::pow(beta1, step), bc2 = 1 - std::pow(beta2, step);
+  c.decay = static_cast<float>(1 - lr * wd);
+  c.beta1 = static_cast<float>(beta1);
+  c.one_minus_beta1 = static_cast<float>(1 - beta1);
+  c.beta2 = static_cast<float>(beta2);
+  c.one_minus_beta2 = static_cast<float>(1 - beta2);
+  c.sqrt_bias_correction2 = static_cast<float>(std::sqrt(bc2));
+  c.eps = 1e-8f;
+  c.neg_step_size = static_cast<float>(-lr / bc1);
+  std::vector<testing::Build> builds = testing::WideBuilds();
+  builds.push_back(testing::Build::kGeneric);
+  for (bool with_grad : {true, false}) {
+    const torch::Tensor gd = with_grad ? g.to(torch::kFloat64) : torch::zeros({n}, torch::kFloat64);
+    const torch::Tensor m = m0.to(torch::kFloat64) * beta1 + (1 - beta1) * gd;
+    const torch::Tensor v = v0.to(torch::kFloat64) * beta2 + (1 - beta2) * gd * gd;
+    const torch::Tensor want = p0.to(torch::kFloat64) * (1 - lr * wd) -
+                               (lr / bc1) * m / (v.sqrt() / std::sqrt(bc2) + 1e-8);
+    for (testing::Build b : builds) {
+      SCOPED_TRACE(::testing::Message() << testing::BuildName(b) << (with_grad ? "" : ", no gradient"));
+      torch::Tensor p = p0.clone(), mm = m0.clone(), vv = v0.clone();
+      DB_BUILD_CALL(b, AdamWStep, p, with_grad ? g : torch::Tensor(), mm, vv, c);
+      EXPECT_TRUE(AllClose(mm, m.to(torch::kFloat32), 1e-6, 1e-7));  // ulps of terms ~0.3
+      EXPECT_TRUE(AllClose(vv, v.to(torch::kFloat32), 1e-6, 1e-10));
+      EXPECT_TRUE(AllClose(p, want.to(torch::kFloat32), 1e-6, 1e-7));
+      // The update itself, not only the decay, happened.
+      EXPECT_GT((p - p0 * c.decay).abs().max().item<double>(), 1e-4);
+    }
+  }
+  torch::Tensor p = p0.clone(), mm = m0.clone();
+  for (const auto& [what, call] : std::vector<std::pair<std::string, std::function<void()>>>{
+           {"exp_avg_sq [3]", [&] { cpu_fused::AdamWStep(p, g, mm, torch::zeros({3}), c); }},
+           {"grad [" + std::to_string(n) + "]",
+            [&] { cpu_fused::AdamWStep(p, g.to(torch::kFloat64), mm, mm.clone(), c); }}}) {
+    try {
+      call();
+      ADD_FAILURE() << "no error for a bad " << what;
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("AdamWStep: param"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_TRUE(torch::equal(p, p0));  // a rejected call writes nothing
+}
+
 }  // namespace
 }  // namespace depthbench

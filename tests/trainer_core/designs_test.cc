@@ -25,6 +25,7 @@
 #include "trainer_core/model/attnres_common.h"
 #include "trainer_core/model/layers.h"
 #include "trainer_core/model/model.h"
+#include "trainer_core/optim.h"
 #include "trainer_core/shapes.h"
 
 namespace depthbench {
@@ -70,17 +71,11 @@ torch::Tensor Param(LanguageModel& m, const std::string& name) {
   return p == nullptr ? torch::Tensor() : *p;
 }
 
-// AdamW with the spec's settings: betas 0.9/0.95, eps 1e-8, weight decay 0.1
-// on the decay group and 0 on the design's no-decay group.
-torch::optim::AdamW MakeAdamW(LanguageModel& m, double lr) {
-  ParamGroups g = m->ParameterGroups();
-  std::vector<torch::optim::OptimizerParamGroup> groups;
-  for (auto& [params, wd] : {std::pair{g.decay, 0.1}, std::pair{g.no_decay, 0.0}}) {
-    if (params.empty()) continue;
-    groups.emplace_back(params, std::make_unique<torch::optim::AdamWOptions>(
-                                    torch::optim::AdamWOptions(lr).betas({0.9, 0.95}).eps(1e-8).weight_decay(wd)));
-  }
-  return torch::optim::AdamW(std::move(groups), torch::optim::AdamWOptions(lr));
+// The trainer's AdamW (trainer_core/optim.h: the fused CPU step) with the
+// spec's settings: betas 0.9/0.95, eps 1e-8, weight decay 0.1 on the decay
+// group and 0 on the design's no-decay group.
+std::unique_ptr<torch::optim::AdamW> MakeAdamW(LanguageModel& m, double lr) {
+  return depthbench::MakeAdamW(m->ParameterGroups(), lr, 0.1);
 }
 
 class DesignTest : public testing::TestWithParam<Case> {};
@@ -157,15 +152,15 @@ TEST_P(DesignTest, ShortBrownTrainingLowersLoss) {
   LanguageModel m = Build(o, 7);
   auto sampler = BatchSampler::Create(&ds->train, {32, 8, 3});
   ASSERT_TRUE(sampler.ok()) << sampler.status();
-  torch::optim::AdamW opt = MakeAdamW(m, 3e-3);
+  std::unique_ptr<torch::optim::AdamW> opt = MakeAdamW(m, 3e-3);
   std::vector<double> losses;
   for (int step = 0; step < 40; ++step) {
     InputsTargets io = SplitInputsTargets(BatchToTensor(sampler->Next()));
-    opt.zero_grad();
+    ClearGradients(m->parameters());  // as the trainer
     torch::Tensor loss = m->Loss(io.inputs, io.targets);
     loss.backward();
     torch::nn::utils::clip_grad_norm_(m->parameters(), 1.0);
-    opt.step();
+    opt->step();
     losses.push_back(loss.item<double>());
   }
   double last = 0;
@@ -542,10 +537,10 @@ TEST(DesignGoldenTest, LogitsAndFirstAdamWStepsMatchPyTorch) {
     torch::Tensor logits = m->forward(in);
     torch::Tensor want = ReadF32((dir / name / "out_logits.f32").string(), logits.sizes());
     EXPECT_LT((logits - want).abs().max().item<double>(), 1e-4);
-    torch::optim::AdamW opt = MakeAdamW(m, 1e-3);
-    opt.zero_grad();
+    std::unique_ptr<torch::optim::AdamW> opt = MakeAdamW(m, 1e-3);
+    ClearGradients(m->parameters());  // as the trainer
     LanguageModelImpl::CrossEntropy(logits, tgt).backward();
-    opt.step();
+    opt->step();
     ExpectFirstStepMatchesReference(m, dir / name);
 
     // Three more steps of the recipe (loss, global-norm clip at 1.0, AdamW)
@@ -557,11 +552,11 @@ TEST(DesignGoldenTest, LogitsAndFirstAdamWStepsMatchPyTorch) {
     const auto& want_losses = steps.at("losses");
     ASSERT_EQ(want_losses.size(), 3u);
     for (size_t k = 0; k < want_losses.size(); ++k) {
-      opt.zero_grad();
+      ClearGradients(m->parameters());  // as the trainer
       torch::Tensor step_loss = LanguageModelImpl::CrossEntropy(m->forward(in), tgt);
       step_loss.backward();
       const double norm = torch::nn::utils::clip_grad_norm_(m->parameters(), 1.0);
-      opt.step();
+      opt->step();
       const double want_loss = want_losses[k].get<double>();
       const double want_norm = steps.at("grad_norms")[k].get<double>();
       EXPECT_NEAR(step_loss.item<double>(), want_loss, 1e-4 * std::abs(want_loss))

@@ -78,6 +78,117 @@ TEST(OptimTest, AdamWGroupsCarryTheRecipe) {
   EXPECT_DOUBLE_EQ(o1.lr(), 5e-4);
 }
 
+// FusedAdamW (one pass per parameter) against the stock torch::optim::AdamW
+// it replaces, over steps that cover every path: float32 parameters of
+// several sizes (whole vectors and a tail), a no-decay group, a float64
+// parameter (the stock ops: bit-identical), a parameter whose gradient is
+// cleared after its first step (stepped with a zero gradient, as the stock
+// optimiser steps it after zero_grad()) and one that never gets a gradient
+// (never stepped, no state). The fused update agrees to float rounding.
+TEST(OptimTest, FusedAdamWMatchesStockAdamW) {
+  torch::manual_seed(3);
+  const std::vector<std::vector<int64_t>> shapes = {{64, 48}, {3, 37}, {1}, {16}};
+  std::vector<torch::Tensor> a, b;  // stock, fused
+  auto add = [&](torch::Tensor init) {
+    a.push_back(init.clone().requires_grad_());
+    b.push_back(init.clone().requires_grad_());
+  };
+  for (const auto& s : shapes) add(torch::randn(s));
+  add(torch::randn({5, 7}, torch::kFloat64));
+  add(torch::randn({9}));  // gradient only at the first step
+  add(torch::randn({4}));  // never a gradient
+  const size_t cleared = a.size() - 2, unused = a.size() - 1;
+  auto groups = [](const std::vector<torch::Tensor>& p) {
+    ParamGroups g;
+    for (size_t i = 0; i < p.size(); ++i) (i == 3 ? g.no_decay : g.decay).push_back(p[i]);
+    return g;
+  };
+  const ParamGroups ga = groups(a), gb = groups(b);
+  torch::optim::AdamW stock(
+      {torch::optim::OptimizerParamGroup(
+           ga.decay, std::make_unique<torch::optim::AdamWOptions>(
+                         torch::optim::AdamWOptions(3e-3).betas({0.9, 0.95}).eps(1e-8).weight_decay(0.1))),
+       torch::optim::OptimizerParamGroup(
+           ga.no_decay, std::make_unique<torch::optim::AdamWOptions>(
+                            torch::optim::AdamWOptions(3e-3).betas({0.9, 0.95}).eps(1e-8).weight_decay(0.0)))},
+      torch::optim::AdamWOptions(3e-3));
+  auto fused = MakeAdamW(gb, 3e-3, 0.1);
+  ASSERT_NE(dynamic_cast<FusedAdamW*>(fused.get()), nullptr);
+  for (int step = 0; step < 6; ++step) {
+    stock.zero_grad();
+    ClearGradients(b);
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (i == unused || (i == cleared && step > 0)) continue;
+      torch::Tensor g = torch::randn_like(a[i]) * (step % 2 ? 1e-3 : 1.0);
+      a[i].mutable_grad() = g.clone();
+      b[i].mutable_grad() = g.clone();
+    }
+    if (step == 2) {
+      SetLearningRate(stock, 1e-3);
+      SetLearningRate(*fused, 1e-3);
+    }
+    stock.step();
+    fused->step();
+    for (size_t i = 0; i < a.size(); ++i) {
+      SCOPED_TRACE(::testing::Message() << "step " << step << ", parameter " << i);
+      if (a[i].scalar_type() == torch::kFloat64) {
+        EXPECT_TRUE(torch::equal(a[i], b[i]));
+      } else {
+        // A few float ulps of the parameter, far below one step (lr 1e-3).
+        EXPECT_LE((a[i] - b[i]).abs().max().item<double>(),
+                  4e-7 * (1 + a[i].abs().max().item<double>()));
+      }
+    }
+  }
+  EXPECT_EQ(fused->state().size(), a.size() - 1);  // all but the unused one
+  EXPECT_TRUE(torch::equal(b[unused], a[unused]));
+  // The state under the stock optimiser's keys, matching its moments.
+  for (size_t i = 0; i < b.size(); ++i) {
+    if (i == unused) continue;
+    SCOPED_TRACE(::testing::Message() << "state of parameter " << i);
+    const std::string ka = c10::guts::to_string(a[i].unsafeGetTensorImpl());
+    const std::string kb = c10::guts::to_string(b[i].unsafeGetTensorImpl());
+    auto& sa = static_cast<torch::optim::AdamWParamState&>(*stock.state().at(ka));
+    auto& sb = static_cast<torch::optim::AdamWParamState&>(*fused->state().at(kb));
+    EXPECT_EQ(sa.step(), sb.step());
+    // Absolute tolerances: a moment near zero is a difference of terms ~0.1.
+    EXPECT_TRUE(torch::allclose(sa.exp_avg(), sb.exp_avg(), 1e-5, 1e-7));
+    EXPECT_TRUE(torch::allclose(sa.exp_avg_sq(), sb.exp_avg_sq(), 1e-5, 1e-9));
+  }
+}
+
+TEST(OptimTest, ClearGradientsLeavesTheNextBackwardToStoreItsOwn) {
+  torch::Tensor w = torch::ones({3}, torch::requires_grad());
+  (w * 2).sum().backward();
+  ASSERT_TRUE(w.grad().defined());
+  ClearGradients({w});
+  EXPECT_FALSE(w.grad().defined());
+  (w * 3).sum().backward();
+  EXPECT_TRUE(torch::equal(w.grad(), torch::full({3}, 3.0f)));  // not 2 + 3
+}
+
+TEST(OptimTest, FusedAdamWStateSavesAndLoadsAsStockAdamW) {
+  torch::Tensor w = torch::randn({8, 8}, torch::requires_grad());
+  auto fused = MakeAdamW(ParamGroups{{w}, {}}, 1e-3, 0.1);
+  w.mutable_grad() = torch::randn({8, 8});
+  fused->step();
+  std::stringstream buf;
+  {
+    torch::serialize::OutputArchive out;
+    fused->save(out);
+    out.save_to(buf);
+  }
+  torch::Tensor w2 = w.detach().clone().requires_grad_();
+  torch::optim::AdamW stock({w2}, torch::optim::AdamWOptions(1e-3).weight_decay(0.1));
+  torch::serialize::InputArchive in;
+  in.load_from(buf);
+  stock.load(in);
+  ASSERT_EQ(stock.state().size(), 1u);
+  auto& st = static_cast<torch::optim::AdamWParamState&>(*stock.state().begin()->second);
+  EXPECT_EQ(st.step(), 1);
+  EXPECT_GT(st.exp_avg_sq().abs().sum().item<double>(), 0.0);
+}
+
 nlohmann::json With(nlohmann::json j, const std::string& key, const nlohmann::json& value) {
   j[key] = value;
   return j;
