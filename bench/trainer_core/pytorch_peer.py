@@ -114,6 +114,9 @@ def main():
     ap.add_argument("--skip", type=int, default=3, help="untimed warm-up steps")
     ap.add_argument("--fused-qkv", action="store_true",
                     help="one GEMM for Q/K/V and one for gate/up, as depthbench-train")
+    ap.add_argument("--set-to-none", action="store_true",
+                    help="zero_grad(set_to_none=True): backward stores gradients instead of "
+                         "adding into zeroed ones, as depthbench-train")
     a = ap.parse_args()
     Block.fused = a.fused_qkv
     torch.set_num_threads(a.threads)
@@ -125,7 +128,7 @@ def main():
     for step in range(a.steps):
         tokens = torch.randint(0, 256, (a.batch, a.seq_len + 1), generator=g)
         t0 = time.perf_counter()
-        opt.zero_grad()
+        opt.zero_grad(set_to_none=a.set_to_none)
         logits = model(tokens[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, 256), tokens[:, 1:].reshape(-1))
         loss.backward()

@@ -4,7 +4,9 @@
 # best: the best median of three peer variants run alternately in the same
 # rounds (glibc-default malloc; malloc thresholds pinned through the
 # MALLOC_*_ environment as depthbench-train pins them; pinned + fused
-# Q/K/V and gate/up GEMMs). Also prints the achieved training FLOP/s
+# Q/K/V and gate/up GEMMs + zero_grad(set_to_none=True), as depthbench-train
+# drops its gradients between steps). PyTorch 1.13 has no fused CPU AdamW
+# (foreach=True, tried, was no faster on CPU). Also prints the achieved training FLOP/s
 # (3 x the Appendix-D forward FLOPs of `depthbench-train flops`, per token,
 # times tokens/s) as a fraction of the measured sgemm peak (2048^3 fp32
 # matmul in LibTorch at the same thread count).
@@ -103,7 +105,7 @@ for shape in "${shapes[@]}"; do
       one+=("$(cpu_rate cpp env DEPTHBENCH_CPU_ATTENTION=composite "$train" "${targs[@]}")")
       pd+=("$(cpu_rate py "$py" "$peer" "${pargs[@]}")")
       pp+=("$(cpu_rate py "${pinned_env[@]}" "$py" "$peer" "${pargs[@]}")")
-      pf+=("$(cpu_rate py "${pinned_env[@]}" "$py" "$peer" "${pargs[@]}" --fused-qkv)")
+      pf+=("$(cpu_rate py "${pinned_env[@]}" "$py" "$peer" "${pargs[@]}" --fused-qkv --set-to-none)")
       echo "L=$L d=$D heads=$H T=$T B=$B round $r (tokens per CPU-second): depthbench-train ${ours[-1]} (composite attention ${one[-1]}), pytorch default ${pd[-1]}, pinned ${pp[-1]}, pinned+fused ${pf[-1]}"
       continue
     fi
@@ -121,7 +123,7 @@ for shape in "${shapes[@]}"; do
           --threads $THREADS --skip $SKIP)
     pd+=("$("$py" "$peer" "${args[@]}" | py_rate)")
     pp+=("$("${pinned_env[@]}" "$py" "$peer" "${args[@]}" | py_rate)")
-    pf+=("$("${pinned_env[@]}" "$py" "$peer" "${args[@]}" --fused-qkv | py_rate)")
+    pf+=("$("${pinned_env[@]}" "$py" "$peer" "${args[@]}" --fused-qkv --set-to-none | py_rate)")
     echo "L=$L d=$D heads=$H T=$T B=$B round $r: depthbench-train ${ours[-1]} (composite attention ${one[-1]}), pytorch default ${pd[-1]}, pinned ${pp[-1]}, pinned+fused ${pf[-1]} tokens/s"
   done
   line=$("$py" - "${ours[*]}" "${pd[*]}" "${pp[*]}" "${pf[*]}" "$flops_tok" "$peak" "L=$L d=$D heads=$H T=$T B=$B" "${one[*]}" <<'PY'
