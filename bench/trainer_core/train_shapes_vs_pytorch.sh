@@ -14,7 +14,7 @@
 #   bench/trainer_core/train_shapes_vs_pytorch.sh [BUILD_DIR] [ROUNDS] [SHAPES...]
 #
 # SHAPES: "L:D:H:T:B:STEPS" each; default the three of issue 18 at T=128
-# plus d=256/16 heads at T=256. THREADS (environment, default 2): intra-op
+# plus d=256/16 heads and d=512/8 heads at T=256. THREADS (environment, default 2): intra-op
 # threads of both. On a machine shared with other jobs use THREADS=1: with
 # two OpenMP threads on two busy cores every barrier waits for a descheduled
 # thread and both programs slow down tens of times, erratically.
@@ -36,7 +36,8 @@ rounds="${2:-3}"
 shift $(( $# >= 2 ? 2 : $# ))
 shapes=("$@")
 if [ ${#shapes[@]} -eq 0 ]; then
-  shapes=("4:128:4:128:16:20" "4:256:16:128:16:14" "4:512:8:128:16:10" "4:256:16:256:8:14")
+  shapes=("4:128:4:128:16:20" "4:256:16:128:16:14" "4:512:8:128:16:10" "4:256:16:256:8:14"
+          "4:512:8:256:8:10")
 fi
 THREADS="${THREADS:-2}" SKIP="${SKIP:-3}" CLOCK="${CLOCK:-wall}"
 train="$build/trainer_core/depthbench-train"
