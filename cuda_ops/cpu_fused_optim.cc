@@ -24,12 +24,6 @@ namespace {
 // (at::internal::GRAIN_SIZE).
 constexpr int64_t kGrain = 32768;
 
-// One AdamW step of elements [begin, end), in the order of operations of
-// torch::optim::AdamW::step (LibTorch 1.13): p *= 1 - lr wd; m = beta1 m +
-// (1 - beta1) g; v = beta2 v + (1 - beta2) g g; p += -step_size m /
-// (sqrt(v) / sqrt(bc2) + eps). kGrad false: g = 0 (a parameter whose
-// gradient was cleared and not written since; the stock optimiser saw a
-// zeroed gradient there).
 // sqrt of each lane. std::sqrt in the loop stays scalar (GCC keeps libm's
 // errno path without -fno-math-errno, and that flag would cost this file
 // the shared precompiled header).
