@@ -178,12 +178,16 @@ void CheckCausalAttentionQkvShapes(const char* op, const torch::Tensor& qkv, int
 // separate kernels rounded twice: the result agrees to float rounding, not
 // bit for bit.)
 struct AdamWCoefficients {
-  float decay = 1.0f;            // 1 - lr * weight_decay
-  float beta1 = 0.9f, one_minus_beta1 = 0.1f;
-  float beta2 = 0.999f, one_minus_beta2 = 0.001f;
-  float sqrt_bias_correction2 = 1.0f;  // sqrt(1 - beta2^step)
-  float eps = 1e-8f;
-  float neg_step_size = 0.0f;    // -lr / (1 - beta1^step)
+  // The coefficients of step number `step` (1 for the first) with these
+  // hyper-parameters, derived in double and rounded once to float.
+  static AdamWCoefficients For(double lr, double weight_decay, double beta1, double beta2,
+                               double eps, int64_t step);
+  float decay;                  // 1 - lr * weight_decay
+  float beta1, one_minus_beta1;
+  float beta2, one_minus_beta2;
+  float sqrt_bias_correction2;  // sqrt(1 - beta2^step)
+  float eps;
+  float neg_step_size;          // -lr / (1 - beta1^step)
 };
 // Whether AdamWStep takes these tensors: param, exp_avg and exp_avg_sq (and
 // grad, unless undefined) float32, contiguous, on the CPU, of one shape.

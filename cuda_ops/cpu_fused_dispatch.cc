@@ -3,6 +3,7 @@
 // (cpu_fused_isa.h). The choice is made once per process. Also the helpers
 // the builds share.
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -192,6 +193,22 @@ void CheckCausalAttentionQkvShapes(const char* op, const torch::Tensor& qkv, int
                   "]");
     }
   }
+}
+
+AdamWCoefficients AdamWCoefficients::For(double lr, double weight_decay, double beta1,
+                                         double beta2, double eps, int64_t step) {
+  const double bias_correction1 = 1 - std::pow(beta1, static_cast<double>(step));
+  const double bias_correction2 = 1 - std::pow(beta2, static_cast<double>(step));
+  AdamWCoefficients c;
+  c.decay = static_cast<float>(1 - lr * weight_decay);
+  c.beta1 = static_cast<float>(beta1);
+  c.one_minus_beta1 = static_cast<float>(1 - beta1);
+  c.beta2 = static_cast<float>(beta2);
+  c.one_minus_beta2 = static_cast<float>(1 - beta2);
+  c.sqrt_bias_correction2 = static_cast<float>(std::sqrt(bias_correction2));
+  c.eps = static_cast<float>(eps);
+  c.neg_step_size = static_cast<float>(-lr / bias_correction1);
+  return c;
 }
 
 bool AdamWStepApplies(const torch::Tensor& param, const torch::Tensor& grad,

@@ -65,15 +65,8 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
         StockAdamWUpdate(p, grad, exp_avg, exp_avg_sq, options, bias_correction2, step_size);
         continue;
       }
-      cpu_fused::AdamWCoefficients c;
-      c.decay = static_cast<float>(1 - options.lr() * options.weight_decay());
-      c.beta1 = static_cast<float>(beta1);
-      c.one_minus_beta1 = static_cast<float>(1 - beta1);
-      c.beta2 = static_cast<float>(beta2);
-      c.one_minus_beta2 = static_cast<float>(1 - beta2);
-      c.sqrt_bias_correction2 = static_cast<float>(std::sqrt(bias_correction2));
-      c.eps = static_cast<float>(options.eps());
-      c.neg_step_size = static_cast<float>(-step_size);
+      const auto c = cpu_fused::AdamWCoefficients::For(options.lr(), options.weight_decay(), beta1,
+                                                       beta2, options.eps(), st.step());
       cpu_fused::AdamWStep(p, grad, exp_avg, exp_avg_sq, c);
       // Written through raw pointers: count the writes as in-place ops do.
       for (torch::Tensor* t : {&p, &exp_avg, &exp_avg_sq}) {

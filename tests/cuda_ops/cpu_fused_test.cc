@@ -240,17 +240,9 @@ TEST(CpuFusedAdamWCheck, EveryBuildMatchesTheUpdateInDouble) {
   const int64_t n = 16 * 37 + 5;
   const torch::Tensor p0 = torch::randn({n}), g = torch::randn({n});
   const torch::Tensor m0 = torch::randn({n}) * 0.1, v0 = torch::rand({n}) * 0.01;
-  cpu_fused::AdamWCoefficients c;
   const double lr = 2e-3, wd = 0.1, beta1 = 0.9, beta2 = 0.95, step = 3;
   const double bc1 = 1 - std::pow(beta1, step), bc2 = 1 - std::pow(beta2, step);
-  c.decay = static_cast<float>(1 - lr * wd);
-  c.beta1 = static_cast<float>(beta1);
-  c.one_minus_beta1 = static_cast<float>(1 - beta1);
-  c.beta2 = static_cast<float>(beta2);
-  c.one_minus_beta2 = static_cast<float>(1 - beta2);
-  c.sqrt_bias_correction2 = static_cast<float>(std::sqrt(bc2));
-  c.eps = 1e-8f;
-  c.neg_step_size = static_cast<float>(-lr / bc1);
+  const auto c = cpu_fused::AdamWCoefficients::For(lr, wd, beta1, beta2, 1e-8, step);
   std::vector<testing::Build> builds = testing::WideBuilds();
   builds.push_back(testing::Build::kGeneric);
   for (bool with_grad : {true, false}) {
