@@ -21,6 +21,7 @@
 #include "trainer_core/checkpoint.h"
 #include "trainer_core/data.h"
 #include "trainer_core/distributed.h"
+#include "trainer_core/micro_batch.h"
 #include "trainer_core/model/model.h"
 #include "trainer_core/optim.h"
 #include "trainer_core/precision.h"
@@ -99,6 +100,7 @@ struct RunState {
   std::unique_ptr<DataParallel> dp;
   int64_t world = 1;
   int64_t per_rank_batch = 0;
+  int64_t micro_batches = 1;  // CPU micro-batches per step (micro_batch.h)
   bool primary = true;  // only rank 0 speaks: events and checkpoints
   Clock* clock = nullptr;
   EventSink emit;
@@ -215,6 +217,7 @@ nlohmann::json StartEvent(const TrainConfig& config, RunState& run) {
       {"total_steps", run.budget.steps},
       {"budget", {{"params", run.budget.params}, {"tokens", run.budget.tokens}, {"steps", run.budget.steps}}},
       {"threads", run.threads},
+      {"micro_batches", run.micro_batches},
       {"device", run.device.str()},
       {"fused_ops", run.device.is_cuda() && FusedOpsAvailable()},
       {"fused_ops_detail", FusedOpsDescription()},
@@ -253,13 +256,18 @@ absl::StatusOr<std::pair<double, double>> ForwardBackward(const TrainConfig& con
     it.inputs = it.inputs.narrow(0, run->dp->rank() * run->per_rank_batch, run->per_rank_batch);
     it.targets = it.targets.narrow(0, run->dp->rank() * run->per_rank_batch, run->per_rank_batch);
   }
-  ClearGradients(run->model->parameters());
   torch::Tensor loss;
-  {
-    Bf16AutocastGuard autocast(run->bf16);
-    loss = run->model->Loss(it.inputs.to(run->device), it.targets.to(run->device));
+  if (run->micro_batches > 1) {
+    loss = LossAndGradients(run->model, it.inputs.to(run->device), it.targets.to(run->device),
+                            run->micro_batches);
+  } else {
+    ClearGradients(run->model->parameters());
+    {
+      Bf16AutocastGuard autocast(run->bf16);
+      loss = run->model->Loss(it.inputs.to(run->device), it.targets.to(run->device));
+    }
+    loss.backward();
   }
-  loss.backward();
   // Mean over ranks before clipping: the clip sees the global gradient.
   RETURN_IF_ERROR(run->dp->AllReduceMeanGradients(run->model->parameters()));
   const double grad_norm = ClipGradNorm(run->model->parameters(), config.grad_clip);
@@ -335,6 +343,7 @@ absl::StatusOr<RunResult> Trainer::Run() {
   RETURN_IF_ERROR(SetUpParallel(config_, clock, sink_, &run));
   RETURN_IF_ERROR(LoadDataAndModel(config_, options_, &run));
   RETURN_IF_ERROR(RestoreAndPlace(config_, options_, &run));
+  run.micro_batches = CpuMicroBatches(run.model, run.threads, run.per_rank_batch);
   run.emit(StartEvent(config_, run));
   run.last_checkpoint_ms = clock->NowMonotonicMs();
 

@@ -80,7 +80,7 @@ class AttnResDesign final : public DesignImpl {
   Arch arch() const override { return arch_; }
 
   DepthState Begin(const torch::Tensor& embedding) override {
-    records_.clear();
+    if (!records_.empty()) records_.clear();  // read-only when not recording (micro_batch.h)
     return DepthState({embedding, torch::Tensor()});
   }
 

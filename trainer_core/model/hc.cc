@@ -114,7 +114,7 @@ class HcDesign final : public DesignImpl {
   Arch arch() const override { return Arch::kHc; }
 
   DepthState Begin(const torch::Tensor& embedding) override {
-    maps_.clear();
+    if (!maps_.empty()) maps_.clear();  // read-only when not recording (micro_batch.h)
     const int64_t d = embedding.size(-1);
     return DepthState({embedding.unsqueeze(-2).expand(
         {embedding.size(0), embedding.size(1), n_, d})});

@@ -47,13 +47,20 @@ void Rope::Tables(int64_t T, const torch::Tensor& x, torch::Tensor* cos,
   TORCH_CHECK(T <= max_len_, "sequence length ", T, " exceeds RoPE table ", max_len_);
   // The tables are plain members (model->to(device) does not move them):
   // keep one copy per device and dtype in use rather than copying per call.
-  if (!cache_cos_.defined() || cache_cos_.device() != x.device() ||
-      cache_cos_.scalar_type() != x.scalar_type()) {
-    cache_cos_ = cos_.to(x.device(), x.scalar_type());
-    cache_sin_ = sin_signed_.to(x.device(), x.scalar_type());
+  // Locked: micro-batches run their forwards concurrently (micro_batch.h).
+  torch::Tensor c, s;
+  {
+    std::lock_guard<std::mutex> lock(*cache_mu_);
+    if (!cache_cos_.defined() || cache_cos_.device() != x.device() ||
+        cache_cos_.scalar_type() != x.scalar_type()) {
+      cache_cos_ = cos_.to(x.device(), x.scalar_type());
+      cache_sin_ = sin_signed_.to(x.device(), x.scalar_type());
+    }
+    c = cache_cos_;
+    s = cache_sin_;
   }
-  *cos = cache_cos_.narrow(0, 0, T);
-  *sin = cache_sin_.narrow(0, 0, T);
+  *cos = c.narrow(0, 0, T);
+  *sin = s.narrow(0, 0, T);
 }
 
 torch::Tensor Rope::Apply(const torch::Tensor& x) const {

@@ -13,6 +13,8 @@
 
 #include <torch/torch.h>
 
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <vector>
 
@@ -67,6 +69,7 @@ class Rope {
   torch::Tensor sin_signed_;  // cat(-sin, sin) over the two halves
   int64_t max_len_;
   mutable torch::Tensor cache_cos_, cache_sin_;  // on the device/dtype last used
+  std::shared_ptr<std::mutex> cache_mu_ = std::make_shared<std::mutex>();
 };
 
 // Per-token K/V of earlier sub-layers for MoDA's depth attention: one

@@ -113,7 +113,7 @@ class MhcDesign final : public DesignImpl {
   Arch arch() const override { return Arch::kMhc; }
 
   DepthState Begin(const torch::Tensor& embedding) override {
-    maps_.clear();
+    if (!maps_.empty()) maps_.clear();  // read-only when not recording (micro_batch.h)
     return DepthState({embedding.unsqueeze(-2).expand(
         {embedding.size(0), embedding.size(1), n_, embedding.size(-1)})});
   }
