@@ -12,6 +12,7 @@ import json
 import math
 import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import torch.nn as nn
@@ -117,21 +118,48 @@ def main():
     ap.add_argument("--set-to-none", action="store_true",
                     help="zero_grad(set_to_none=True): backward stores gradients instead of "
                          "adding into zeroed ones, as depthbench-train")
+    ap.add_argument("--micro-batch-threads", type=int, default=1,
+                    help="as depthbench-train on the CPU: the batch as this many micro-batches, "
+                         "each forward and backward in a Python thread of its own running "
+                         "single-threaded ops (they release the GIL), gradients summed in order")
     a = ap.parse_args()
+    if a.micro_batch_threads < 1 or a.batch % a.micro_batch_threads:
+        ap.error("--micro-batch-threads must be positive and divide --batch")
     Block.fused = a.fused_qkv
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     model = Model(a.layers, a.d_model, a.heads, 256, a.seq_len)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
     g = torch.Generator().manual_seed(0)
+    params = list(model.parameters())
+    n, pool = a.micro_batch_threads, None
+    rows = a.batch // n
+    if n > 1:
+        # Each worker's ops single-threaded (OpenMP's thread count is per
+        # calling thread; OpenBLAS follows it); the optimiser keeps --threads.
+        pool = ThreadPoolExecutor(n, initializer=lambda: torch.set_num_threads(1))
+
+    def micro(toks):
+        logits = model(toks[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, 256), toks[:, 1:].reshape(-1)) / n
+        return loss.detach(), torch.autograd.grad(loss, params)
+
     rates = []
     for step in range(a.steps):
         tokens = torch.randint(0, 256, (a.batch, a.seq_len + 1), generator=g)
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=a.set_to_none)
-        logits = model(tokens[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, 256), tokens[:, 1:].reshape(-1))
-        loss.backward()
+        if pool is None:
+            logits = model(tokens[:, :-1])
+            loss = F.cross_entropy(logits.reshape(-1, 256), tokens[:, 1:].reshape(-1))
+            loss.backward()
+        else:
+            parts = list(pool.map(lambda i: micro(tokens[i * rows:(i + 1) * rows]), range(n)))
+            for j, p in enumerate(params):
+                p.grad = parts[0][1][j] + parts[1][1][j]
+                for part in parts[2:]:
+                    p.grad.add_(part[1][j])
+            loss = sum(part[0] for part in parts)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         loss.item()

@@ -24,9 +24,16 @@
 # system CPU seconds (start-up, model build and the final evaluation cancel
 # out). With THREADS=1 that counts work, not time-sharing: the steadier
 # figure on a shared machine. The sgemm peak is then measured in CPU time too.
-# A second depthbench-train column runs with DEPTHBENCH_CPU_ATTENTION=composite
-# (attention as ATen batched GEMMs and softmax by causal query chunks instead
-# of the fused CPU kernel) to show what the kernel is worth.
+# A second depthbench-train column shows what one of its pieces is worth:
+# SECOND=one-batch (default) runs it with DEPTHBENCH_CPU_MICROBATCH=off (the
+# whole batch as one forward and backward, every op on all threads, instead of
+# one single-threaded micro-batch per thread: trainer_core/micro_batch.h);
+# SECOND=composite with DEPTHBENCH_CPU_ATTENTION=composite (attention as ATen
+# batched GEMMs and softmax by causal query chunks instead of the fused CPU
+# kernel).
+# The peer's fourth variant does what depthbench-train does on the CPU: the
+# batch as THREADS micro-batches in Python threads of single-threaded ops
+# (pinned + fused too).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 # Both sides on the same OpenBLAS kernels (scripts/blas_env.sh).
@@ -39,7 +46,12 @@ if [ ${#shapes[@]} -eq 0 ]; then
   shapes=("4:128:4:128:16:20" "4:256:16:128:16:14" "4:512:8:128:16:10" "4:256:16:256:8:14"
           "4:512:8:256:8:10")
 fi
-THREADS="${THREADS:-2}" SKIP="${SKIP:-3}" CLOCK="${CLOCK:-wall}"
+THREADS="${THREADS:-2}" SKIP="${SKIP:-3}" CLOCK="${CLOCK:-wall}" SECOND="${SECOND:-one-batch}"
+case "$SECOND" in
+  one-batch) second_env=(env DEPTHBENCH_CPU_MICROBATCH=off); second_name="one batch" ;;
+  composite) second_env=(env DEPTHBENCH_CPU_ATTENTION=composite); second_name="composite attention" ;;
+  *) echo "SECOND must be one-batch or composite, not '$SECOND'" >&2; exit 2 ;;
+esac
 train="$build/trainer_core/depthbench-train"
 py=/usr/bin/python3
 peer="$root/bench/trainer_core/pytorch_peer.py"
@@ -96,53 +108,61 @@ for shape in "${shapes[@]}"; do
   IFS=: read -r L D H T B STEPS <<<"$shape"
   flops_tok=$("$train" flops --arch pre_ln --layers "$L" --d-model "$D" --heads "$H" --seq "$T" \
     --vocab 256 --json | "$py" -c "import json,sys; print(3 * json.load(sys.stdin)['total_all_positions'] / $T)")
-  ours=() one=() pd=() pp=() pf=()
+  ours=() one=() pd=() pp=() pf=() pm=()
+  # The micro-batch peer where depthbench-train splits too (micro_batch.h).
+  micro=(); [ "$THREADS" -gt 1 ] && [ $((B % THREADS)) -eq 0 ] && micro=(--micro-batch-threads "$THREADS")
   for r in $(seq 1 "$rounds"); do
     if [ "$CLOCK" = cpu ]; then
       targs=(train --arch pre_ln --layers "$L" --d-model "$D" --heads "$H" --seq-len "$T"
-             --batch "$B" --lr 1e-3 --threads $THREADS --eval-batches 1)
-      pargs=(--layers "$L" --d-model "$D" --heads "$H" --seq-len "$T" --batch "$B" --threads $THREADS)
+             --batch "$B" --lr 1e-3 --threads "$THREADS" --eval-batches 1)
+      pargs=(--layers "$L" --d-model "$D" --heads "$H" --seq-len "$T" --batch "$B" --threads "$THREADS")
       ours+=("$(cpu_rate cpp "$train" "${targs[@]}")")
-      one+=("$(cpu_rate cpp env DEPTHBENCH_CPU_ATTENTION=composite "$train" "${targs[@]}")")
+      one+=("$(cpu_rate cpp "${second_env[@]}" "$train" "${targs[@]}")")
       pd+=("$(cpu_rate py "$py" "$peer" "${pargs[@]}")")
       pp+=("$(cpu_rate py "${pinned_env[@]}" "$py" "$peer" "${pargs[@]}")")
       pf+=("$(cpu_rate py "${pinned_env[@]}" "$py" "$peer" "${pargs[@]}" --fused-qkv --set-to-none)")
-      echo "L=$L d=$D heads=$H T=$T B=$B round $r (tokens per CPU-second): depthbench-train ${ours[-1]} (composite attention ${one[-1]}), pytorch default ${pd[-1]}, pinned ${pp[-1]}, pinned+fused ${pf[-1]}"
+      [ ${#micro[@]} -gt 0 ] && pm+=("$(cpu_rate py "${pinned_env[@]}" "$py" "$peer" "${pargs[@]}" --fused-qkv --set-to-none "${micro[@]}")")
+      echo "L=$L d=$D heads=$H T=$T B=$B round $r (tokens per CPU-second): depthbench-train ${ours[-1]} ($second_name ${one[-1]}), pytorch default ${pd[-1]}, pinned ${pp[-1]}, pinned+fused ${pf[-1]}, pinned+fused+micro-batches ${pm[-1]:-n/a}"
       continue
     fi
     rm -rf "$tmp/run"
     "$train" train --arch pre_ln --layers "$L" --d-model "$D" --heads "$H" --seq-len "$T" \
-      --batch "$B" --steps "$STEPS" --lr 1e-3 --threads $THREADS --eval-batches 1 \
+      --batch "$B" --steps "$STEPS" --lr 1e-3 --threads "$THREADS" --eval-batches 1 \
       --out "$tmp/run" 2>/dev/null >"$tmp/cpp.jsonl"
     ours+=("$(cpp_rate <"$tmp/cpp.jsonl")")
     rm -rf "$tmp/run"
-    DEPTHBENCH_CPU_ATTENTION=composite "$train" train --arch pre_ln --layers "$L" --d-model "$D" --heads "$H" \
-      --seq-len "$T" --batch "$B" --steps "$STEPS" --lr 1e-3 --threads $THREADS --eval-batches 1 \
+    "${second_env[@]}" "$train" train --arch pre_ln --layers "$L" --d-model "$D" --heads "$H" \
+      --seq-len "$T" --batch "$B" --steps "$STEPS" --lr 1e-3 --threads "$THREADS" --eval-batches 1 \
       --out "$tmp/run" 2>/dev/null >"$tmp/cpp1.jsonl"
     one+=("$(cpp_rate <"$tmp/cpp1.jsonl")")
     args=(--layers "$L" --d-model "$D" --heads "$H" --seq-len "$T" --batch "$B" --steps "$STEPS"
-          --threads $THREADS --skip $SKIP)
+          --threads "$THREADS" --skip "$SKIP")
     pd+=("$("$py" "$peer" "${args[@]}" | py_rate)")
     pp+=("$("${pinned_env[@]}" "$py" "$peer" "${args[@]}" | py_rate)")
     pf+=("$("${pinned_env[@]}" "$py" "$peer" "${args[@]}" --fused-qkv --set-to-none | py_rate)")
-    echo "L=$L d=$D heads=$H T=$T B=$B round $r: depthbench-train ${ours[-1]} (composite attention ${one[-1]}), pytorch default ${pd[-1]}, pinned ${pp[-1]}, pinned+fused ${pf[-1]} tokens/s"
+    [ ${#micro[@]} -gt 0 ] && pm+=("$("${pinned_env[@]}" "$py" "$peer" "${args[@]}" --fused-qkv --set-to-none "${micro[@]}" | py_rate)")
+    echo "L=$L d=$D heads=$H T=$T B=$B round $r: depthbench-train ${ours[-1]} ($second_name ${one[-1]}), pytorch default ${pd[-1]}, pinned ${pp[-1]}, pinned+fused ${pf[-1]}, pinned+fused+micro-batches ${pm[-1]:-n/a} tokens/s"
   done
-  line=$("$py" - "${ours[*]}" "${pd[*]}" "${pp[*]}" "${pf[*]}" "$flops_tok" "$peak" "L=$L d=$D heads=$H T=$T B=$B" "${one[*]}" <<'PY'
+  line=$("$py" - "${ours[*]}" "${pd[*]}" "${pp[*]}" "${pf[*]}" "$flops_tok" "$peak" "L=$L d=$D heads=$H T=$T B=$B" "${one[*]}" "$second_name" "${pm[*]}" <<'PY'
 import statistics, sys
 o, d, p, f = (list(map(float, a.split())) for a in sys.argv[1:5])
 flops_tok, peak, label = float(sys.argv[5]), float(sys.argv[6]), sys.argv[7]
 one = list(map(float, sys.argv[8].split()))
+second_name = sys.argv[9]
+m = list(map(float, sys.argv[10].split())) if sys.argv[10] else [0.0] * len(o)
 med = statistics.median
 peers = {"default": med(d), "pinned": med(p), "pinned+fused": med(f)}
+if sys.argv[10]:
+    peers["pinned+fused+micro-batches"] = med(m)
 best = max(peers, key=peers.get)
 ratio = med(o) / peers[best]
 # Spread: per-round ratio to the best peer variant of that round.
-rr = [oi / max(di, pi, fi) for oi, di, pi, fi in zip(o, d, p, f)]
+rr = [oi / max(di, pi, fi, mi) for oi, di, pi, fi, mi in zip(o, d, p, f, m)]
 ok = "meets" if ratio >= 1.2 else "does NOT meet"
 print(f"{label}: depthbench-train {med(o):.0f} tok/s, best peer ({best}) {peers[best]:.0f} tok/s "
       f"-> {ratio:.2f}x (per round {min(rr):.2f}-{max(rr):.2f}; {ok} 1.2x); training FLOP/s "
       f"{med(o) * flops_tok / 1e9:.1f} G = {med(o) * flops_tok / peak:.2f} of sgemm peak "
-      f"(peer {peers[best] * flops_tok / peak:.2f}); composite attention {med(one):.0f} tok/s "
+      f"(peer {peers[best] * flops_tok / peak:.2f}); {second_name} {med(one):.0f} tok/s "
       f"= {med(one) / peers[best]:.2f}x")
 PY
 )
