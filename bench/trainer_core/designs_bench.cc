@@ -4,6 +4,10 @@
 // `depthbench-train flops` tool: Pre-LN's over the design's). Issue 18's goal
 // for the multi-stream designs: tokens/s relative to Pre-LN within 15% of
 // that FLOP ratio (the last column, speed ratio / FLOP ratio, >= 0.85).
+// Each step is a forward and backward as depthbench-train runs it: at 2..8
+// threads dividing the batch, one single-threaded micro-batch per thread
+// (trainer_core/micro_batch.h); DEPTHBENCH_CPU_MICROBATCH=off measures one
+// backward of the whole batch on all threads, as before 2026-12-03.
 //
 // Throughput: the designs are alternated round-robin (rounds x steps each) so
 // drift on a shared machine hits all of them alike; the figure is the median
@@ -43,6 +47,7 @@
 #include "common/malloc_tuning.h"
 #include "trainer_core/arch.h"
 #include "trainer_core/flops.h"
+#include "trainer_core/micro_batch.h"
 #include "trainer_core/model/model.h"
 #include "trainer_core/shapes.h"
 
@@ -95,9 +100,11 @@ LanguageModel Build(Arch arch, const Config& c) {
   return *m;
 }
 
+// One forward and backward as depthbench-train runs it: as one micro-batch
+// per thread where the trainer splits (trainer_core/micro_batch.h; off with
+// DEPTHBENCH_CPU_MICROBATCH=off), else one backward of the whole batch.
 void Step(LanguageModel& m, const torch::Tensor& in, const torch::Tensor& tgt) {
-  m->zero_grad();
-  m->Loss(in, tgt).backward();
+  LossAndGradients(m, in, tgt, CpuMicroBatches(m, at::get_num_threads(), in.size(0)));
 }
 
 int MemoryChild(Arch arch, const Config& c) {
