@@ -4,7 +4,10 @@
 // authors' truncated normal, cut at +-3 std), norm gains 1, then the design's
 // own init.
 //
-// Thread safety: none; owned by one training thread.
+// Thread safety: owned by one training thread. Forwards (and their
+// backwards) of the same model may run concurrently while diagnostics
+// recording is off, as trainer_core/micro_batch.h runs its micro-batches;
+// nothing else may touch the model meanwhile.
 #ifndef DEPTHBENCH_TRAINER_CORE_MODEL_MODEL_H_
 #define DEPTHBENCH_TRAINER_CORE_MODEL_MODEL_H_
 
