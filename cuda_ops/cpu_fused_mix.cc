@@ -57,6 +57,13 @@ inline void Axpy(T c, const T* x, T* y, int64_t d) {
   for (int64_t j = 0; j < d; ++j) y[j] += c * x[j];
 }
 
+// out[k] = exp(in[k]) for count doubles, eight at a time (Exp8d): in and
+// out (which may be the same array) must hold count rounded up to a
+// multiple of 8; the values past count are scratch.
+inline void ExpN(const double* in, int64_t count, double* out) {
+  for (int64_t k = 0; k < count; k += 8) Exp8d(in + k, out + k);
+}
+
 // Sizes of h [..., n, d] as (rows, n, d).
 struct StreamShape {
   int64_t rows, n, d;
@@ -147,6 +154,84 @@ class HcReadFunction : public torch::autograd::Function<HcReadFunction> {
 
 // --------------------------------------------------------------- HC write
 
+// One token's HcWrite with the mix, N streams, d a multiple of kVF, in
+// float: o_t = b_t y + sum_s a[s, t] h_s, one kVF-wide chunk of every stream
+// at a time with the chunks of h in registers (the plain loop below sweeps
+// each output stream n + 1 times). Terms are added in the plain loop's
+// order, so both give the same values.
+template <int N>
+inline void WriteTokenBlocked(const float* hr, const float* ar, const float* br, const float* yr,
+                              int64_t d, float* out) {
+  for (int64_t i = 0; i < d; i += kVF) {
+    VF hv[N];
+    for (int k = 0; k < N; ++k) hv[k] = LoadVF(hr + k * d + i);
+    const VF yv = LoadVF(yr + i);
+    for (int t = 0; t < N; ++t) {
+      VF o = BroadcastVF(br[t]) * yv;
+      for (int k = 0; k < N; ++k) o += BroadcastVF(ar[k * N + t]) * hv[k];
+      StoreVF(out + t * d + i, o);
+    }
+  }
+}
+
+// One token's HcWrite backward, N streams, d a multiple of kVF, in float:
+//   dy = sum_t b_t g_t, db_t = g_t . y, and with the mix
+//   dh_s = sum_t a[s, t] g_t, da[s, t] = h_s . g_t
+// in one sweep of the token's rows, the N (N + 1) dot products as
+// lane-wise partial sums in registers, each reduced once at the end (the
+// plain loop ran N (N + 1) separate dot products, each with its own
+// reduction, and N + 1 sweeps of each output row). In the AVX-512 build the
+// partial sums and their reduction are Dot's, so the values are the plain
+// loop's; in the others they differ from it by float rounding.
+template <int N, bool kMix>
+inline void WriteBackwardTokenBlocked(const float* hr, const float* ar, const float* br,
+                                      const float* yr, const float* gr, int64_t d, float* dhr,
+                                      float* dar, float* dbr, float* dyr) {
+  VF da_acc[kMix ? N : 1][N] = {};
+  VF db_acc[N] = {};
+  for (int64_t i = 0; i < d; i += kVF) {
+    VF gv[N];
+    for (int t = 0; t < N; ++t) gv[t] = LoadVF(gr + t * d + i);
+    const VF yv = LoadVF(yr + i);
+    VF dy = BroadcastVF(br[0]) * gv[0];
+    for (int t = 1; t < N; ++t) dy += BroadcastVF(br[t]) * gv[t];
+    StoreVF(dyr + i, dy);
+    for (int t = 0; t < N; ++t) db_acc[t] += gv[t] * yv;
+    if constexpr (kMix) {
+      for (int k = 0; k < N; ++k) {
+        const VF hv = LoadVF(hr + k * d + i);
+        VF o = BroadcastVF(ar[k * N]) * gv[0];
+        for (int t = 1; t < N; ++t) o += BroadcastVF(ar[k * N + t]) * gv[t];
+        StoreVF(dhr + k * d + i, o);
+        for (int t = 0; t < N; ++t) da_acc[k][t] += hv * gv[t];
+      }
+    }
+  }
+  for (int t = 0; t < N; ++t) dbr[t] = SumVF(db_acc[t]);
+  if constexpr (kMix) {
+    for (int k = 0; k < N; ++k) {
+      for (int t = 0; t < N; ++t) dar[k * N + t] = SumVF(da_acc[k][t]);
+    }
+  }
+}
+
+// Runs fn(std::integral_constant<int, N>) for the stream counts with a
+// register-blocked HcWrite (1..kMaxBlockedStreams; at more streams the N^2
+// partial sums no longer fit in registers) and returns true, or returns
+// false.
+constexpr int64_t kMaxBlockedStreams = 4;
+template <typename Fn>
+bool WithBlockedStreams(int64_t n, Fn&& fn) {
+  switch (n) {
+    case 1: fn(std::integral_constant<int, 1>{}); return true;
+    case 2: fn(std::integral_constant<int, 2>{}); return true;
+    case 3: fn(std::integral_constant<int, 3>{}); return true;
+    case 4: fn(std::integral_constant<int, 4>{}); return true;
+    default: return false;
+  }
+}
+
+
 class HcWriteFunction : public torch::autograd::Function<HcWriteFunction> {
  public:
   // mix false: identity residual map (the HC code form); `a_in` is then an
@@ -168,6 +253,17 @@ class HcWriteFunction : public torch::autograd::Function<HcWriteFunction> {
       const scalar_t* yp = y.data_ptr<scalar_t>();
       scalar_t* op = out.data_ptr<scalar_t>();
       at::parallel_for(0, s.rows, Grain(s.n * s.n * s.d), [&](int64_t begin, int64_t end) {
+        if constexpr (std::is_same_v<scalar_t, float>) {
+          if (mix && s.d % kVF == 0 && WithBlockedStreams(s.n, [&](auto nc) {
+                constexpr int N = decltype(nc)::value;
+                for (int64_t r = begin; r < end; ++r) {
+                  WriteTokenBlocked<N>(hp + r * N * s.d, ap + r * N * N, bp + r * N, yp + r * s.d,
+                                       s.d, op + r * N * s.d);
+                }
+              })) {
+            return;
+          }
+        }
         for (int64_t r = begin; r < end; ++r) {
           const scalar_t* hr = hp + r * s.n * s.d;
           const scalar_t* yr = yp + r * s.d;
@@ -200,7 +296,16 @@ class HcWriteFunction : public torch::autograd::Function<HcWriteFunction> {
     const torch::Tensor& y = saved[3];
     torch::Tensor g = grads[0].contiguous();
     const StreamShape s = StreamsOf(h);
-    torch::Tensor dh = mix ? torch::empty_like(h) : g;
+    // The register-blocked kernel reads a token's whole chunk of g before it
+    // writes that chunk of dh, so with the mix it may write dh over g when
+    // g is a gradient nobody else sees (TakeOwnedGradient: the next route's
+    // returned stream gradient): one [tokens, n, d] tensor less to allocate
+    // and stream through the cache per connector.
+    const bool blocked = h.scalar_type() == torch::kFloat && s.d % kVF == 0 && s.n >= 1 &&
+                         s.n <= kMaxBlockedStreams;
+    const bool in_place =
+        mix && blocked && TakeOwnedGradient(grads[0], h.sizes(), h.scalar_type());
+    torch::Tensor dh = mix && !in_place ? torch::empty_like(h) : g;
     torch::Tensor da = mix ? torch::empty_like(a) : torch::Tensor();
     torch::Tensor db = torch::empty_like(b);
     torch::Tensor dy = torch::empty_like(y);
@@ -215,6 +320,25 @@ class HcWriteFunction : public torch::autograd::Function<HcWriteFunction> {
       scalar_t* dbp = db.data_ptr<scalar_t>();
       scalar_t* dyp = dy.data_ptr<scalar_t>();
       at::parallel_for(0, s.rows, Grain(3 * s.n * s.n * s.d), [&](int64_t begin, int64_t end) {
+        if constexpr (std::is_same_v<scalar_t, float>) {
+          if (blocked && WithBlockedStreams(s.n, [&](auto nc) {
+                constexpr int N = decltype(nc)::value;
+                for (int64_t r = begin; r < end; ++r) {
+                  const int64_t nd = r * N * s.d;
+                  if (mix) {
+                    WriteBackwardTokenBlocked<N, true>(hp + nd, ap + r * N * N, bp + r * N,
+                                                       yp + r * s.d, gp + nd, s.d, dhp + nd,
+                                                       dap + r * N * N, dbp + r * N, dyp + r * s.d);
+                  } else {
+                    WriteBackwardTokenBlocked<N, false>(hp + nd, nullptr, bp + r * N, yp + r * s.d,
+                                                        gp + nd, s.d, nullptr, nullptr, dbp + r * N,
+                                                        dyp + r * s.d);
+                  }
+                }
+              })) {
+            return;
+          }
+        }
         for (int64_t r = begin; r < end; ++r) {
           const scalar_t* hr = hp + r * s.n * s.d;
           const scalar_t* gr = gp + r * s.n * s.d;
@@ -1313,7 +1437,7 @@ int64_t MixTileRows(int64_t S, int64_t d, size_t elem) {
 
 // The mix of rows [r0, r1): out row r - r0 (d apart) = sum_i p[r, i] v_i[r]
 // with p [rows][S], source by source (the forward's output before its
-// normalisation, and the backward's recomputed m).
+// normalisation, which the backward reuses).
 template <typename T>
 void MixTile(const T* pp, const std::vector<const T*>& vp, int64_t S, int64_t d, int64_t r0,
              int64_t r1, T* out) {
@@ -1357,6 +1481,10 @@ class AttnResMixFunction : public torch::autograd::Function<AttnResMixFunction> 
     torch::Tensor rr = torch::empty({rows, S}, v[0].options());
     torch::Tensor lg = torch::empty({rows, S}, v[0].options());
     torch::Tensor so = torch::empty({rows}, v[0].options());
+    // The mix before its normalisation, kept for the backward: recomputing
+    // it there took one more pass over every source (a fifth of Full
+    // AttnRes's mix time) for one [rows, d] tensor per mix.
+    torch::Tensor mixed = torch::empty_like(v[0]);
     AT_DISPATCH_FLOATING_TYPES(v[0].scalar_type(), "cpu_fused::AttnResMix", [&] {
       std::vector<const scalar_t*> vp;
       for (const auto& t : v) vp.push_back(t.data_ptr<scalar_t>());
@@ -1372,41 +1500,87 @@ class AttnResMixFunction : public torch::autograd::Function<AttnResMixFunction> 
       scalar_t* rp = rr.data_ptr<scalar_t>();
       scalar_t* lp = lg.data_ptr<scalar_t>();
       scalar_t* sp = so.data_ptr<scalar_t>();
+      scalar_t* mp = mixed.data_ptr<scalar_t>();
       const int64_t tile = MixTileRows(S, d, sizeof(scalar_t));
       at::parallel_for(0, rows, Grain(3 * S * d), [&](int64_t begin, int64_t end) {
+        // Per tile row: the online softmax's running maximum and sum; ex:
+        // exponents in, exponentials out (2 per row, or S per row for p),
+        // padded to ExpN's blocks of 8.
+        std::vector<double> run_max(static_cast<size_t>(tile)), run_sum(static_cast<size_t>(tile));
+        std::vector<double> ex(static_cast<size_t>(tile * std::max<int64_t>(S, 2) + 8));
         for (int64_t r0 = begin; r0 < end; r0 += tile) {
           const int64_t r1 = std::min(end, r0 + tile);
-          // Source rsqrt and logit, source by source.
-          for (int64_t i = 0; i < S; ++i) {
-            for (int64_t r = r0; r < r1; ++r) {
-              const scalar_t* vi = vp[i] + r * d;
-              if (has_query) {
+          if (has_query) {
+            // One pass over the sources with an online softmax: per source,
+            // its rows' rsqrt and logit, then its term added to each row's
+            // running sum, rescaled by exp(old max - new max) (the two
+            // passes this replaces, logits then mix, read every source
+            // twice). The exponentials are taken a source's rows at a time,
+            // vectorised (ExpN; one libm call per value cost as much as the
+            // pass it saved). mp's rows hold the unnormalised sum until the
+            // division below.
+            const int64_t nr = r1 - r0;
+            for (int64_t i = 0; i < S; ++i) {
+              for (int64_t r = r0; r < r1; ++r) {
+                const scalar_t* vi = vp[i] + r * d;
                 const scalar_t inv = static_cast<scalar_t>(1.0 / std::sqrt(Dot(vi, vi, d) / d + eps));
+                const scalar_t l = inv * Dot(vi, a.data(), d);
                 rp[r * S + i] = inv;
-                lp[r * S + i] = inv * Dot(vi, a.data(), d);
-              } else {
-                rp[r * S + i] = 0;
-                lp[r * S + i] = 0;
+                lp[r * S + i] = l;
+                const int64_t k = r - r0;
+                const double mx = i == 0 ? static_cast<double>(l) : std::max<double>(run_max[k], l);
+                ex[k] = l - mx;                                      // -> weight of the term
+                ex[nr + k] = i == 0 ? 0.0 : run_max[k] - mx;         // -> rescale of the sum
+                run_max[k] = mx;
+              }
+              ExpN(ex.data(), 2 * nr, ex.data());
+              for (int64_t r = r0; r < r1; ++r) {
+                const int64_t k = r - r0;
+                const scalar_t* vi = vp[i] + r * d;
+                scalar_t* acc = mp + r * d;
+                const double w = ex[k];
+                if (i == 0) {
+                  run_sum[k] = w;
+                  for (int64_t j = 0; j < d; ++j) acc[j] = static_cast<scalar_t>(w) * vi[j];
+                } else {
+                  const double c = ex[nr + k];
+                  run_sum[k] = run_sum[k] * c + w;
+                  const scalar_t cs = static_cast<scalar_t>(c), ws = static_cast<scalar_t>(w);
+                  for (int64_t j = 0; j < d; ++j) acc[j] = acc[j] * cs + ws * vi[j];
+                }
               }
             }
+            // p = exp(logit - max) / sum, the tile's rows at once.
+            for (int64_t r = r0; r < r1; ++r) {
+              for (int64_t i = 0; i < S; ++i) ex[(r - r0) * S + i] = lp[r * S + i] - run_max[r - r0];
+            }
+            ExpN(ex.data(), nr * S, ex.data());
+            for (int64_t r = r0; r < r1; ++r) {
+              const double total = run_sum[r - r0];
+              scalar_t* pr = pp + r * S;
+              for (int64_t i = 0; i < S; ++i) pr[i] = static_cast<scalar_t>(ex[(r - r0) * S + i] / total);
+              const scalar_t scale = static_cast<scalar_t>(1.0 / total);
+              scalar_t* mr = mp + r * d;
+              for (int64_t j = 0; j < d; ++j) mr[j] *= scale;
+            }
+          } else {
+            // Uniform weights: the mean of the sources.
+            for (int64_t r = r0; r < r1; ++r) {
+              for (int64_t i = 0; i < S; ++i) {
+                rp[r * S + i] = 0;
+                lp[r * S + i] = 0;
+                pp[r * S + i] = static_cast<scalar_t>(1.0 / static_cast<double>(S));
+              }
+            }
+            MixTile(static_cast<const scalar_t*>(pp), vp, S, d, r0, r1, mp + r0 * d);
           }
-          // Softmax per row.
+          // Normalised per row.
           for (int64_t r = r0; r < r1; ++r) {
-            scalar_t* pr = pp + r * S;
-            const scalar_t* lrow = lp + r * S;
-            double mx = -INFINITY;
-            for (int64_t i = 0; i < S; ++i) mx = std::max<double>(mx, lrow[i]);
-            double total = 0;
-            for (int64_t i = 0; i < S; ++i) total += std::exp(lrow[i] - mx);
-            for (int64_t i = 0; i < S; ++i) pr[i] = static_cast<scalar_t>(std::exp(lrow[i] - mx) / total);
-          }
-          // The mix sum_i p_i v_i, source by source, then normalised per row.
-          MixTile(static_cast<const scalar_t*>(pp), vp, S, d, r0, r1, yp + r0 * d);
-          for (int64_t r = r0; r < r1; ++r) {
+            const scalar_t* mr = mp + r * d;
             scalar_t* yr = yp + r * d;
-            const scalar_t inv = static_cast<scalar_t>(1.0 / std::sqrt(Dot(yr, yr, d) / d + eps));
+            const scalar_t inv = static_cast<scalar_t>(1.0 / std::sqrt(Dot(mr, mr, d) / d + eps));
             sp[r] = inv;
-            for (int64_t j = 0; j < d; ++j) yr[j] = yr[j] * inv * gop[j];
+            for (int64_t j = 0; j < d; ++j) yr[j] = mr[j] * inv * gop[j];
           }
         }
       });
@@ -1419,6 +1593,7 @@ class AttnResMixFunction : public torch::autograd::Function<AttnResMixFunction> 
     save.push_back(rr);
     save.push_back(lg);
     save.push_back(so);
+    save.push_back(mixed);
     ctx->save_for_backward(save);
     ctx->saved_data["S"] = S;
     ctx->saved_data["has_query"] = has_query;
@@ -1427,7 +1602,7 @@ class AttnResMixFunction : public torch::autograd::Function<AttnResMixFunction> 
     return out;
   }
 
-  // Per row, with m = sum_i p_i v_i recomputed, g = dy:
+  // Per row, with m = sum_i p_i v_i (saved by the forward), g = dy:
   //   dm = s (og g - m s^2 mean(og g m));        dout_gain += g m s
   //   dp_i = v_i . dm; dlogit = p (dp - sum p dp)
   //   dv_i = p_i dm + dlogit_i r_i (a - v_i r_i logit_i / d)
@@ -1445,6 +1620,7 @@ class AttnResMixFunction : public torch::autograd::Function<AttnResMixFunction> 
     const torch::Tensor& rr = saved[S + 4];
     const torch::Tensor& lg = saved[S + 5];
     const torch::Tensor& so = saved[S + 6];
+    const torch::Tensor& mixed = saved[S + 7];
     torch::Tensor dy = grads[0].contiguous();
     const int64_t d = v[0].size(-1), rows = v[0].numel() / std::max<int64_t>(d, 1);
     // dv_in: the pass-through's gradient (undefined: none); where it is a
@@ -1485,21 +1661,20 @@ class AttnResMixFunction : public torch::autograd::Function<AttnResMixFunction> 
       const scalar_t* rp = rr.data_ptr<scalar_t>();
       const scalar_t* lp = lg.data_ptr<scalar_t>();
       const scalar_t* sp = so.data_ptr<scalar_t>();
+      const scalar_t* mp = mixed.data_ptr<scalar_t>();
       const int64_t tile = MixTileRows(S, d, sizeof(scalar_t));
       at::parallel_for(0, rows, Grain(5 * S * d), [&](int64_t begin, int64_t end) {
         double* acc_go = partial.data() + at::get_thread_num() * 2 * d;
         double* acc_a = acc_go + d;
-        // The tile's mixed rows m, their gradients dm, and dp [rows][S].
-        std::vector<scalar_t> m(static_cast<size_t>(tile * d)), dm(static_cast<size_t>(tile * d));
+        // The tile's gradients of the mixed rows dm, and dp [rows][S].
+        std::vector<scalar_t> dm(static_cast<size_t>(tile * d));
         std::vector<scalar_t> dp(static_cast<size_t>(tile * S)), pdp(static_cast<size_t>(tile));
         for (int64_t r0 = begin; r0 < end; r0 += tile) {
           const int64_t r1 = std::min(end, r0 + tile);
-          // m = sum_i p_i v_i, source by source.
-          MixTile(pp, vp, S, d, r0, r1, m.data());
           for (int64_t r = r0; r < r1; ++r) {
             const scalar_t* g = gp + r * d;
             const scalar_t s = sp[r];
-            const scalar_t* mr = m.data() + (r - r0) * d;
+            const scalar_t* mr = mp + r * d;  // m = sum_i p_i v_i (saved)
             scalar_t* dmr = dm.data() + (r - r0) * d;
             // mean(og g m) via a dot of (og g) and m
             for (int64_t j = 0; j < d; ++j) dmr[j] = gop[j] * g[j];
