@@ -60,6 +60,7 @@ struct Config {
   std::string archs;  // comma-separated subset; empty: all
   bool memory = true;
   bool cpu_clock = false;
+  bool rotate = true;  // --order fixed: Pre-LN first in every round
   std::string trace_prefix;  // --trace: Chrome traces of one step per design
 };
 
@@ -136,6 +137,7 @@ int Main(int argc, char** argv) {
     else if (a == "--steps") c.steps = static_cast<int>(next());
     else if (a == "--archs") c.archs = argv[++i];
     else if (a == "--no-memory") c.memory = false;
+    else if (a == "--order") c.rotate = std::string(argv[++i]) != "fixed";
     else if (a == "--clock") c.cpu_clock = std::string(argv[++i]) == "cpu";
     else if (a == "--trace") c.trace_prefix = argv[++i];
     else if (a.rfind("--memory_of=", 0) == 0) memory_of = a.substr(12);
@@ -168,7 +170,8 @@ int Main(int argc, char** argv) {
   for (auto& m : models) Step(m, in, tgt);  // warm-up
   std::map<Arch, std::vector<double>> tps;
   for (int r = 0; r < c.rounds; ++r) {
-    for (size_t i = 0; i < archs.size(); ++i) {
+    for (size_t k = 0; k < archs.size(); ++k) {
+      const size_t i = (k + (c.rotate ? r : 0)) % archs.size();
       const double t0 = Now(c.cpu_clock);
       for (int s = 0; s < c.steps; ++s) Step(models[i], in, tgt);
       const double sec = Now(c.cpu_clock) - t0;

@@ -1,0 +1,125 @@
+// The multi-stream designs' fused CPU mixing ops alone (issue 18, goal 3):
+// forward + backward time of the ops one step of designs_bench runs, at its
+// shape (L = 8, d = 128, B x T = 8 x 128 tokens, HC/mHC n = 4), without the
+// rest of the model, to compare kernel changes (run two builds alternately;
+// designs_bench's per-round spread, 0.6-1.3, hides a few percent):
+//   - AttnResMix as Full AttnRes runs it: one mix per sub-layer input and
+//     the final one, over 1, 2, ..., 2L + 1 sources, with a query;
+//   - HcRoute then HcWrite (the paper form's mix) for 2L chained connectors.
+//
+//   mix_ops_bench [--threads 1] [--reps 30] [--tokens 1024] [--d 128] [--layers 8]
+//
+// Prints per op family the median and best milliseconds per step (forward +
+// backward) over --reps repetitions.
+#include <ATen/Parallel.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "common/malloc_tuning.h"
+#include "cuda_ops/cpu_fused.h"
+
+namespace depthbench {
+namespace {
+
+double Ms(const std::function<void()>& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void Report(const char* name, std::vector<double> ms) {
+  std::sort(ms.begin(), ms.end());
+  std::printf("%-28s median %7.3f ms  best %7.3f ms\n", name, ms[ms.size() / 2], ms.front());
+}
+
+int Main(int argc, char** argv) {
+  PinMallocThresholds();  // as depthbench-train does
+  int64_t threads = 1, reps = 30, tokens = 1024, d = 128, layers = 8;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i];
+    const int64_t v = std::atoll(argv[i + 1]);
+    if (a == "--threads") threads = v;
+    else if (a == "--reps") reps = v;
+    else if (a == "--tokens") tokens = v;
+    else if (a == "--d") d = v;
+    else if (a == "--layers") layers = v;
+    else {
+      std::fprintf(stderr, "unknown flag %s\n", a.c_str());
+      return 2;
+    }
+  }
+  torch::set_num_threads(static_cast<int>(threads));
+  torch::manual_seed(0);
+  const int64_t n = 4, mixes = 2 * layers + 1;
+
+  // Full AttnRes: sources are leaves, so the backward runs only the mixes.
+  std::vector<torch::Tensor> sources;
+  for (int64_t i = 0; i < mixes; ++i) sources.push_back(torch::randn({tokens, d}).requires_grad_());
+  std::vector<torch::Tensor> queries, key_gains, out_gains;
+  for (int64_t k = 0; k < mixes; ++k) {
+    queries.push_back((torch::randn({d}) * 0.1).requires_grad_());
+    key_gains.push_back(torch::ones({d}).requires_grad_());
+    out_gains.push_back(torch::ones({d}).requires_grad_());
+  }
+  auto attnres_step = [&] {
+    torch::Tensor loss = torch::zeros({});
+    std::vector<torch::Tensor> outs;
+    for (int64_t k = 0; k < mixes; ++k) {
+      std::vector<torch::Tensor> src(sources.begin(), sources.begin() + k + 1);
+      outs.push_back(cpu_fused::AttnResMix(src, queries[k], key_gains[k], out_gains[k], 1e-6));
+    }
+    torch::Tensor total = outs[0].sum();
+    for (size_t k = 1; k < outs.size(); ++k) total = total + outs[k].sum();
+    total.backward();
+  };
+
+  // HC: 2L connectors chained as in the model (each write's output is the
+  // next route's input), route then write; the branch is replaced by y + x.
+  const int64_t connectors = 2 * layers;
+  torch::Tensor h0 = torch::randn({tokens, n, d}).requires_grad_();
+  torch::Tensor probe = torch::randn({tokens, n, d});
+  std::vector<torch::Tensor> ws, sas, sbs, gas, gbs, ys;
+  for (int64_t k = 0; k < connectors; ++k) {
+    ws.push_back((torch::randn({d, n + 2}) * 0.05).requires_grad_());
+    sas.push_back((torch::rand({n, n + 1}) * 0.5).requires_grad_());
+    sbs.push_back(torch::ones({n}).requires_grad_());
+    gas.push_back(torch::full({1}, 0.01).requires_grad_());
+    gbs.push_back(torch::full({1}, 0.01).requires_grad_());
+    ys.push_back(torch::randn({tokens, d}).requires_grad_());
+  }
+  auto hc_step = [&] {
+    torch::Tensor h = h0;
+    for (int64_t k = 0; k < connectors; ++k) {
+      // r: {x, ar, b, h passed through}.
+      std::vector<torch::Tensor> r = cpu_fused::HcRoute(h, ws[k], sas[k], sbs[k], gas[k], gbs[k], 1e-6);
+      h = cpu_fused::HcWrite(r[3], r[1], r[2], ys[k] + r[0]);
+    }
+    (h * probe).sum().backward();
+  };
+
+  std::vector<double> attnres_ms, hc_ms;
+  attnres_step();
+  hc_step();
+  for (int64_t r = 0; r < reps; ++r) {  // alternated, so drift hits both alike
+    attnres_ms.push_back(Ms(attnres_step));
+    hc_ms.push_back(Ms(hc_step));
+  }
+  std::printf("tokens=%ld d=%ld layers=%ld threads=%ld reps=%ld\n", static_cast<long>(tokens),
+              static_cast<long>(d), static_cast<long>(layers), static_cast<long>(threads),
+              static_cast<long>(reps));
+  Report("attnres_full mixes", attnres_ms);
+  Report("hc route+write", hc_ms);
+  return 0;
+}
+
+}  // namespace
+}  // namespace depthbench
+
+int main(int argc, char** argv) { return depthbench::Main(argc, argv); }
