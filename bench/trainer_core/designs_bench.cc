@@ -10,8 +10,9 @@
 // backward of the whole batch on all threads, as before 2026-12-03.
 //
 // Throughput: the designs are alternated round-robin (rounds x steps each) so
-// drift on a shared machine hits all of them alike; the figure is the median
-// over rounds. 11 rounds by default: with 5, the median of one design's
+// drift on a shared machine hits all of them alike, each round starting with
+// the next design (--order fixed: Pre-LN first in every round); the figure is
+// the median over rounds. 11 rounds by default: with 5, the median of one design's
 // ratio moved by up to 0.08 between back-to-back runs on this 2-core machine
 // (whose speed changes from minute to minute); the rounds are short (a
 // whole run takes under a minute). Peak memory: the binary re-runs itself once per design
@@ -22,7 +23,7 @@
 //   designs_bench [--layers 8] [--d 128] [--heads 4] [--seq 128] [--batch 8]
 //                 [--threads 2] [--rounds 11] [--steps 3]
 //                 [--archs pre_ln,hc,mhc,attnres_full] [--no-memory]
-//                 [--clock wall|cpu] [--trace PREFIX]
+//                 [--clock wall|cpu] [--order rotate|fixed] [--trace PREFIX]
 // (--archs: a subset, Pre-LN always included; --no-memory: skip the
 // peak-memory children; --clock cpu: tokens per second of process CPU time
 // instead of wall time, steadier on a machine shared with other jobs; use it
