@@ -231,7 +231,6 @@ bool WithBlockedStreams(int64_t n, Fn&& fn) {
   }
 }
 
-
 class HcWriteFunction : public torch::autograd::Function<HcWriteFunction> {
  public:
   // mix false: identity residual map (the HC code form); `a_in` is then an
