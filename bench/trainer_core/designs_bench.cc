@@ -214,7 +214,6 @@ int Main(int argc, char** argv) {
   }
   const ModelShape shape = MakeShape(c.layers, c.d, 256, FfnRule::kSwiGlu83, c.heads, c.heads);
   const double base_flops = ForwardFlops(Arch::kPreLn, shape, c.seq).total_all_positions;
-  const double base_tps = median(tps[Arch::kPreLn]);
   const double base_mem = mem[Arch::kPreLn];
   std::printf("shape L=%ld d=%ld heads=%ld T=%ld B=%ld threads=%ld; median of %d rounds x %d steps; %s\n",
               static_cast<long>(c.layers), static_cast<long>(c.d), static_cast<long>(c.heads),
