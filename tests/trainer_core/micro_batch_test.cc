@@ -79,7 +79,9 @@ TEST_F(MicroBatchTest, EveryDesignGetsTheOneBatchGradients) {
       LossAndGradients(m, in, tgt, parts);
       const std::vector<torch::Tensor> again = Gradients(m);
       for (size_t i = 0; i < split.size(); ++i) {
-        if (split[i].defined()) EXPECT_TRUE(torch::equal(again[i], split[i])) << "parameter " << i;
+        if (split[i].defined()) {
+          EXPECT_TRUE(torch::equal(again[i], split[i])) << "parameter " << i;
+        }
       }
     }
   }
