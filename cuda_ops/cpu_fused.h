@@ -89,22 +89,6 @@ std::vector<torch::Tensor> HcRoute(const torch::Tensor& h, const torch::Tensor& 
                                    const torch::Tensor& static_a, const torch::Tensor& static_b,
                                    const torch::Tensor& gain_a, const torch::Tensor& gain_b,
                                    double eps);
-// MhcRoute and HcRoute of the streams HcWrite(h, a, b, y) (a undefined:
-// the identity write) in one function: the previous connector's write and
-// this connector's route. Same outputs, the last being the written streams;
-// the backward returns gradients for h, a, b, y and the route's parameters.
-// The write's output is routed a token at a time while it is in L1, and its
-// gradient is formed and consumed a chunk of rows at a time in a buffer of
-// each thread's instead of a [..., n, d] tensor written and read back.
-std::vector<torch::Tensor> MhcWriteRoute(const torch::Tensor& h, const torch::Tensor& a,
-                                         const torch::Tensor& b, const torch::Tensor& y,
-                                         const torch::Tensor& phi, const torch::Tensor& gains,
-                                         const torch::Tensor& bias, int64_t n, double eps);
-std::vector<torch::Tensor> HcWriteRoute(const torch::Tensor& h, const torch::Tensor& a,
-                                        const torch::Tensor& b, const torch::Tensor& y,
-                                        const torch::Tensor& w, const torch::Tensor& static_a,
-                                        const torch::Tensor& static_b, const torch::Tensor& gain_a,
-                                        const torch::Tensor& gain_b, double eps);
 // Sinkhorn-Knopp of logits [..., n, n] (n <= kMaxSinkhornStreams, iterations
 // <= kMaxSinkhornIterations), computed per matrix in double in the exp
 // domain: P = exp(z), then P /= (row sums + eps), P /= (column sums + eps),

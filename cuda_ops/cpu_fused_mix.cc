@@ -231,105 +231,6 @@ bool WithBlockedStreams(int64_t n, Fn&& fn) {
   }
 }
 
-// Whether HcWrite's float kernels are register-blocked for this shape.
-bool WriteBlocked(torch::ScalarType dtype, int64_t n, int64_t d) {
-  return dtype == torch::kFloat && d % kVF == 0 && n >= 1 && n <= kMaxBlockedStreams;
-}
-
-// HcWrite's forward for `count` tokens: out_t = sum_s a[s, t] h_s + b_t y
-// (mix; else h_t + b_t y). The pointers are at the first token's values;
-// the shared body of HcWrite and the fused write-then-route (WriteRoute).
-template <typename T>
-void WriteTokens(const T* hp, const T* ap, const T* bp, const T* yp, int64_t count, int64_t n,
-                 int64_t d, bool mix, T* op) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (mix && d % kVF == 0 && WithBlockedStreams(n, [&](auto nc) {
-          constexpr int N = decltype(nc)::value;
-          for (int64_t r = 0; r < count; ++r) {
-            WriteTokenBlocked<N>(hp + r * N * d, ap + r * N * N, bp + r * N, yp + r * d, d,
-                                 op + r * N * d);
-          }
-        })) {
-      return;
-    }
-  }
-  for (int64_t r = 0; r < count; ++r) {
-    const T* hr = hp + r * n * d;
-    const T* yr = yp + r * d;
-    for (int64_t t = 0; t < n; ++t) {
-      T* o = op + (r * n + t) * d;
-      const T bt = bp[r * n + t];
-      if (mix) {
-        const T* ar = ap + r * n * n;  // a[s, t] at ar[s * n + t]
-        for (int64_t j = 0; j < d; ++j) o[j] = bt * yr[j];
-        for (int64_t k = 0; k < n; ++k) Axpy(ar[k * n + t], hr + k * d, o, d);
-      } else {
-        const T* ht = hr + t * d;
-        for (int64_t j = 0; j < d; ++j) o[j] = ht[j] + bt * yr[j];
-      }
-    }
-  }
-}
-
-// HcWrite's backward for `count` tokens from the output gradient g (the
-// pointers at the first token's values): dy, db and, with the mix, dh and
-// da (without it dh is g, not written). dh may be g itself only where
-// WriteBlocked holds (the blocked kernel reads a token's chunk of g before
-// it writes that chunk of dh).
-template <typename T>
-void WriteBackwardTokens(const T* hp, const T* ap, const T* bp, const T* yp, const T* gp,
-                         int64_t count, int64_t n, int64_t d, bool mix, T* dhp, T* dap, T* dbp,
-                         T* dyp) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (d % kVF == 0 && WithBlockedStreams(n, [&](auto nc) {
-          constexpr int N = decltype(nc)::value;
-          for (int64_t r = 0; r < count; ++r) {
-            const int64_t nd = r * N * d;
-            if (mix) {
-              WriteBackwardTokenBlocked<N, true>(hp + nd, ap + r * N * N, bp + r * N, yp + r * d,
-                                                 gp + nd, d, dhp + nd, dap + r * N * N,
-                                                 dbp + r * N, dyp + r * d);
-            } else {
-              WriteBackwardTokenBlocked<N, false>(hp + nd, nullptr, bp + r * N, yp + r * d,
-                                                  gp + nd, d, nullptr, nullptr, dbp + r * N,
-                                                  dyp + r * d);
-            }
-          }
-        })) {
-      return;
-    }
-  }
-  for (int64_t r = 0; r < count; ++r) {
-    const T* hr = hp + r * n * d;
-    const T* gr = gp + r * n * d;
-    const T* yr = yp + r * d;
-    T* dyr = dyp + r * d;
-    // dy = sum_t b_t g_t; db_t = g_t . y
-    for (int64_t j = 0; j < d; ++j) dyr[j] = bp[r * n] * gr[j];
-    for (int64_t t = 1; t < n; ++t) Axpy(bp[r * n + t], gr + t * d, dyr, d);
-    for (int64_t t = 0; t < n; ++t) dbp[r * n + t] = Dot(gr + t * d, yr, d);
-    if (!mix) continue;
-    const T* ar = ap + r * n * n;
-    T* dar = dap + r * n * n;
-    for (int64_t k = 0; k < n; ++k) {
-      // dh_s = sum_t a[s, t] g_t; da[s, t] = h_s . g_t
-      T* o = dhp + (r * n + k) * d;
-      for (int64_t j = 0; j < d; ++j) o[j] = ar[k * n] * gr[j];
-      for (int64_t t = 1; t < n; ++t) Axpy(ar[k * n + t], gr + t * d, o, d);
-      for (int64_t t = 0; t < n; ++t) dar[k * n + t] = Dot(hr + k * d, gr + t * d, d);
-    }
-  }
-}
-
-// Checks HcWrite's inputs for streams h [..., n, d] (a: with the mix).
-void CheckWrite(const char* op, const torch::Tensor& h, const torch::Tensor& a,
-                const torch::Tensor& b, const torch::Tensor& y, bool mix) {
-  const StreamShape s = StreamsOf(h);
-  if (mix) CheckCoefficients(op, "a", a, s.rows, s.n * s.n);
-  CheckCoefficients(op, "b", b, s.rows, s.n);
-  CheckCoefficients(op, "y", y, s.rows, s.d);
-}
-
 class HcWriteFunction : public torch::autograd::Function<HcWriteFunction> {
  public:
   // mix false: identity residual map (the HC code form); `a_in` is then an
@@ -340,17 +241,44 @@ class HcWriteFunction : public torch::autograd::Function<HcWriteFunction> {
     torch::Tensor h = h_in.contiguous(), b = b_in.contiguous(), y = y_in.contiguous();
     torch::Tensor a = mix ? a_in.contiguous() : torch::Tensor();
     const StreamShape s = StreamsOf(h);
-    CheckWrite("HcWrite", h, a, b, y, mix);
+    if (mix) CheckCoefficients("HcWrite", "a", a, s.rows, s.n * s.n);
+    CheckCoefficients("HcWrite", "b", b, s.rows, s.n);
+    CheckCoefficients("HcWrite", "y", y, s.rows, s.d);
     torch::Tensor out = torch::empty_like(h);
     AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "cpu_fused::HcWrite", [&] {
+      const scalar_t* hp = h.data_ptr<scalar_t>();
       const scalar_t* ap = mix ? a.data_ptr<scalar_t>() : nullptr;
+      const scalar_t* bp = b.data_ptr<scalar_t>();
+      const scalar_t* yp = y.data_ptr<scalar_t>();
+      scalar_t* op = out.data_ptr<scalar_t>();
       at::parallel_for(0, s.rows, Grain(s.n * s.n * s.d), [&](int64_t begin, int64_t end) {
-        const int64_t nd = s.n * s.d;
-        WriteTokens<scalar_t>(h.data_ptr<scalar_t>() + begin * nd,
-                              mix ? ap + begin * s.n * s.n : nullptr,
-                              b.data_ptr<scalar_t>() + begin * s.n,
-                              y.data_ptr<scalar_t>() + begin * s.d, end - begin, s.n, s.d, mix,
-                              out.data_ptr<scalar_t>() + begin * nd);
+        if constexpr (std::is_same_v<scalar_t, float>) {
+          if (mix && s.d % kVF == 0 && WithBlockedStreams(s.n, [&](auto nc) {
+                constexpr int N = decltype(nc)::value;
+                for (int64_t r = begin; r < end; ++r) {
+                  WriteTokenBlocked<N>(hp + r * N * s.d, ap + r * N * N, bp + r * N, yp + r * s.d,
+                                       s.d, op + r * N * s.d);
+                }
+              })) {
+            return;
+          }
+        }
+        for (int64_t r = begin; r < end; ++r) {
+          const scalar_t* hr = hp + r * s.n * s.d;
+          const scalar_t* yr = yp + r * s.d;
+          for (int64_t t = 0; t < s.n; ++t) {
+            scalar_t* o = op + (r * s.n + t) * s.d;
+            const scalar_t bt = bp[r * s.n + t];
+            if (mix) {
+              const scalar_t* ar = ap + r * s.n * s.n;  // a[s, t] at ar[s * n + t]
+              for (int64_t j = 0; j < s.d; ++j) o[j] = bt * yr[j];
+              for (int64_t k = 0; k < s.n; ++k) Axpy(ar[k * s.n + t], hr + k * s.d, o, s.d);
+            } else {
+              const scalar_t* ht = hr + t * s.d;
+              for (int64_t j = 0; j < s.d; ++j) o[j] = ht[j] + bt * yr[j];
+            }
+          }
+        }
       });
     });
     ctx->save_for_backward({h, mix ? a : torch::Tensor(), b, y});
@@ -372,22 +300,64 @@ class HcWriteFunction : public torch::autograd::Function<HcWriteFunction> {
     // g is a gradient nobody else sees (TakeOwnedGradient: the next route's
     // returned stream gradient): one [tokens, n, d] tensor less to allocate
     // and stream through the cache per connector.
-    const bool in_place = mix && WriteBlocked(h.scalar_type(), s.n, s.d) &&
-                          TakeOwnedGradient(grads[0], h.sizes(), h.scalar_type());
+    const bool blocked = h.scalar_type() == torch::kFloat && s.d % kVF == 0 && s.n >= 1 &&
+                         s.n <= kMaxBlockedStreams;
+    const bool in_place =
+        mix && blocked && TakeOwnedGradient(grads[0], h.sizes(), h.scalar_type());
     torch::Tensor dh = mix && !in_place ? torch::empty_like(h) : g;
     torch::Tensor da = mix ? torch::empty_like(a) : torch::Tensor();
     torch::Tensor db = torch::empty_like(b);
     torch::Tensor dy = torch::empty_like(y);
     AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "cpu_fused::HcWriteBackward", [&] {
+      const scalar_t* hp = h.data_ptr<scalar_t>();
+      const scalar_t* ap = mix ? a.data_ptr<scalar_t>() : nullptr;
+      const scalar_t* bp = b.data_ptr<scalar_t>();
+      const scalar_t* yp = y.data_ptr<scalar_t>();
+      const scalar_t* gp = g.data_ptr<scalar_t>();
+      scalar_t* dhp = mix ? dh.data_ptr<scalar_t>() : nullptr;
+      scalar_t* dap = mix ? da.data_ptr<scalar_t>() : nullptr;
+      scalar_t* dbp = db.data_ptr<scalar_t>();
+      scalar_t* dyp = dy.data_ptr<scalar_t>();
       at::parallel_for(0, s.rows, Grain(3 * s.n * s.n * s.d), [&](int64_t begin, int64_t end) {
-        const int64_t nd = s.n * s.d, nn = s.n * s.n;
-        WriteBackwardTokens<scalar_t>(
-            h.data_ptr<scalar_t>() + begin * nd, mix ? a.data_ptr<scalar_t>() + begin * nn : nullptr,
-            b.data_ptr<scalar_t>() + begin * s.n, y.data_ptr<scalar_t>() + begin * s.d,
-            g.data_ptr<scalar_t>() + begin * nd, end - begin, s.n, s.d, mix,
-            mix ? dh.data_ptr<scalar_t>() + begin * nd : nullptr,
-            mix ? da.data_ptr<scalar_t>() + begin * nn : nullptr,
-            db.data_ptr<scalar_t>() + begin * s.n, dy.data_ptr<scalar_t>() + begin * s.d);
+        if constexpr (std::is_same_v<scalar_t, float>) {
+          if (blocked && WithBlockedStreams(s.n, [&](auto nc) {
+                constexpr int N = decltype(nc)::value;
+                for (int64_t r = begin; r < end; ++r) {
+                  const int64_t nd = r * N * s.d;
+                  if (mix) {
+                    WriteBackwardTokenBlocked<N, true>(hp + nd, ap + r * N * N, bp + r * N,
+                                                       yp + r * s.d, gp + nd, s.d, dhp + nd,
+                                                       dap + r * N * N, dbp + r * N, dyp + r * s.d);
+                  } else {
+                    WriteBackwardTokenBlocked<N, false>(hp + nd, nullptr, bp + r * N, yp + r * s.d,
+                                                        gp + nd, s.d, nullptr, nullptr, dbp + r * N,
+                                                        dyp + r * s.d);
+                  }
+                }
+              })) {
+            return;
+          }
+        }
+        for (int64_t r = begin; r < end; ++r) {
+          const scalar_t* hr = hp + r * s.n * s.d;
+          const scalar_t* gr = gp + r * s.n * s.d;
+          const scalar_t* yr = yp + r * s.d;
+          scalar_t* dyr = dyp + r * s.d;
+          // dy = sum_t b_t g_t; db_t = g_t . y
+          for (int64_t j = 0; j < s.d; ++j) dyr[j] = bp[r * s.n] * gr[j];
+          for (int64_t t = 1; t < s.n; ++t) Axpy(bp[r * s.n + t], gr + t * s.d, dyr, s.d);
+          for (int64_t t = 0; t < s.n; ++t) dbp[r * s.n + t] = Dot(gr + t * s.d, yr, s.d);
+          if (!mix) continue;
+          const scalar_t* ar = ap + r * s.n * s.n;
+          scalar_t* dar = dap + r * s.n * s.n;
+          for (int64_t k = 0; k < s.n; ++k) {
+            // dh_s = sum_t a[s, t] g_t; da[s, t] = h_s . g_t
+            scalar_t* o = dhp + (r * s.n + k) * s.d;
+            for (int64_t j = 0; j < s.d; ++j) o[j] = ar[k * s.n] * gr[j];
+            for (int64_t t = 1; t < s.n; ++t) Axpy(ar[k * s.n + t], gr + t * s.d, o, s.d);
+            for (int64_t t = 0; t < s.n; ++t) dar[k * s.n + t] = Dot(hr + k * s.d, gr + t * s.d, s.d);
+          }
+        }
       });
     });
     // A new dh (mix) is the route's to take over; without the mix dh is g,
@@ -531,151 +501,122 @@ inline void GroupDw(const float* dp, const float* const* xs, int64_t k, int64_t 
   }
 }
 
-// One thread's buffers for ProjectBackwardRange, reused across its calls.
-template <typename T>
-struct ProjectBackwardWork {
-  ProjectBackwardWork(int64_t k, int64_t m)
-      : block(static_cast<size_t>(m * k), 0),
-        dp_pair(static_cast<size_t>(2 * kGroup * m)),
-        scratch(static_cast<size_t>(m)) {}
-  std::vector<T> block;    // dw^T of <= kFlushRows rows; zero between calls
-  std::vector<T> dp_pair;  // dp of the last two groups, [2 kGroup][m]
-  std::vector<T> scratch;  // du_row's
-};
-
-// The rows kernel of ProjectBackward for rows [begin, end), one thread's
-// share: du_row(r, scratch) returns row r of du ([m]; it may compute it
-// into `scratch`, m values of this thread's own).
+// The rows kernel of ProjectBackward: du_row(r, scratch) returns row r of du
+// ([m]; it may compute it into `scratch`, m values of this thread's own).
 // readp/dreadp: the fused HcRead term, or null: row r holds n streams of
 // k / n values and belongs to token r / rows_per_token, whose read gradient
 // is dreadp[token * k / n ...]; stream s of row r gets readp[r n + s] times it
 // (mHC: a row is a token's n streams; HC: a row is one stream, n = 1).
 // dx_in: a gradient already arriving for x ([rows, k]; a route's pass-through
 // of its streams), added into dx in the same pass; null: none.
-// dxp: where row `begin`'s dx goes, the rows after it following (the whole
-// dx, or a thread's buffer for a chunk of rows). acc: this thread's double
-// sums of dw^T [m, k], added into at the end.
-template <typename T, typename DuRow>
-void ProjectBackwardRange(const T* xp, const T* wp, const T* rp, const T* upp, int64_t begin,
-                          int64_t end, int64_t k, int64_t m, const T* readp, const T* dreadp,
-                          int64_t n, int64_t rows_per_token, double* acc, const T* dx_in, T* dxp,
-                          ProjectBackwardWork<T>& work, const DuRow& du_row) {
-  const int64_t d = k / n;
-  // float rows of a multiple of kRouteCols: GroupDx / GroupDw.
-  const bool blocked = std::is_same_v<T, float> && k % kRouteCols == 0;
-  std::vector<T>& block = work.block;
-  // dp and the rows of the last two groups ([2 kGroup][m]; rows past the
-  // end: 0): the blocked dw update takes two groups at once (each block
-  // row loaded and stored once per 2 kGroup rows: the block, 48 KB at
-  // mHC's m x k, lives in L2, and its traffic bound the backward). The
-  // terms are added in the same order either way.
-  std::vector<T>& dp_pair = work.dp_pair;
-  std::vector<T>& scratch = work.scratch;
-  const T* xs_pair[2 * kGroup];
-  int half = 0;  // which group of the pair is in hand
-  int64_t pending = 0;
-  for (int64_t r0 = begin; r0 < end; r0 += kGroup) {
-    const int64_t n_rows = std::min<int64_t>(kGroup, end - r0);
-    T* const dp = dp_pair.data() + half * kGroup * m;
-    const T** xs = xs_pair + half * kGroup;
-    const T* ins[kGroup];
-    T cs[kGroup];
-    T* os[kGroup];
-    for (int64_t q = 0; q < kGroup; ++q) {
-      T* dq = dp + q * m;
-      xs[q] = xp + (r0 + std::min(q, n_rows - 1)) * k;
-      ins[q] = dx_in != nullptr && q < n_rows ? dx_in + (r0 + q) * k : nullptr;
-      cs[q] = 0;
-      os[q] = nullptr;
-      if (q >= n_rows) {
-        std::fill(dq, dq + m, T(0));
-        continue;
-      }
-      const int64_t r = r0 + q;
-      const T* g = du_row(r, scratch.data());
-      const T inv = rp[r];
-      T gu = 0;
-      for (int64_t j = 0; j < m; ++j) {
-        dq[j] = inv * g[j];
-        gu += g[j] * upp[r * m + j];
-      }
-      // dx row = c x + dp w^T.
-      cs[q] = -inv * inv * gu / static_cast<T>(k);
-      os[q] = dxp + (r - begin) * k;
-    }
-    if constexpr (std::is_same_v<T, float>) {
-      if (blocked) GroupDx(dp, xs, cs, ins, wp, k, m, os);
-    }
-    for (int64_t q = 0; q < n_rows; ++q) {
-      const int64_t r = r0 + q;
-      T* o = os[q];
-      if (!blocked) {
-        const T* dq = dp + q * m;
-        const T* xr = xs[q];
-        // ins[q] may be o (a taken-over gradient): read before written.
-        if (ins[q] != nullptr) {
-          for (int64_t i = 0; i < k; ++i) o[i] = cs[q] * xr[i] + ins[q][i];
-        } else {
-          for (int64_t i = 0; i < k; ++i) o[i] = cs[q] * xr[i];
-        }
-        // Four weight rows per sweep of o: one load and store per four
-        // products.
-        int64_t j = 0;
-        for (; j + 4 <= m; j += 4) {
-          const T a0 = dq[j], a1 = dq[j + 1], a2 = dq[j + 2], a3 = dq[j + 3];
-          const T *w0 = wp + j * k, *w1 = w0 + k, *w2 = w1 + k, *w3 = w2 + k;
-          for (int64_t i = 0; i < k; ++i) o[i] += (a0 * w0[i] + a1 * w1[i]) + (a2 * w2[i] + a3 * w3[i]);
-        }
-        for (; j < m; ++j) Axpy(dq[j], wp + j * k, o, k);
-      }
-      if (readp != nullptr) {
-        const T* dr = dreadp + (r / rows_per_token) * d;
-        for (int64_t s = 0; s < n; ++s) Axpy(readp[r * n + s], dr, o + s * d, d);
-      }
-    }
-    // dw^T rows += the pair's 2 kGroup rank-1 terms (or one group's
-    // before a flush): one load and store of the block per 2 kGroup
-    // products.
-    pending += n_rows;
-    const bool flush = pending >= kFlushRows || r0 + n_rows == end;
-    if constexpr (std::is_same_v<T, float>) {
-      if (blocked) {
-        if (half == 1) {
-          GroupDw<2 * kGroup>(dp_pair.data(), xs_pair, k, m, block.data());
-        } else if (flush) {
-          GroupDw<kGroup>(dp_pair.data(), xs_pair, k, m, block.data());
-        }
-        half = half == 0 && !flush ? 1 : 0;
-      }
-    }
-    if (!blocked) {
-      for (int64_t j = 0; j < m; ++j) {
-        const T d0 = dp[j], d1 = dp[m + j], d2 = dp[2 * m + j], d3 = dp[3 * m + j];
-        const T *x0 = xs[0], *x1 = xs[1], *x2r = xs[2], *x3 = xs[3];
-        T* b = block.data() + j * k;
-        for (int64_t i = 0; i < k; ++i) b[i] += (d0 * x0[i] + d1 * x1[i]) + (d2 * x2r[i] + d3 * x3[i]);
-      }
-    }
-    if (flush) {
-      for (int64_t e = 0; e < m * k; ++e) acc[e] += block[static_cast<size_t>(e)];
-      std::fill(block.begin(), block.end(), T(0));
-      pending = 0;
-    }
-  }
-}
-
-// ProjectBackwardRange over all rows, split over the threads: dx into dxp
-// [rows, k], dw^T into partial [threads][m k].
 template <typename T, typename DuRow>
 void ProjectBackwardRows(const T* xp, const T* wp, const T* rp, const T* upp, int64_t rows,
                          int64_t k, int64_t m, const T* readp, const T* dreadp, int64_t n,
                          int64_t rows_per_token, std::vector<double>& partial, const T* dx_in,
                          T* dxp, const DuRow& du_row) {
+  const int64_t d = k / n;
+  // float rows of a multiple of kRouteCols: GroupDx / GroupDw.
+  const bool blocked = std::is_same_v<T, float> && k % kRouteCols == 0;
   at::parallel_for(0, rows, Grain(3 * m * k), [&](int64_t begin, int64_t end) {
-    ProjectBackwardWork<T> work(k, m);
-    ProjectBackwardRange<T>(xp, wp, rp, upp, begin, end, k, m, readp, dreadp, n, rows_per_token,
-                            partial.data() + at::get_thread_num() * m * k, dx_in,
-                            dxp + begin * k, work, du_row);
+    double* acc = partial.data() + at::get_thread_num() * m * k;
+    std::vector<T> block(static_cast<size_t>(m * k), 0);  // dw^T of <= kFlushRows rows
+    // dp and the rows of the last two groups ([2 kGroup][m]; rows past the
+    // end: 0): the blocked dw update takes two groups at once (each block
+    // row loaded and stored once per 2 kGroup rows: the block, 48 KB at
+    // mHC's m x k, lives in L2, and its traffic bound the backward). The
+    // terms are added in the same order either way.
+    std::vector<T> dp_pair(static_cast<size_t>(2 * kGroup * m)), scratch(static_cast<size_t>(m));
+    const T* xs_pair[2 * kGroup];
+    int half = 0;  // which group of the pair is in hand
+    int64_t pending = 0;
+    for (int64_t r0 = begin; r0 < end; r0 += kGroup) {
+      const int64_t n_rows = std::min<int64_t>(kGroup, end - r0);
+      T* const dp = dp_pair.data() + half * kGroup * m;
+      const T** xs = xs_pair + half * kGroup;
+      const T* ins[kGroup];
+      T cs[kGroup];
+      T* os[kGroup];
+      for (int64_t q = 0; q < kGroup; ++q) {
+        T* dq = dp + q * m;
+        xs[q] = xp + (r0 + std::min(q, n_rows - 1)) * k;
+        ins[q] = dx_in != nullptr && q < n_rows ? dx_in + (r0 + q) * k : nullptr;
+        cs[q] = 0;
+        os[q] = nullptr;
+        if (q >= n_rows) {
+          std::fill(dq, dq + m, T(0));
+          continue;
+        }
+        const int64_t r = r0 + q;
+        const T* g = du_row(r, scratch.data());
+        const T inv = rp[r];
+        T gu = 0;
+        for (int64_t j = 0; j < m; ++j) {
+          dq[j] = inv * g[j];
+          gu += g[j] * upp[r * m + j];
+        }
+        // dx row = c x + dp w^T.
+        cs[q] = -inv * inv * gu / static_cast<T>(k);
+        os[q] = dxp + r * k;
+      }
+      if constexpr (std::is_same_v<T, float>) {
+        if (blocked) GroupDx(dp, xs, cs, ins, wp, k, m, os);
+      }
+      for (int64_t q = 0; q < n_rows; ++q) {
+        const int64_t r = r0 + q;
+        T* o = os[q];
+        if (!blocked) {
+          const T* dq = dp + q * m;
+          const T* xr = xs[q];
+          // ins[q] may be o (a taken-over gradient): read before written.
+          if (ins[q] != nullptr) {
+            for (int64_t i = 0; i < k; ++i) o[i] = cs[q] * xr[i] + ins[q][i];
+          } else {
+            for (int64_t i = 0; i < k; ++i) o[i] = cs[q] * xr[i];
+          }
+          // Four weight rows per sweep of o: one load and store per four
+          // products.
+          int64_t j = 0;
+          for (; j + 4 <= m; j += 4) {
+            const T a0 = dq[j], a1 = dq[j + 1], a2 = dq[j + 2], a3 = dq[j + 3];
+            const T *w0 = wp + j * k, *w1 = w0 + k, *w2 = w1 + k, *w3 = w2 + k;
+            for (int64_t i = 0; i < k; ++i) o[i] += (a0 * w0[i] + a1 * w1[i]) + (a2 * w2[i] + a3 * w3[i]);
+          }
+          for (; j < m; ++j) Axpy(dq[j], wp + j * k, o, k);
+        }
+        if (readp != nullptr) {
+          const T* dr = dreadp + (r / rows_per_token) * d;
+          for (int64_t s = 0; s < n; ++s) Axpy(readp[r * n + s], dr, o + s * d, d);
+        }
+      }
+      // dw^T rows += the pair's 2 kGroup rank-1 terms (or one group's
+      // before a flush): one load and store of the block per 2 kGroup
+      // products.
+      pending += n_rows;
+      const bool flush = pending >= kFlushRows || r0 + n_rows == end;
+      if constexpr (std::is_same_v<T, float>) {
+        if (blocked) {
+          if (half == 1) {
+            GroupDw<2 * kGroup>(dp_pair.data(), xs_pair, k, m, block.data());
+          } else if (flush) {
+            GroupDw<kGroup>(dp_pair.data(), xs_pair, k, m, block.data());
+          }
+          half = half == 0 && !flush ? 1 : 0;
+        }
+      }
+      if (!blocked) {
+        for (int64_t j = 0; j < m; ++j) {
+          const T d0 = dp[j], d1 = dp[m + j], d2 = dp[2 * m + j], d3 = dp[3 * m + j];
+          const T *x0 = xs[0], *x1 = xs[1], *x2r = xs[2], *x3 = xs[3];
+          T* b = block.data() + j * k;
+          for (int64_t i = 0; i < k; ++i) b[i] += (d0 * x0[i] + d1 * x1[i]) + (d2 * x2r[i] + d3 * x3[i]);
+        }
+      }
+      if (flush) {
+        for (int64_t e = 0; e < m * k; ++e) acc[e] += block[static_cast<size_t>(e)];
+        std::fill(block.begin(), block.end(), T(0));
+        pending = 0;
+      }
+    }
   });
 }
 
@@ -742,6 +683,31 @@ class RmsProjectFunction : public torch::autograd::Function<RmsProjectFunction> 
 // undefined gradient (read as zero by the kernels), kept undefined.
 torch::Tensor ContiguousOrUndefined(const torch::Tensor& g) {
   return g.defined() ? g.contiguous() : torch::Tensor();
+}
+
+// A route's stream gradient: the gradient arriving for the streams it
+// passed through (`in`, moved in), and the tensor dh [rows, k] to write the
+// streams' whole gradient into: `in` itself where it is a gradient of ours
+// nobody else sees (TakeOwnedGradient: HcWrite's backward, or a route's
+// passed on by the HC code form's write), so the write goes into the lines
+// just read; a new tensor otherwise. Returns {dh, in (contiguous or
+// undefined)}; the kernel reads each element of `in` before writing dh's.
+std::pair<torch::Tensor, torch::Tensor> RouteStreamGradient(torch::Tensor in,
+                                                            const torch::Tensor& x2,
+                                                            AutogradContext* ctx) {
+  if (TakeOwnedGradient(in, ctx->saved_data["h_sizes"].toIntVector(), x2.scalar_type())) {
+    torch::Tensor dh = in.view(x2.sizes());
+    return {dh, dh};
+  }
+  return {torch::empty_like(x2), ContiguousOrUndefined(in)};
+}
+
+// The stream gradient a route returns, shaped as its input; marked as the
+// backward's own (MarkOwnedGradient) for the HcWrite before it.
+torch::Tensor ReturnedStreamGradient(const torch::Tensor& dh, AutogradContext* ctx) {
+  torch::Tensor out = dh.view(ctx->saved_data["h_sizes"].toIntVector());
+  MarkOwnedGradient(out);
+  return out;
 }
 
 // tr[j] = tanh(ur[j]) for j < count: 8 lanes at a time in float (Tanh8; a
@@ -1022,107 +988,6 @@ class MhcCoefficientsFunction : public torch::autograd::Function<MhcCoefficients
 
 // ------------------------------------------------------------ mHC route
 
-// Streams per token the route takes (its backward keeps d read on the stack).
-constexpr int64_t kMaxRouteStreams = 64;
-
-// A route may first apply the previous connector's write (WriteRoute in
-// cpu_fused.h): the streams it routes are then HcWrite(src, a, b, y),
-// computed a token at a time and routed while they are in L1, and in the
-// backward their gradient is produced and consumed a chunk of rows at a
-// time in a buffer of this thread's, never written out whole (issue 18:
-// the connectors are bound by their traffic over [tokens, n, d], which
-// this cuts by about a third). kind: 0 no write (src is the streams; a, b,
-// y are empty placeholders), 1 the HC code form's identity write (a is a
-// placeholder), 2 the write with the residual mix a.
-struct RouteWrite {
-  RouteWrite(const char* op, const torch::Tensor& src_in, const torch::Tensor& a_in,
-             const torch::Tensor& b_in, const torch::Tensor& y_in, int64_t kind)
-      : src(src_in.contiguous()), on(kind != 0), mix(kind == 2) {
-    TORCH_CHECK(kind >= 0 && kind <= 2, op, ": write kind ", kind, " is not 0, 1 or 2");
-    if (!on) return;
-    b = b_in.contiguous();
-    y = y_in.contiguous();
-    if (mix) a = a_in.contiguous();
-    CheckWrite(op, src, a, b, y, mix);
-  }
-  // The streams to route: src itself, or a new tensor the forward fills.
-  torch::Tensor Streams() const { return on ? torch::empty_like(src) : src; }
-  // Writes tokens [t, t + count) of the streams into hp (at token t).
-  template <typename T>
-  void Tokens(int64_t t, int64_t count, int64_t n, int64_t d, T* hp) const {
-    WriteTokens<T>(src.data_ptr<T>() + t * n * d, mix ? a.data_ptr<T>() + t * n * n : nullptr,
-                   b.data_ptr<T>() + t * n, y.data_ptr<T>() + t * d, count, n, d, mix, hp);
-  }
-  // For save_for_backward: src, a, b, y (undefined where unused).
-  std::vector<torch::Tensor> Saved() const {
-    if (!on) return {torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
-    return {src, a, b, y};
-  }
-  torch::Tensor src, a, b, y;
-  bool on, mix;
-};
-
-// A route's backward: the stream gradient and, with a write, the write's
-// gradients. rows: the route's projection rows (tokens n for HC, tokens for
-// mHC), rows_per_token of them per token. The route's kernel (
-// ProjectBackwardRange with the route's du_row, called as route(begin, end,
-// dx_in, dx_out, work)) runs over each thread's tokens in chunks of about
-// kFlushRows rows; with a write, each chunk's stream gradient goes into a
-// buffer of the thread's and the write's backward turns it into the
-// gradient for src at once (the identity write's is the stream gradient
-// itself, so there it is written in place).
-struct RouteBackwardOut {
-  torch::Tensor dsrc, da, db, dy;
-};
-template <typename T, typename Route>
-RouteBackwardOut RouteBackward(AutogradContext* ctx, const variable_list& saved, size_t first,
-                               torch::Tensor in, const torch::Tensor& h, int64_t tokens,
-                               int64_t n, int64_t d, int64_t rows_per_token, int64_t grain_per_token,
-                               int64_t m, int64_t k, const Route& route) {
-  const torch::Tensor &src = saved[first], &a = saved[first + 1], &b = saved[first + 2],
-                      &y = saved[first + 3];
-  const bool on = b.defined(), mix = a.defined();
-  const auto dtype = h.scalar_type();
-  // The gradient arriving for the streams (the next write's, or a route's
-  // after the last block): taken over in place when nobody else sees it
-  // (TakeOwnedGradient); the route reads each of its rows before the row
-  // of the result is written.
-  const bool own = TakeOwnedGradient(in, ctx->saved_data["h_sizes"].toIntVector(), dtype);
-  torch::Tensor din = own ? in : ContiguousOrUndefined(in);
-  RouteBackwardOut out;
-  out.dsrc = own ? in : torch::empty_like(on ? src : h);
-  if (on) {
-    out.db = torch::empty_like(b);
-    out.dy = torch::empty_like(y);
-    if (mix) out.da = torch::empty_like(a);
-  }
-  const T* dinp = din.defined() ? din.data_ptr<T>() : nullptr;
-  T* dsp = out.dsrc.data_ptr<T>();
-  const int64_t chunk = on ? std::max<int64_t>(1, kFlushRows / rows_per_token) : 0;
-  at::parallel_for(0, tokens, Grain(grain_per_token), [&](int64_t begin, int64_t end) {
-    ProjectBackwardWork<T> work(k, m);
-    if (!on) {
-      route(begin * rows_per_token, end * rows_per_token, dinp, dsp + begin * n * d, work);
-      return;
-    }
-    std::vector<T> buffer(mix ? static_cast<size_t>(chunk * n * d) : 0);
-    for (int64_t t0 = begin; t0 < end; t0 += chunk) {
-      const int64_t count = std::min(chunk, end - t0), nd = t0 * n * d;
-      T* g = mix ? buffer.data() : dsp + nd;
-      route(t0 * rows_per_token, (t0 + count) * rows_per_token, dinp, g, work);
-      WriteBackwardTokens<T>(src.data_ptr<T>() + nd, mix ? a.data_ptr<T>() + t0 * n * n : nullptr,
-                             b.data_ptr<T>() + t0 * n, y.data_ptr<T>() + t0 * d, g, count, n, d,
-                             mix, mix ? dsp + nd : nullptr,
-                             mix ? out.da.data_ptr<T>() + t0 * n * n : nullptr,
-                             out.db.data_ptr<T>() + t0 * n, out.dy.data_ptr<T>() + t0 * d);
-    }
-  });
-  out.dsrc = out.dsrc.view((on ? src : h).sizes());
-  // The previous route (or write) may take this gradient over in turn.
-  MarkOwnedGradient(out.dsrc);
-  return out;
-}
-
 // The mHC connector's routing up to its read, as one function: projection
 // u = RmsProject(h flattened to n d, phi), coefficients (read, write,
 // logits) = MhcCoefficients(u), and x = HcRead(h, read), with the same
@@ -1130,34 +995,30 @@ RouteBackwardOut RouteBackward(AutogradContext* ctx, const variable_list& saved,
 // way, and one node: its backward returns one gradient for the streams
 // (the projection's dx pass adds read_s dx to stream s), where the three ops
 // return two that autograd then adds (a 2 MB sum per connector at the
-// benchmark shape) after a separate HcRead backward pass. Optionally the
-// previous connector's write first (RouteWrite).
+// benchmark shape) after a separate HcRead backward pass.
+// Streams per token the route takes (its backward keeps d read on the stack).
+constexpr int64_t kMaxRouteStreams = 64;
+
 class MhcRouteFunction : public torch::autograd::Function<MhcRouteFunction> {
  public:
-  // h [..., n, d] (with a write: the write's input), phi [n d, n^2 + 2n],
-  // the write's a, b, y and kind (RouteWrite) -> {x [..., d], write
-  // [..., n], logits [..., n, n], h [..., n, d]}. The last is the routed
-  // streams: h passed through, or the write's output (see MhcRoute in
-  // cpu_fused.h): its gradient is added into the streams' here.
+  // h [..., n, d], phi [n d, n^2 + 2n] -> {x [..., d], write [..., n],
+  // logits [..., n, n], h [..., n, d]}. The last is h passed through (see
+  // MhcRoute in cpu_fused.h): its gradient is added into h's here.
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& h_in,
                                const torch::Tensor& phi, const torch::Tensor& gains_in,
-                               const torch::Tensor& bias_in, int64_t n, double eps,
-                               const torch::Tensor& write_a, const torch::Tensor& write_b,
-                               const torch::Tensor& write_y, int64_t write_kind) {
-    const RouteWrite pending(write_kind ? "MhcWriteRoute" : "MhcRoute", h_in, write_a, write_b,
-                             write_y, write_kind);
-    const torch::Tensor& src = pending.src;
-    TORCH_CHECK(n >= 1 && n <= kMaxRouteStreams && src.dim() >= 2 && src.size(-2) == n,
-                "MhcRoute: h has ", src.sizes(), ", expected [..., ", n, ", d] with 1 <= n <= ",
+                               const torch::Tensor& bias_in, int64_t n, double eps) {
+    torch::Tensor h = h_in.contiguous();
+    TORCH_CHECK(n >= 1 && n <= kMaxRouteStreams && h.dim() >= 2 && h.size(-2) == n,
+                "MhcRoute: h has ", h.sizes(), ", expected [..., ", n, ", d] with 1 <= n <= ",
                 kMaxRouteStreams);
-    const int64_t d = src.size(-1), k = n * d, m = n * n + 2 * n;
-    const int64_t rows = src.numel() / std::max<int64_t>(k, 1);
+    const int64_t d = h.size(-1), k = n * d, m = n * n + 2 * n;
+    const int64_t rows = h.numel() / std::max<int64_t>(k, 1);
     TORCH_CHECK(phi.dim() == 2 && phi.size(0) == k && phi.size(1) == m, "MhcRoute: phi has ",
                 phi.sizes(), ", expected [", k, ", ", m, "]");
     torch::Tensor gains = gains_in.contiguous(), bias = bias_in.contiguous();
     TORCH_CHECK(gains.numel() == 3, "MhcRoute: gains has ", gains.sizes(), ", expected [3]");
     TORCH_CHECK(bias.numel() == m, "MhcRoute: bias has ", bias.sizes(), ", expected [", m, "]");
-    torch::Tensor h = pending.Streams();
+    torch::Tensor x2 = h.reshape({rows, k});
     torch::Tensor wt = phi.t().contiguous();
     const auto opts = h.options();
     torch::Tensor rs = torch::empty({rows, 1}, opts), u = torch::empty({rows, m}, opts);
@@ -1166,10 +1027,9 @@ class MhcRouteFunction : public torch::autograd::Function<MhcRouteFunction> {
     std::vector<int64_t> x_sizes(h.sizes().begin(), h.sizes().end() - 2);
     x_sizes.push_back(d);
     torch::Tensor x = torch::empty(x_sizes, opts);
-    // One pass over each token's streams: (write,) projection, coefficients,
-    // read.
+    // One pass over each token's streams: projection, coefficients, read.
     AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "cpu_fused::MhcRoute", [&] {
-      scalar_t* hp = h.data_ptr<scalar_t>();
+      const scalar_t* hp = x2.data_ptr<scalar_t>();
       const scalar_t* wp = wt.data_ptr<scalar_t>();
       const scalar_t* gp = gains.data_ptr<scalar_t>();
       const scalar_t* bp = bias.data_ptr<scalar_t>();
@@ -1179,18 +1039,15 @@ class MhcRouteFunction : public torch::autograd::Function<MhcRouteFunction> {
       at::parallel_for(0, rows, Grain((m + 2) * k), [&](int64_t begin, int64_t end) {
         for (int64_t r0 = begin; r0 < end; r0 += kGroup) {
           const int64_t count = std::min(kGroup, end - r0);
-          if (pending.on) pending.Tokens<scalar_t>(r0, count, n, d, hp + r0 * k);
-          ProjectGroup<scalar_t>(hp + r0 * k, count, wp, k, m, eps, rsp + r0, up + r0 * m);
+          ProjectGroup(hp + r0 * k, count, wp, k, m, eps, rsp + r0, up + r0 * m);
           for (int64_t r = r0; r < r0 + count; ++r) {
             MhcCoefficientsRow(up + r * m, gp, bp, n, rp + r * n, wrp + r * n, lp + r * n * n);
-            ReadRow<scalar_t>(hp + r * k, rp + r * n, n, d, xp + r * d);
+            ReadRow(hp + r * k, rp + r * n, n, d, xp + r * d);
           }
         }
       });
     });
-    std::vector<torch::Tensor> to_save = {h, wt, rs, u, gains, read, write};
-    for (const torch::Tensor& t : pending.Saved()) to_save.push_back(t);
-    ctx->save_for_backward(to_save);
+    ctx->save_for_backward({x2, wt, rs, u, gains, read, write});
     ctx->saved_data["n"] = n;
     ctx->saved_data["h_sizes"] = h.sizes();
     ctx->saved_data["bias_sizes"] = bias_in.sizes();
@@ -1204,23 +1061,23 @@ class MhcRouteFunction : public torch::autograd::Function<MhcRouteFunction> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     variable_list saved = ctx->get_saved_variables();
-    const torch::Tensor &h = saved[0], &wt = saved[1], &rs = saved[2], &u = saved[3],
+    const torch::Tensor &x2 = saved[0], &wt = saved[1], &rs = saved[2], &u = saved[3],
                         &gains = saved[4], &read = saved[5], &write = saved[6];
     const int64_t n = ctx->saved_data["n"].toInt();
-    const int64_t d = h.size(-1), k = n * d, rows = h.numel() / k;
-    const int64_t m = n * n + 2 * n;
+    const int64_t rows = x2.size(0), d = x2.size(1) / n;
+    const int64_t m = n * n + 2 * n, k = n * d;
     torch::Tensor dx = ContiguousOrUndefined(grads[0]);
     torch::Tensor dwrite = ContiguousOrUndefined(grads[1]), dlogits = ContiguousOrUndefined(grads[2]);
+    auto [dh, dh_in] = RouteStreamGradient(std::move(grads[3]), x2, ctx);  // the pass-through's
     const int64_t threads = at::get_num_threads();
     std::vector<double> partial_w(static_cast<size_t>(threads * m * k), 0.0);
     const int64_t count = 3 + m;  // dgains, dbias
     std::vector<double> partial_c(static_cast<size_t>(threads * count), 0.0);
-    RouteBackwardOut r;
     // One pass over each token's streams: d read = h . dx, the coefficients'
     // backward to du, then the projection's backward with read_s dx added to
-    // stream s of dh (and the write's backward).
-    AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "cpu_fused::MhcRouteBackward", [&] {
-      const scalar_t* hp = h.data_ptr<scalar_t>();
+    // stream s of dh.
+    AT_DISPATCH_FLOATING_TYPES(x2.scalar_type(), "cpu_fused::MhcRouteBackward", [&] {
+      const scalar_t* hp = x2.data_ptr<scalar_t>();
       const scalar_t* up = u.data_ptr<scalar_t>();
       const scalar_t* gp = gains.data_ptr<scalar_t>();
       const scalar_t* rp = read.data_ptr<scalar_t>();
@@ -1239,22 +1096,17 @@ class MhcRouteFunction : public torch::autograd::Function<MhcRouteFunction> {
                                    dlp ? dlp + r * n * n : nullptr, n, scratch, acc_g, acc_g + 3);
         return scratch;
       };
-      auto route = [&](int64_t begin, int64_t end, const scalar_t* din, scalar_t* out,
-                       ProjectBackwardWork<scalar_t>& work) {
-        ProjectBackwardRange<scalar_t>(hp, wt.data_ptr<scalar_t>(), rs.data_ptr<scalar_t>(), up,
-                                       begin, end, k, m, dxp ? rp : nullptr, dxp, n, 1,
-                                       partial_w.data() + at::get_thread_num() * m * k, din, out,
-                                       work, du_row);
-      };
-      r = RouteBackward<scalar_t>(ctx, saved, 7, std::move(grads[3]), h, rows, n, d, 1,
-                                  3 * m * k, m, k, route);
+      ProjectBackwardRows<scalar_t>(hp, wt.data_ptr<scalar_t>(), rs.data_ptr<scalar_t>(), up,
+                                    rows, k, m, dxp ? rp : nullptr, dxp, n, 1, partial_w,
+                                    dh_in.defined() ? dh_in.data_ptr<scalar_t>() : nullptr,
+                                    dh.data_ptr<scalar_t>(), du_row);
     });
-    torch::Tensor dwt = SumPartials(partial_w, threads, m * k, {m, k}, h.scalar_type());
-    torch::Tensor sums = SumPartials(partial_c, threads, count, {count}, h.scalar_type());
-    return {r.dsrc, dwt.t(),
+    torch::Tensor dwt = SumPartials(partial_w, threads, m * k, {m, k}, x2.scalar_type());
+    torch::Tensor sums = SumPartials(partial_c, threads, count, {count}, x2.scalar_type());
+    return {ReturnedStreamGradient(dh, ctx), dwt.t(),
             sums.narrow(0, 0, 3).reshape(gains.sizes()),
             sums.narrow(0, 3, m).reshape(ctx->saved_data["bias_sizes"].toIntVector()),
-            torch::Tensor(), torch::Tensor(), r.da, r.db, r.dy, torch::Tensor()};
+            torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -1266,35 +1118,29 @@ class MhcRouteFunction : public torch::autograd::Function<MhcRouteFunction> {
 // gain_b tanh(u[n + 1]), and x = sum_s a[s, 0] h_s: one pass over each
 // token's streams each way and one stream gradient, where RmsProject,
 // HcCoefficients and HcRead return two for autograd to add (as the mHC
-// route). Outputs the residual mix a[:, 1:] and b for HcWrite. Optionally
-// the previous connector's write first (RouteWrite).
+// route). Outputs the residual mix a[:, 1:] and b for HcWrite.
 class HcRouteFunction : public torch::autograd::Function<HcRouteFunction> {
  public:
-  // h [..., n, d] (with a write: the write's input), the write's a, b, y
-  // and kind (RouteWrite) -> {x [..., d], ar [..., n, n], b [..., n],
-  // h [..., n, d]} (the last: the routed streams, as MhcRoute's).
+  // h [..., n, d] -> {x [..., d], ar [..., n, n], b [..., n], h [..., n, d]}
+  // (the last: h passed through, as MhcRoute's).
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& h_in,
                                const torch::Tensor& w, const torch::Tensor& static_a_in,
                                const torch::Tensor& static_b_in, const torch::Tensor& gain_a,
-                               const torch::Tensor& gain_b, double eps,
-                               const torch::Tensor& write_a, const torch::Tensor& write_b,
-                               const torch::Tensor& write_y, int64_t write_kind) {
-    const RouteWrite pending(write_kind ? "HcWriteRoute" : "HcRoute", h_in, write_a, write_b,
-                             write_y, write_kind);
-    const torch::Tensor& src = pending.src;
+                               const torch::Tensor& gain_b, double eps) {
+    torch::Tensor h = h_in.contiguous();
     torch::Tensor sa = static_a_in.contiguous(), sb = static_b_in.contiguous();
     const int64_t n = sb.numel();
-    TORCH_CHECK(n >= 1 && n <= kMaxRouteStreams && src.dim() >= 2 && src.size(-2) == n,
-                "HcRoute: h has ", src.sizes(), ", expected [..., ", n, ", d] for ", n,
+    TORCH_CHECK(n >= 1 && n <= kMaxRouteStreams && h.dim() >= 2 && h.size(-2) == n,
+                "HcRoute: h has ", h.sizes(), ", expected [..., ", n, ", d] for ", n,
                 " streams (at most ", kMaxRouteStreams, ")");
-    const int64_t d = src.size(-1), m = n + 2, tokens = src.numel() / std::max<int64_t>(n * d, 1);
+    const int64_t d = h.size(-1), m = n + 2, tokens = h.numel() / std::max<int64_t>(n * d, 1);
     TORCH_CHECK(w.dim() == 2 && w.size(0) == d && w.size(1) == m, "HcRoute: w has ", w.sizes(),
                 ", expected [", d, ", ", m, "]");
     TORCH_CHECK(sa.numel() == n * (n + 1), "HcRoute: static_a has ", sa.sizes(), ", expected [",
                 n, ", ", n + 1, "]");
     TORCH_CHECK(gain_a.numel() == 1 && gain_b.numel() == 1,
                 "HcRoute: gain_a and gain_b must hold one value each");
-    torch::Tensor h = pending.Streams();
+    torch::Tensor x2 = h.reshape({tokens * n, d});
     torch::Tensor wt = w.t().contiguous();  // [m, d]
     const auto opts = h.options();
     torch::Tensor rs = torch::empty({tokens * n, 1}, opts), u = torch::empty({tokens * n, m}, opts);
@@ -1305,7 +1151,7 @@ class HcRouteFunction : public torch::autograd::Function<HcRouteFunction> {
     x_sizes.push_back(d);
     torch::Tensor x = torch::empty(x_sizes, opts);
     AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "cpu_fused::HcRoute", [&] {
-      scalar_t* hp = h.data_ptr<scalar_t>();
+      const scalar_t* hp = x2.data_ptr<scalar_t>();
       const scalar_t* wp = wt.data_ptr<scalar_t>();
       const scalar_t* sap = sa.data_ptr<scalar_t>();
       const scalar_t* sbp = sb.data_ptr<scalar_t>();
@@ -1317,11 +1163,10 @@ class HcRouteFunction : public torch::autograd::Function<HcRouteFunction> {
       at::parallel_for(0, tokens, Grain((m + 2) * n * d), [&](int64_t begin, int64_t end) {
         scalar_t a_row[kMaxRouteStreams + 1];
         for (int64_t t = begin; t < end; ++t) {
-          if (pending.on) pending.Tokens<scalar_t>(t, 1, n, d, hp + t * n * d);
           for (int64_t s0 = 0; s0 < n; s0 += kGroup) {
             const int64_t row = t * n + s0;
-            ProjectGroup<scalar_t>(hp + row * d, std::min(kGroup, n - s0), wp, d, m, eps,
-                                   rsp + row, up + row * m);
+            ProjectGroup(hp + row * d, std::min(kGroup, n - s0), wp, d, m, eps, rsp + row,
+                         up + row * m);
           }
           TanhN(up + t * n * m, n * m, thp + t * n * m);
           for (int64_t s = 0; s < n; ++s) {
@@ -1330,13 +1175,11 @@ class HcRouteFunction : public torch::autograd::Function<HcRouteFunction> {
             rp[row] = a_row[0];
             std::copy(a_row + 1, a_row + n + 1, arp + row * n);
           }
-          ReadRow<scalar_t>(hp + t * n * d, rp + t * n, n, d, xp + t * d);
+          ReadRow(hp + t * n * d, rp + t * n, n, d, xp + t * d);
         }
       });
     });
-    std::vector<torch::Tensor> to_save = {h, wt, rs, u, read, gain_a, gain_b, th};
-    for (const torch::Tensor& t : pending.Saved()) to_save.push_back(t);
-    ctx->save_for_backward(to_save);
+    ctx->save_for_backward({x2, wt, rs, u, read, gain_a, gain_b, th});
     ctx->saved_data["h_sizes"] = h.sizes();
     ctx->saved_data["static_a_sizes"] = static_a_in.sizes();
     ctx->saved_data["static_b_sizes"] = static_b_in.sizes();
@@ -1347,22 +1190,21 @@ class HcRouteFunction : public torch::autograd::Function<HcRouteFunction> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     variable_list saved = ctx->get_saved_variables();
-    const torch::Tensor &h = saved[0], &wt = saved[1], &rs = saved[2], &u = saved[3],
+    const torch::Tensor &x2 = saved[0], &wt = saved[1], &rs = saved[2], &u = saved[3],
                         &read = saved[4], &gain_a = saved[5], &gain_b = saved[6], &th = saved[7];
-    const int64_t tokens = read.size(0), n = read.size(1), d = h.size(-1), m = n + 2;
+    const int64_t tokens = read.size(0), n = read.size(1), d = x2.size(1), m = n + 2;
     torch::Tensor dx = ContiguousOrUndefined(grads[0]);
     torch::Tensor dar = ContiguousOrUndefined(grads[1]), db = ContiguousOrUndefined(grads[2]);
+    auto [dh, dh_in] = RouteStreamGradient(std::move(grads[3]), x2, ctx);  // the pass-through's
     const int64_t threads = at::get_num_threads();
     std::vector<double> partial_w(static_cast<size_t>(threads * m * d), 0.0);
     // Per thread: dstatic_a [n (n + 1)], dstatic_b [n], dgain_a, dgain_b.
     const int64_t count = n * (n + 1) + n + 2;
     std::vector<double> partial_c(static_cast<size_t>(threads * count), 0.0);
-    RouteBackwardOut r;
     // Per stream row: d read_s = h_s . dx, the coefficients' backward to du,
-    // then the projection's backward with read_s dx added to the row (and
-    // the write's backward).
-    AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "cpu_fused::HcRouteBackward", [&] {
-      const scalar_t* hp = h.data_ptr<scalar_t>();
+    // then the projection's backward with read_s dx added to the row.
+    AT_DISPATCH_FLOATING_TYPES(x2.scalar_type(), "cpu_fused::HcRouteBackward", [&] {
+      const scalar_t* hp = x2.data_ptr<scalar_t>();
       const scalar_t* up = u.data_ptr<scalar_t>();
       const scalar_t* thp = th.data_ptr<scalar_t>();
       const scalar_t ga = gain_a.item<scalar_t>(), gb = gain_b.item<scalar_t>();
@@ -1380,28 +1222,20 @@ class HcRouteFunction : public torch::autograd::Function<HcRouteFunction> {
                                   acc + n * (n + 1) + n);
         return scratch;
       };
-      auto route = [&](int64_t begin, int64_t end, const scalar_t* din, scalar_t* out,
-                       ProjectBackwardWork<scalar_t>& work) {
-        ProjectBackwardRange<scalar_t>(hp, wt.data_ptr<scalar_t>(), rs.data_ptr<scalar_t>(), up,
-                                       begin, end, d, m, dxp ? read.data_ptr<scalar_t>() : nullptr,
-                                       dxp, 1, n, partial_w.data() + at::get_thread_num() * m * d,
-                                       din, out, work, du_row);
-      };
-      r = RouteBackward<scalar_t>(ctx, saved, 8, std::move(grads[3]), h, tokens, n, d, n,
-                                  3 * m * d * n, m, d, route);
+      ProjectBackwardRows<scalar_t>(hp, wt.data_ptr<scalar_t>(), rs.data_ptr<scalar_t>(), up,
+                                    tokens * n, d, m, dxp ? read.data_ptr<scalar_t>() : nullptr,
+                                    dxp, 1, n, partial_w,
+                                    dh_in.defined() ? dh_in.data_ptr<scalar_t>() : nullptr,
+                                    dh.data_ptr<scalar_t>(), du_row);
     });
-    torch::Tensor dwt = SumPartials(partial_w, threads, m * d, {m, d}, h.scalar_type());
-    torch::Tensor sums = SumPartials(partial_c, threads, count, {count}, h.scalar_type());
-    return {r.dsrc,
+    torch::Tensor dwt = SumPartials(partial_w, threads, m * d, {m, d}, x2.scalar_type());
+    torch::Tensor sums = SumPartials(partial_c, threads, count, {count}, x2.scalar_type());
+    return {ReturnedStreamGradient(dh, ctx),
             dwt.t(),
             sums.narrow(0, 0, n * (n + 1)).reshape(ctx->saved_data["static_a_sizes"].toIntVector()),
             sums.narrow(0, n * (n + 1), n).reshape(ctx->saved_data["static_b_sizes"].toIntVector()),
             sums.narrow(0, n * (n + 1) + n, 1).reshape(gain_a.sizes()),
             sums.narrow(0, n * (n + 1) + n + 1, 1).reshape(gain_b.sizes()),
-            torch::Tensor(),
-            r.da,
-            r.db,
-            r.dy,
             torch::Tensor()};
   }
 };
@@ -1944,35 +1778,14 @@ std::vector<torch::Tensor> MhcCoefficients(const torch::Tensor& u, const torch::
 std::vector<torch::Tensor> MhcRoute(const torch::Tensor& h, const torch::Tensor& phi,
                                     const torch::Tensor& gains, const torch::Tensor& bias,
                                     int64_t n, double eps) {
-  torch::Tensor none = torch::empty({0}, h.options());
-  return MhcRouteFunction::apply(h, phi, gains, bias, n, eps, none, none, none, 0);
-}
-
-std::vector<torch::Tensor> MhcWriteRoute(const torch::Tensor& h, const torch::Tensor& a,
-                                         const torch::Tensor& b, const torch::Tensor& y,
-                                         const torch::Tensor& phi, const torch::Tensor& gains,
-                                         const torch::Tensor& bias, int64_t n, double eps) {
-  const bool mix = a.defined();
-  return MhcRouteFunction::apply(h, phi, gains, bias, n, eps,
-                                 mix ? a : torch::empty({0}, h.options()), b, y, mix ? 2 : 1);
+  return MhcRouteFunction::apply(h, phi, gains, bias, n, eps);
 }
 
 std::vector<torch::Tensor> HcRoute(const torch::Tensor& h, const torch::Tensor& w,
                                    const torch::Tensor& static_a, const torch::Tensor& static_b,
                                    const torch::Tensor& gain_a, const torch::Tensor& gain_b,
                                    double eps) {
-  torch::Tensor none = torch::empty({0}, h.options());
-  return HcRouteFunction::apply(h, w, static_a, static_b, gain_a, gain_b, eps, none, none, none, 0);
-}
-
-std::vector<torch::Tensor> HcWriteRoute(const torch::Tensor& h, const torch::Tensor& a,
-                                        const torch::Tensor& b, const torch::Tensor& y,
-                                        const torch::Tensor& w, const torch::Tensor& static_a,
-                                        const torch::Tensor& static_b, const torch::Tensor& gain_a,
-                                        const torch::Tensor& gain_b, double eps) {
-  const bool mix = a.defined();
-  return HcRouteFunction::apply(h, w, static_a, static_b, gain_a, gain_b, eps,
-                                mix ? a : torch::empty({0}, h.options()), b, y, mix ? 2 : 1);
+  return HcRouteFunction::apply(h, w, static_a, static_b, gain_a, gain_b, eps);
 }
 
 torch::Tensor Sinkhorn(const torch::Tensor& logits, int iterations, double eps) {

@@ -258,53 +258,6 @@ MhcRouteTensors MhcRouteOp(const torch::Tensor& h, const torch::Tensor& phi,
   return {HcReadOp(h, c.read), c.write, c.logits, h};
 }
 
-torch::Tensor HcPendingWrite::Apply() const { return HcWriteOp(h, a, b, y); }
-
-namespace {
-// Whether the fused CPU write-then-route takes `write` (its tensors and
-// `route`'s on the fused path, shapes as HcWriteOp's CPU path needs).
-bool CpuFusedWrite(const HcPendingWrite& write, std::initializer_list<const torch::Tensor*> route) {
-  const torch::Tensor& h = write.h;
-  if (!CpuFused(route) || !CpuFused({&h, &write.b, &write.y, route.begin()[0]}) ||
-      (write.a.defined() && !CpuFused({&h, &write.a})) || h.dim() < 2) {
-    return false;
-  }
-  const int64_t n = h.size(-2), rows = h.numel() / std::max<int64_t>(n * h.size(-1), 1);
-  return write.b.numel() == rows * n && write.y.numel() * n == h.numel() &&
-         (!write.a.defined() || write.a.numel() == rows * n * n);
-}
-}  // namespace
-
-HcRouteTensors HcWriteRouteOp(const HcPendingWrite& write, const torch::Tensor& w,
-                              const torch::Tensor& static_a, const torch::Tensor& static_b,
-                              const torch::Tensor& gain_a, const torch::Tensor& gain_b,
-                              double eps) {
-  TORCH_CHECK(write.defined(), "HcWriteRouteOp: no write to apply");
-  const torch::Tensor& h = write.h;
-  const int64_t n = static_b.numel();
-  if (CpuFusedWrite(write, {&w, &static_a, &static_b, &gain_a, &gain_b}) && h.size(-2) == n &&
-      w.dim() == 2 && w.size(0) == h.size(-1) && w.size(1) == n + 2) {
-    std::vector<torch::Tensor> r = cpu_fused::HcWriteRoute(h, write.a, write.b, write.y, w,
-                                                           static_a, static_b, gain_a, gain_b, eps);
-    return {r[0], r[1], r[2], r[3]};
-  }
-  return HcRouteOp(write.Apply(), w, static_a, static_b, gain_a, gain_b, eps);
-}
-
-MhcRouteTensors MhcWriteRouteOp(const HcPendingWrite& write, const torch::Tensor& phi,
-                                const torch::Tensor& gains, const torch::Tensor& bias, int64_t n,
-                                double eps) {
-  TORCH_CHECK(write.defined(), "MhcWriteRouteOp: no write to apply");
-  const torch::Tensor& h = write.h;
-  if (CpuFusedWrite(write, {&phi, &gains, &bias}) && h.size(-2) == n && phi.dim() == 2 &&
-      phi.size(0) == n * h.size(-1) && phi.size(1) == n * n + 2 * n) {
-    std::vector<torch::Tensor> r =
-        cpu_fused::MhcWriteRoute(h, write.a, write.b, write.y, phi, gains, bias, n, eps);
-    return {r[0], r[1], r[2], r[3]};
-  }
-  return MhcRouteOp(write.Apply(), phi, gains, bias, n, eps);
-}
-
 torch::Tensor SwiGluGateOp(const torch::Tensor& g, const torch::Tensor& u) {
 #ifdef DEPTHBENCH_HAVE_FUSED_OPS
   if (Fused({&g, &u}) && fused::KernelDtype(g) && g.scalar_type() == u.scalar_type() &&

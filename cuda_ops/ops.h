@@ -98,27 +98,6 @@ MhcRouteTensors MhcRouteOp(const torch::Tensor& h, const torch::Tensor& phi,
                            const torch::Tensor& gains, const torch::Tensor& bias, int64_t n,
                            double eps);
 
-// A connector's write not yet applied: HcWriteOp(h, a, b, y)'s arguments
-// (a undefined: the identity). The next connector's route may apply it
-// itself (HcWriteRouteOp, MhcWriteRouteOp).
-struct HcPendingWrite {
-  torch::Tensor h, a, b, y;
-  bool defined() const { return h.defined(); }
-  torch::Tensor Apply() const;  // HcWriteOp(h, a, b, y)
-};
-// HcRouteOp / MhcRouteOp of write.Apply(), the route's h output being the
-// written streams. One fused function on CPU (cpu_fused::HcWriteRoute: the
-// written streams and their gradient are formed and consumed a token, or a
-// chunk of rows, at a time instead of passing through memory whole); the
-// two ops elsewhere.
-HcRouteTensors HcWriteRouteOp(const HcPendingWrite& write, const torch::Tensor& w,
-                              const torch::Tensor& static_a, const torch::Tensor& static_b,
-                              const torch::Tensor& gain_a, const torch::Tensor& gain_b,
-                              double eps);
-MhcRouteTensors MhcWriteRouteOp(const HcPendingWrite& write, const torch::Tensor& phi,
-                                const torch::Tensor& gains, const torch::Tensor& bias, int64_t n,
-                                double eps);
-
 // silu(g) * u (the SwiGLU gate; the projections stay matmuls).
 torch::Tensor SwiGluGateOp(const torch::Tensor& g, const torch::Tensor& u);
 // The same gate on the packed gate/up projection gu [..., 2 F] (gate first)

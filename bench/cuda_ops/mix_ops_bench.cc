@@ -5,12 +5,10 @@
 // designs_bench's per-round spread, 0.6-1.3, hides a few percent):
 //   - AttnResMix as Full AttnRes runs it: one mix per sub-layer input and
 //     the final one, over 1, 2, ..., 2L + 1 sources, with a query;
-//   - HcRoute then HcWrite (the paper form's mix) for 2L chained connectors,
-//     and the same chain as the model runs it since session 14: each write
-//     left pending and applied inside the next route (HcWriteRoute), the
-//     last one applied alone.
+//   - HcRoute then HcWrite (the paper form's mix) for 2L chained connectors.
 //
 //   mix_ops_bench [--threads 1] [--reps 30] [--tokens 1024] [--d 128] [--layers 8]
+//                 [--only attnres|hc]   (one family alone, for a profiler)
 //
 // Prints per op family the median and best milliseconds per step (forward +
 // backward) over --reps repetitions.
@@ -45,8 +43,17 @@ void Report(const char* name, std::vector<double> ms) {
 int Main(int argc, char** argv) {
   PinMallocThresholds();  // as depthbench-train does
   int64_t threads = 1, reps = 30, tokens = 1024, d = 128, layers = 8;
+  std::string only;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
+    if (a == "--only") {
+      only = argv[i + 1];
+      if (only != "attnres" && only != "hc") {
+        std::fprintf(stderr, "--only must be attnres or hc, not %s\n", only.c_str());
+        return 2;
+      }
+      continue;
+    }
     const int64_t v = std::atoll(argv[i + 1]);
     if (a == "--threads") threads = v;
     else if (a == "--reps") reps = v;
@@ -106,35 +113,28 @@ int Main(int argc, char** argv) {
     }
     (h * probe).sum().backward();
   };
-  auto hc_fused_step = [&] {
-    torch::Tensor h = h0, a, b, y;  // the pending write {h, a, b, y}
-    for (int64_t k = 0; k < connectors; ++k) {
-      std::vector<torch::Tensor> r =
-          k == 0 ? cpu_fused::HcRoute(h, ws[k], sas[k], sbs[k], gas[k], gbs[k], 1e-6)
-                 : cpu_fused::HcWriteRoute(h, a, b, y, ws[k], sas[k], sbs[k], gas[k], gbs[k], 1e-6);
-      h = r[3];
-      a = r[1];
-      b = r[2];
-      y = ys[k] + r[0];
-    }
-    (cpu_fused::HcWrite(h, a, b, y) * probe).sum().backward();
-  };
 
-  std::vector<double> attnres_ms, hc_ms, hc_fused_ms;
-  attnres_step();
-  hc_step();
-  hc_fused_step();
-  for (int64_t r = 0; r < reps; ++r) {  // alternated, so drift hits both alike
-    attnres_ms.push_back(Ms(attnres_step));
-    hc_ms.push_back(Ms(hc_step));
-    hc_fused_ms.push_back(Ms(hc_fused_step));
+  struct Family {
+    const char* flag;
+    const char* name;
+    std::function<void()> step;
+    std::vector<double> ms;
+  };
+  std::vector<Family> families = {{"attnres", "attnres_full mixes", attnres_step, {}},
+                                  {"hc", "hc route+write", hc_step, {}}};
+  if (!only.empty()) {
+    families.erase(std::remove_if(families.begin(), families.end(),
+                                  [&](const Family& f) { return only != f.flag; }),
+                   families.end());
+  }
+  for (Family& f : families) f.step();
+  for (int64_t r = 0; r < reps; ++r) {  // alternated, so drift hits all alike
+    for (Family& f : families) f.ms.push_back(Ms(f.step));
   }
   std::printf("tokens=%ld d=%ld layers=%ld threads=%ld reps=%ld\n", static_cast<long>(tokens),
               static_cast<long>(d), static_cast<long>(layers), static_cast<long>(threads),
               static_cast<long>(reps));
-  Report("attnres_full mixes", attnres_ms);
-  Report("hc route+write", hc_ms);
-  Report("hc write+route fused", hc_fused_ms);
+  for (const Family& f : families) Report(f.name, f.ms);
   return 0;
 }
 

@@ -5,8 +5,7 @@
 // (reference::*Backward), on one and two threads, odd sizes and the model's broadcast (expanded) streams; a
 // finite-difference gradcheck of each in double; the dispatcher takes them
 // for CPU float tensors and falls back to the references when disabled, for
-// bf16 and for Sinkhorn logits too large for the exp domain; a connector's
-// write fused into the next route equals the two functions chained.
+// bf16 and for Sinkhorn logits too large for the exp domain.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -377,125 +376,6 @@ TEST_P(CpuFusedHcRoute, EqualsTheThreeOpsInDouble) {
 INSTANTIATE_TEST_SUITE_P(Threads, CpuFusedHcRoute, ::testing::Values(1, 2),
                          [](const auto& info) { return "threads" + std::to_string(info.param); });
 
-// ---- a connector's write fused into the next connector's route ----
-
-class CpuFusedWriteRoute : public ThreadsTest {};
-
-// HcWriteRoute / MhcWriteRoute equal HcWrite followed by HcRoute / MhcRoute
-// (each fused function alone, autograd between them) in float and double:
-// the four outputs and the gradients of h, a, b, y and the route's
-// parameters, with the residual mix and the identity write, with each
-// output left out in turn (the written streams' gradient arriving undefined
-// included), for broadcast first-block streams, at n = 4 (the blocked
-// sweep) and n = 3, 2 with d not a multiple of the vector width and more
-// tokens than one chunk of the backward's buffer.
-TEST_P(CpuFusedWriteRoute, EqualsTheWriteThenTheRoute) {
-  torch::manual_seed(120 + GetParam());
-  for (auto dtype : {torch::kFloat32, torch::kFloat64}) {
-    for (int64_t n : {4, 3, 2}) {
-      const int64_t B = 2, T = n == 4 ? 64 : 9, d = n == 4 ? 128 : 20;
-      const auto o = torch::TensorOptions().dtype(dtype);
-      torch::Tensor h = torch::randn({B, T, n, d}, o) * 2, a = torch::randn({B, T, n, n}, o) * 0.5,
-                    b = torch::randn({B, T, n}, o), y = torch::randn({B, T, d}, o);
-      // HC route parameters, then mHC's.
-      torch::Tensor w = torch::randn({d, n + 2}, o) * 0.1, sa = torch::randn({n, n + 1}, o),
-                    sb = torch::rand({n}, o) + 0.5, ga = torch::rand({1}, o) + 0.1,
-                    gb = torch::rand({1}, o) + 0.1;
-      const int64_t m = n * n + 2 * n;
-      torch::Tensor phi = torch::randn({n * d, m}, o) * 0.05, gains = torch::rand({3}, o) + 0.1,
-                    bias = torch::randn({m}, o);
-      torch::Tensor p0 = torch::randn({B, T, d}, o), p1 = torch::randn({B, T, n, n}, o),
-                    p2 = torch::randn({B, T, n}, o), ph = torch::randn({B, T, n, d}, o);
-      const double tol = dtype == torch::kFloat32 ? 2e-4 : 1e-10;
-      for (bool mhc : {false, true}) {
-        for (bool mix : {true, false}) {
-          for (bool broadcast : {false, true}) {
-            for (int skip = -1; skip < 4; ++skip) {
-              SCOPED_TRACE(::testing::Message()
-                           << "dtype=" << dtype << " n=" << n << " mhc=" << mhc << " mix=" << mix
-                           << " broadcast=" << broadcast << " skip=" << skip);
-              auto f = [&](bool fused) {
-                return [=](auto& in) {
-                  torch::Tensor hh = broadcast ? in[0].narrow(2, 0, 1).expand({B, T, n, d}) : in[0];
-                  torch::Tensor aa = mix ? in[1] : torch::Tensor();
-                  std::vector<torch::Tensor> r;
-                  if (mhc) {
-                    r = fused ? cpu_fused::MhcWriteRoute(hh, aa, in[2], in[3], in[9], in[10],
-                                                         in[11], n, 1e-6)
-                              : cpu_fused::MhcRoute(cpu_fused::HcWrite(hh, aa, in[2], in[3]),
-                                                    in[9], in[10], in[11], n, 1e-6);
-                  } else {
-                    r = fused ? cpu_fused::HcWriteRoute(hh, aa, in[2], in[3], in[4], in[5], in[6],
-                                                        in[7], in[8], 1e-6)
-                              : cpu_fused::HcRoute(cpu_fused::HcWrite(hh, aa, in[2], in[3]), in[4],
-                                                   in[5], in[6], in[7], in[8], 1e-6);
-                  }
-                  // HC: x, ar [n, n], b [n], h; mHC: x, write [n], logits [n, n], h.
-                  torch::Tensor pa = mhc ? p2 : p1, pb = mhc ? p1 : p2;
-                  torch::Tensor out = torch::zeros({B, T}, r[0].options());
-                  if (skip != 0) out = out + (r[0] * p0).sum(-1);
-                  if (skip != 1) out = out + (r[1] * pa).flatten(2).sum(-1);
-                  if (skip != 2) out = out + (r[2] * pb).flatten(2).sum(-1);
-                  if (skip != 3) out = out + (r[3] * ph).sum({-2, -1});
-                  return out;
-                };
-              };
-              std::vector<torch::Tensor> in{h, a, b, y, w, sa, sb, ga, gb, phi, gains, bias};
-              torch::Tensor probe = torch::randn({B, T}, o);
-              Outcome fused = Evaluate(f(true), in, probe), composite = Evaluate(f(false), in, probe);
-              // The inputs the other design or the identity write leave out
-              // have no gradient on either side.
-              for (size_t i = 0; i < in.size(); ++i) {
-                const bool used = i <= 3 ? (i != 1 || mix) : (mhc ? i >= 9 : i < 9);
-                EXPECT_EQ(fused.grads[i].defined(), used) << "input " << i;
-                EXPECT_EQ(composite.grads[i].defined(), used) << "input " << i;
-              }
-              ExpectSame(fused, composite, tol, tol, mhc ? "MhcWriteRoute" : "HcWriteRoute");
-            }
-          }
-        }
-      }
-    }
-  }
-}
-
-// A write whose coefficients do not fit the streams is refused naming the
-// argument, before anything is computed.
-TEST(CpuFusedWriteRouteInput, BadWriteShapesArePreciseErrors) {
-  const int64_t n = 4, d = 32;
-  torch::Tensor h = torch::randn({2, 3, n, d}), a = torch::randn({2, 3, n, n}),
-                b = torch::randn({2, 3, n}), y = torch::randn({2, 3, d});
-  torch::Tensor w = torch::randn({d, n + 2}), sa = torch::randn({n, n + 1}), sb = torch::rand({n}),
-                g = torch::rand({1});
-  torch::Tensor phi = torch::randn({n * d, n * n + 2 * n}), gains = torch::rand({3}),
-                bias = torch::randn({n * n + 2 * n});
-  auto message = [](const std::function<void()>& call) {
-    try {
-      call();
-    } catch (const c10::Error& e) {
-      return std::string(e.what_without_backtrace());
-    }
-    return std::string("no error");
-  };
-  std::string bad_b = message([&] {
-    cpu_fused::HcWriteRoute(h, a, torch::randn({2, 3, n + 1}), y, w, sa, sb, g, g, 1e-6);
-  });
-  EXPECT_NE(bad_b.find("HcWriteRoute"), std::string::npos) << bad_b;
-  EXPECT_NE(bad_b.find(" b "), std::string::npos) << bad_b;
-  std::string bad_a = message([&] {
-    cpu_fused::MhcWriteRoute(h, torch::randn({2, 3, n, n - 1}), b, y, phi, gains, bias, n, 1e-6);
-  });
-  EXPECT_NE(bad_a.find("MhcWriteRoute"), std::string::npos) << bad_a;
-  EXPECT_NE(bad_a.find(" a "), std::string::npos) << bad_a;
-  std::string bad_y = message([&] {
-    cpu_fused::MhcWriteRoute(h, a, b, torch::randn({2, 3, d + 1}), phi, gains, bias, n, 1e-6);
-  });
-  EXPECT_NE(bad_y.find(" y "), std::string::npos) << bad_y;
-}
-
-INSTANTIATE_TEST_SUITE_P(Threads, CpuFusedWriteRoute, ::testing::Values(1, 2),
-                         [](const auto& info) { return "threads" + std::to_string(info.param); });
-
 // ---- Sinkhorn ----
 
 class CpuFusedSinkhorn : public ThreadsTest {};
@@ -824,21 +704,6 @@ TEST(CpuFusedIsa, WideAndBaselineBuildsAgree) {
          std::vector<torch::Tensor> r =
              DB_BUILD_CALL(v, HcRoute, in[0], in[1], in[2], in[3], in[4], in[5], 1e-6);
          return torch::cat({r[0].flatten(), r[1].flatten(), r[2].flatten()});
-       }},
-      {"MhcWriteRoute", {h, a, b, y, torch::randn({n * d, n * n + 2 * n}) * 0.05,
-                         torch::rand({3}) + 0.1, torch::randn({n * n + 2 * n})},
-       [](Build v, auto& in) {
-         std::vector<torch::Tensor> r = DB_BUILD_CALL(v, MhcWriteRoute, in[0], in[1], in[2], in[3],
-                                                      in[4], in[5], in[6], 4, 1e-6);
-         return torch::cat({r[0].flatten(), r[1].flatten(), r[2].flatten(), r[3].flatten()});
-       }},
-      {"HcWriteRoute", {h, b, y, w, torch::randn({n, n + 1}), torch::rand({n}) + 0.5,
-                        torch::rand({1}) + 0.1, torch::rand({1}) + 0.1},
-       [](Build v, auto& in) {
-         std::vector<torch::Tensor> r = DB_BUILD_CALL(v, HcWriteRoute, in[0], torch::Tensor(),
-                                                      in[1], in[2], in[3], in[4], in[5], in[6],
-                                                      in[7], 1e-6);
-         return torch::cat({r[0].flatten(), r[1].flatten(), r[2].flatten(), r[3].flatten()});
        }},
       {"Sinkhorn", {z}, [](Build v, auto& in) {
          return DB_BUILD_CALL(v, Sinkhorn, in[0], 20, 1e-6);

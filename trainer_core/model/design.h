@@ -10,9 +10,8 @@
 //   logits = head(design->Finish(s));
 //
 // DepthState holds whatever the design carries between blocks (Pre-LN: the
-// residual; HC/mHC: the n streams, or the last connector's write still to
-// apply (streams.h); AttnRes: the sources; MoDA: the residual and the depth
-// K/V cache). Tensors in it are never modified in place, so copying
+// residual; HC: the n streams; AttnRes: the sources; MoDA: the residual and
+// the depth K/V cache). Tensors in it are never modified in place, so copying
 // a DepthState is a cheap snapshot (diagnostics cache prefixes this way).
 //
 // Thread safety: none; a design is owned by one training thread.

@@ -28,7 +28,6 @@
 
 #include "cuda_ops/ops.h"
 #include "trainer_core/model/design.h"
-#include "trainer_core/model/streams.h"
 #include "trainer_core/precision.h"
 
 namespace depthbench {
@@ -59,14 +58,11 @@ class HcConnectorImpl : public torch::nn::Module {
     gain_b.fill_(0.01);
   }
 
-  // The streams h [B, T, n, d], or the previous connector's write to apply
-  // first (`pending` defined; h then unused); branch maps the
-  // (un-normalised) read [B, T, d] to the sub-layer output. Returns this
-  // connector's write, left for the next route (or streams.h's Streams) to
-  // apply. `residual_map`, when non-null, receives A_r [B,T,n,n].
+  // h [B, T, n, d]; branch maps the (un-normalised) read [B, T, d] to the
+  // sub-layer output. `residual_map`, when non-null, receives A_r [B,T,n,n].
   template <typename Branch>
-  HcPendingWrite forward(const torch::Tensor& h, const HcPendingWrite& pending, bool code_form,
-                         Branch&& branch, torch::Tensor* residual_map) {
+  torch::Tensor forward(const torch::Tensor& h, bool code_form, Branch&& branch,
+                        torch::Tensor* residual_map) {
     const int64_t n = static_b.size(0);
     HcRouteTensors r;
     {
@@ -75,12 +71,9 @@ class HcConnectorImpl : public torch::nn::Module {
       // sets (the parameters stay separate), tanh and the static/gain
       // affine, and the read sum_s a[s, 0] H_s: one fused function on CPU
       // (cuda_ops HcRouteOp; the read is element-wise, which autocast leaves
-      // alone either way), with the previous write in it where there is one
-      // (HcWriteRouteOp).
-      const torch::Tensor w = torch::cat({dynamic_a, dynamic_b}, /*dim=*/1);
-      r = pending.defined()
-              ? HcWriteRouteOp(pending, w, static_a, static_b, gain_a, gain_b, kNormEps)
-              : HcRouteOp(h, w, static_a, static_b, gain_a, gain_b, kNormEps);
+      // alone either way).
+      r = HcRouteOp(h, torch::cat({dynamic_a, dynamic_b}, /*dim=*/1), static_a, static_b, gain_a,
+                    gain_b, kNormEps);
     }
     // The residual mix and write go through the cuda_ops dispatcher: the
     // fused kernels on CUDA and CPU, the composites elsewhere.
@@ -88,9 +81,8 @@ class HcConnectorImpl : public torch::nn::Module {
     if (residual_map != nullptr) {
       *residual_map = code_form ? torch::eye(n).expand_as(r.ar).clone() : r.ar.detach();
     }
-    // r.h: the streams as the route passed them through (one stream
-    // gradient, HcRouteOp).
-    return {r.h, code_form ? torch::Tensor() : r.ar, r.b, y};
+    // r.h: h as the route passed it through (one stream gradient, HcRouteOp).
+    return HcWriteOp(r.h, code_form ? torch::Tensor() : r.ar, r.b, y);
   }
 
   // Static routing only: the tanh gains decay (spec section 9).
@@ -133,27 +125,25 @@ class HcDesign final : public DesignImpl {
     const bool code = options_.hc_code_form;
     torch::Tensor map;
     torch::Tensor* rec = record_diagnostics_ ? &map : nullptr;
-    HcPendingWrite w = PendingWriteOf(s);
-    w = b.attn_hc->forward(
-        w.defined() ? torch::Tensor() : s.tensors[0], w, code,
-        [&](const torch::Tensor& x) { return b.attn->forward(b.attn_norm->forward(x), rope()); },
+    torch::Tensor h = s.tensors[0];
+    h = b.attn_hc->forward(
+        h, code, [&](const torch::Tensor& x) { return b.attn->forward(b.attn_norm->forward(x), rope()); },
         rec);
     if (rec) maps_.push_back(map);
-    w = b.ffn_hc->forward(
-        torch::Tensor(), w, code,
-        [&](const torch::Tensor& x) { return b.ffn->forward(b.ffn_norm->forward(x)); }, rec);
+    h = b.ffn_hc->forward(
+        h, code, [&](const torch::Tensor& x) { return b.ffn->forward(b.ffn_norm->forward(x)); }, rec);
     if (rec) maps_.push_back(map);
-    SetPendingWrite(s, w);
+    s.tensors[0] = h;
   }
 
   torch::Tensor Finish(const DepthState& s) override {
-    return final_norm->forward(Streams(s).sum(-2));
+    return final_norm->forward(s.tensors[0].sum(-2));
   }
   torch::Tensor Representation(const DepthState& s, int64_t) override {
-    const torch::Tensor h = Streams(s);
+    const torch::Tensor& h = s.tensors[0];
     return h.reshape({h.size(0), h.size(1), -1});
   }
-  torch::Tensor LensHidden(const DepthState& s, int64_t) override { return Streams(s).sum(-2); }
+  torch::Tensor LensHidden(const DepthState& s, int64_t) override { return s.tensors[0].sum(-2); }
 
   void InitDesignParameters() override {
     torch::NoGradGuard no_grad;

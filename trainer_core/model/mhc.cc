@@ -23,7 +23,6 @@
 #include "cuda_ops/ops.h"
 #include "cuda_ops/reference.h"
 #include "trainer_core/model/design.h"
-#include "trainer_core/model/streams.h"
 #include "trainer_core/precision.h"
 
 namespace depthbench {
@@ -60,11 +59,8 @@ class MhcConnectorImpl : public torch::nn::Module {
     bias.narrow(0, 2 * n, n * n).copy_((torch::eye(n) - 1.0).mul(8.0).reshape({-1}));
   }
 
-  // As HcConnector's: the streams h, or the previous connector's write to
-  // apply first (`pending` defined); returns this connector's write.
   template <typename Branch>
-  HcPendingWrite forward(const torch::Tensor& h, const HcPendingWrite& pending, Branch&& branch,
-                         torch::Tensor* residual_map) {
+  torch::Tensor forward(const torch::Tensor& h, Branch&& branch, torch::Tensor* residual_map) {
     const int64_t n = n_;
     torch::Tensor x, write, map, streams;
     {
@@ -72,21 +68,18 @@ class MhcConnectorImpl : public torch::nn::Module {
       // RMS over the flattened n*d values, then Phi; group gains, bias, the
       // two sigmoids and the residual logits; the read sum_r read_r H_r.
       // One fused function on CPU (cuda_ops MhcRouteOp; the read is
-      // element-wise, which autocast leaves alone either way), with the
-      // previous write in it where there is one (MhcWriteRouteOp).
-      MhcRouteTensors r = pending.defined()
-                              ? MhcWriteRouteOp(pending, phi, gains, bias, n, kNormEps)
-                              : MhcRouteOp(h, phi, gains, bias, n, kNormEps);
+      // element-wise, which autocast leaves alone either way).
+      MhcRouteTensors r = MhcRouteOp(h, phi, gains, bias, n, kNormEps);
       x = r.x;
       write = r.write;
-      streams = r.h;  // the streams passed through the route (one stream gradient)
+      streams = r.h;  // h passed through the route (one stream gradient)
       // Fused Sinkhorn on CUDA and CPU (cuda_ops SinkhornOp).
       map = SinkhornOp(r.logits, kSinkhornIterations, kSinkhornEps);  // [B,T,n,n]
     }
     if (residual_map != nullptr) *residual_map = map.detach();
     torch::Tensor y = branch(x);
     // out_t = sum_s map[s, t] h_s + write_t y, i.e. map^T h + write y.
-    return {streams, map, write, y};
+    return HcWriteOp(streams, map, write, y);
   }
 
   std::vector<torch::Tensor> NoDecay() { return {bias, gains}; }
@@ -129,28 +122,26 @@ class MhcDesign final : public DesignImpl {
     MhcBlockImpl& b = *blocks_[weights];
     torch::Tensor map;
     torch::Tensor* rec = record_diagnostics_ ? &map : nullptr;
-    HcPendingWrite w = PendingWriteOf(s);
-    w = b.attn_mhc->forward(
-        w.defined() ? torch::Tensor() : s.tensors[0], w,
-        [&](const torch::Tensor& x) { return b.attn->forward(b.attn_norm->forward(x), rope()); },
+    torch::Tensor h = s.tensors[0];
+    h = b.attn_mhc->forward(
+        h, [&](const torch::Tensor& x) { return b.attn->forward(b.attn_norm->forward(x), rope()); },
         rec);
     if (rec) maps_.push_back(map);
-    w = b.ffn_mhc->forward(
-        torch::Tensor(), w,
-        [&](const torch::Tensor& x) { return b.ffn->forward(b.ffn_norm->forward(x)); }, rec);
+    h = b.ffn_mhc->forward(
+        h, [&](const torch::Tensor& x) { return b.ffn->forward(b.ffn_norm->forward(x)); }, rec);
     if (rec) maps_.push_back(map);
-    SetPendingWrite(s, w);
+    s.tensors[0] = h;
   }
 
   torch::Tensor Finish(const DepthState& s) override {
-    return final_norm->forward(Streams(s).mean(-2));
+    return final_norm->forward(s.tensors[0].mean(-2));
   }
   torch::Tensor Representation(const DepthState& s, int64_t) override {
-    const torch::Tensor h = Streams(s);
+    const torch::Tensor& h = s.tensors[0];
     return h.reshape({h.size(0), h.size(1), -1});
   }
   // What the head reads: the stream average.
-  torch::Tensor LensHidden(const DepthState& s, int64_t) override { return Streams(s).mean(-2); }
+  torch::Tensor LensHidden(const DepthState& s, int64_t) override { return s.tensors[0].mean(-2); }
 
   void InitDesignParameters() override {
     torch::NoGradGuard no_grad;
