@@ -47,11 +47,7 @@ int Main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--only") {
-      only = argv[i + 1];
-      if (only != "attnres" && only != "hc") {
-        std::fprintf(stderr, "--only must be attnres or hc, not %s\n", only.c_str());
-        return 2;
-      }
+      only = argv[i + 1];  // checked against the families below
       continue;
     }
     const int64_t v = std::atoll(argv[i + 1]);
@@ -123,9 +119,15 @@ int Main(int argc, char** argv) {
   std::vector<Family> families = {{"attnres", "attnres_full mixes", attnres_step, {}},
                                   {"hc", "hc route+write", hc_step, {}}};
   if (!only.empty()) {
+    std::string flags;
+    for (const Family& f : families) flags += flags.empty() ? f.flag : std::string(" or ") + f.flag;
     families.erase(std::remove_if(families.begin(), families.end(),
                                   [&](const Family& f) { return only != f.flag; }),
                    families.end());
+    if (families.empty()) {
+      std::fprintf(stderr, "--only must be %s, not %s\n", flags.c_str(), only.c_str());
+      return 2;
+    }
   }
   for (Family& f : families) f.step();
   for (int64_t r = 0; r < reps; ++r) {  // alternated, so drift hits all alike
