@@ -178,9 +178,9 @@ inline void WriteTokenBlocked(const float* hr, const float* ar, const float* br,
 //   dy = sum_t b_t g_t, db_t = g_t . y, and with the mix
 //   dh_s = sum_t a[s, t] g_t, da[s, t] = h_s . g_t
 // in one sweep of the token's rows, the N (N + 1) dot products as
-// lane-wise partial sums in registers, each reduced once at the end (the
-// plain loop ran N (N + 1) separate dot products, each with its own
-// reduction, and N + 1 sweeps of each output row). In the AVX-512 build the
+// lane-wise partial sums in registers, reduced together at the end
+// (SumEachVF; the plain loop ran N (N + 1) separate dot products, each with
+// its own reduction, and N + 1 sweeps of each output row). In the AVX-512 build the
 // partial sums and their reduction are Dot's, so the values are the plain
 // loop's; in the others they differ from it by float rounding.
 template <int N, bool kMix>
@@ -207,12 +207,8 @@ inline void WriteBackwardTokenBlocked(const float* hr, const float* ar, const fl
       }
     }
   }
-  for (int t = 0; t < N; ++t) dbr[t] = SumVF(db_acc[t]);
-  if constexpr (kMix) {
-    for (int k = 0; k < N; ++k) {
-      for (int t = 0; t < N; ++t) dar[k * N + t] = SumVF(da_acc[k][t]);
-    }
-  }
+  SumEachVF<N>(db_acc, dbr);
+  if constexpr (kMix) SumEachVF<N * N>(&da_acc[0][0], dar);
 }
 
 // Runs fn(std::integral_constant<int, N>) for the stream counts with a
@@ -394,7 +390,8 @@ inline void ProjectRow(const T* xr, const T* wp, int64_t k, int64_t m, double ep
 // [count] and u [count][m]. In float with k a multiple of kVF, register-
 // blocked: two weight rows against all the rows at once, so the m x k
 // weights (48 KB for mHC at d = 128, past L1) stream once per group
-// instead of once per row.
+// instead of once per row, and the group's 2 kGroup sums reduced together
+// (SumEachVF).
 template <typename T>
 inline void ProjectGroup(const T* x, int64_t count, const T* wp, int64_t k, int64_t m, double eps,
                          T* rs, T* u) {
@@ -421,9 +418,11 @@ inline void ProjectGroup(const T* x, int64_t count, const T* wp, int64_t k, int6
             a[q][1] += xv * v1;
           }
         }
+        float sums[2 * kGroup];
+        SumEachVF<2 * kGroup>(&a[0][0], sums);
         for (int64_t q = 0; q < count; ++q) {
-          u[q * m + j] = rs[q] * SumVF(a[q][0]);
-          if (j + 1 < m) u[q * m + j + 1] = rs[q] * SumVF(a[q][1]);
+          u[q * m + j] = rs[q] * sums[2 * q];
+          if (j + 1 < m) u[q * m + j + 1] = rs[q] * sums[2 * q + 1];
         }
       }
       return;
