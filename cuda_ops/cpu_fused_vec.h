@@ -1,7 +1,8 @@
-// 8-float vectors, the build's widest float vector (VF), a vectorised exp and
-// row prefetching for the fused CPU kernels (cpu_fused_attn.cc, cpu_fused.cc,
-// cpu_fused_mix.cc). Included after cpu_fused_target.h, so these compile for
-// the including object's ISA, in its namespace.
+// 8-float vectors, the build's widest float vector (VF), lane sums (one
+// vector's, or many vectors' at once), a vectorised exp and tanh and a
+// register-blocked rank update for the fused CPU kernels (cpu_fused_attn.cc,
+// cpu_fused.cc, cpu_fused_mix.cc). Included after cpu_fused_target.h, so
+// these compile for the including object's ISA, in its namespace.
 #ifndef DEPTHBENCH_CUDA_OPS_CPU_FUSED_VEC_H_
 #define DEPTHBENCH_CUDA_OPS_CPU_FUSED_VEC_H_
 
