@@ -4,40 +4,51 @@
 // so those kernels' values did not change with it.
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <vector>
+
 #include "cuda_ops/cpu_fused_isa.h"
 #include "tests/cuda_ops/vec_sum_check.h"
 
 namespace depthbench {
 namespace {
 
+// One build's check: its vector width and its entry point.
+struct VecBuild {
+  const char* name;
+  int lanes;
+  int (*vector_lanes)();
+  int64_t (*mismatches)(uint32_t);
+};
+
+void ExpectSumEachIsSumVF(const VecBuild& b) {
+  EXPECT_EQ(b.vector_lanes(), b.lanes) << b.name;
+  for (uint32_t seed : {1u, 2u}) EXPECT_EQ(b.mismatches(seed), 0) << b.name << " seed " << seed;
+}
+
 TEST(CpuFusedVec, SumEachVFIsSumVFToTheBitInTheBaselineBuild) {
-  EXPECT_EQ(cpu_fused::generic::VectorLanes(), 8);
-  EXPECT_EQ(cpu_fused::generic::SumEachVFMismatches(1), 0);
-  EXPECT_EQ(cpu_fused::generic::SumEachVFMismatches(2), 0);
+  ExpectSumEachIsSumVF({"generic", 8, cpu_fused::generic::VectorLanes,
+                        cpu_fused::generic::SumEachVFMismatches});
 }
 
 TEST(CpuFusedVec, SumEachVFIsSumVFToTheBitInTheWideBuilds) {
-  int ran = 0;
+  std::vector<VecBuild> wide;
 #if defined(DEPTHBENCH_CPU_FUSED_HAVE_AVX2)
   if (cpu_fused::Avx2Available()) {
-    EXPECT_EQ(cpu_fused::avx2::VectorLanes(), 8);
-    EXPECT_EQ(cpu_fused::avx2::SumEachVFMismatches(1), 0) << "avx2";
-    EXPECT_EQ(cpu_fused::avx2::SumEachVFMismatches(2), 0) << "avx2";
-    ++ran;
+    wide.push_back({"avx2", 8, cpu_fused::avx2::VectorLanes, cpu_fused::avx2::SumEachVFMismatches});
   }
 #endif
 #if defined(DEPTHBENCH_CPU_FUSED_HAVE_AVX512)
   if (cpu_fused::Avx512Available()) {
-    EXPECT_EQ(cpu_fused::avx512::VectorLanes(), 16);
-    EXPECT_EQ(cpu_fused::avx512::SumEachVFMismatches(1), 0) << "avx512";
-    EXPECT_EQ(cpu_fused::avx512::SumEachVFMismatches(2), 0) << "avx512";
-    ++ran;
+    wide.push_back(
+        {"avx512", 16, cpu_fused::avx512::VectorLanes, cpu_fused::avx512::SumEachVFMismatches});
   }
 #endif
-  if (ran == 0) {
+  if (wide.empty()) {
     GTEST_SKIP() << "this CPU (or build) has no AVX2 + FMA kernels; the baseline build's check "
                     "is the other test here";
   }
+  for (const VecBuild& b : wide) ExpectSumEachIsSumVF(b);
 }
 
 }  // namespace
