@@ -160,9 +160,9 @@ inline float SumV(V v) {
   }
 }
 
-// SumEachVF's step at lane distance D: lane l of the result is p[l] + p[l +
-// D] where bit D of l is clear and q[l - D] + q[l] where it is set, each a
-// two-source lane permutation and one add.
+// SumEachVF's step at lane distance D (a power of two): lane l of the
+// result is p[l] + p[l + D] where l & D is 0 and q[l - D] + q[l] where it
+// is not, two two-source lane permutations and one add.
 typedef int32_t VFi __attribute__((vector_size(sizeof(VF))));
 template <int D, size_t... L>
 inline VF FoldPair(VF p, VF q, std::index_sequence<L...>) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cuda_ops/cpu_fused_isa.h"
+#include "tests/cuda_ops/isa_builds.h"
 #include "tests/cuda_ops/vec_sum_check.h"
 
 namespace depthbench {
@@ -45,8 +46,7 @@ TEST(CpuFusedVec, SumEachVFIsSumVFToTheBitInTheWideBuilds) {
   }
 #endif
   if (wide.empty()) {
-    GTEST_SKIP() << "this CPU (or build) has no AVX2 + FMA kernels; the baseline build's check "
-                    "is the other test here";
+    GTEST_SKIP() << testing::kNoWideBuild;
   }
   for (const VecBuild& b : wide) ExpectSumEachIsSumVF(b);
 }
