@@ -30,7 +30,8 @@
 # one single-threaded micro-batch per thread: trainer_core/micro_batch.h);
 # SECOND=composite with DEPTHBENCH_CPU_ATTENTION=composite (attention as ATen
 # batched GEMMs and softmax by causal query chunks instead of the fused CPU
-# kernel).
+# kernel); SECOND=blas with DEPTHBENCH_CPU_GEMM=blas (the dense layers'
+# GEMMs on OpenBLAS, as the peer's, instead of oneDNN's sgemm: cuda_ops/cpu_gemm.h).
 # The peer's fourth variant does what depthbench-train does on the CPU: the
 # batch as THREADS micro-batches in Python threads of single-threaded ops
 # (pinned + fused too).
@@ -50,7 +51,8 @@ THREADS="${THREADS:-2}" SKIP="${SKIP:-3}" CLOCK="${CLOCK:-wall}" SECOND="${SECON
 case "$SECOND" in
   one-batch) second_env=(env DEPTHBENCH_CPU_MICROBATCH=off); second_name="one batch" ;;
   composite) second_env=(env DEPTHBENCH_CPU_ATTENTION=composite); second_name="composite attention" ;;
-  *) echo "SECOND must be one-batch or composite, not '$SECOND'" >&2; exit 2 ;;
+  blas) second_env=(env DEPTHBENCH_CPU_GEMM=blas); second_name="GEMMs on OpenBLAS" ;;
+  *) echo "SECOND must be one-batch, composite or blas, not '$SECOND'" >&2; exit 2 ;;
 esac
 train="$build/trainer_core/depthbench-train"
 py=/usr/bin/python3
