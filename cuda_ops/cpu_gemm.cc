@@ -59,27 +59,21 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
     const torch::Tensor& w = saved[1];
     torch::Tensor dy = grads[0].contiguous();
     const int64_t K = w.size(1), N = w.size(0), M = x.numel() / K;
+    // out = op(a) op(b), [rows, cols] over `inner` products; zero when empty.
+    auto product = [&](const torch::Tensor& like, char ta, char tb, int64_t rows, int64_t cols,
+                       int64_t inner, const torch::Tensor& a, int64_t lda,
+                       const torch::Tensor& b, int64_t ldb) {
+      torch::Tensor out = torch::empty_like(like);
+      if (M == 0 || N == 0) return out.zero_();
+      Sgemm(ta, tb, rows, cols, inner, a.data_ptr<float>(), lda, b.data_ptr<float>(), ldb,
+            out.data_ptr<float>(), cols);
+      return out;
+    };
     torch::Tensor dx, dw;
-    if (ctx->needs_input_grad(0)) {
-      dx = torch::empty_like(x);
-      if (M > 0 && N > 0) {
-        // dx [M, K] = dy [M, N] w [N, K]
-        Sgemm('N', 'N', M, K, N, dy.data_ptr<float>(), N, w.data_ptr<float>(), K,
-              dx.data_ptr<float>(), K);
-      } else {
-        dx.zero_();
-      }
-    }
-    if (ctx->needs_input_grad(1)) {
-      dw = torch::empty_like(w);
-      if (M > 0 && N > 0) {
-        // dw [N, K] = dy^T [N, M] x [M, K]
-        Sgemm('T', 'N', N, K, M, dy.data_ptr<float>(), N, x.data_ptr<float>(), K,
-              dw.data_ptr<float>(), K);
-      } else {
-        dw.zero_();
-      }
-    }
+    // dx [M, K] = dy [M, N] w [N, K]
+    if (ctx->needs_input_grad(0)) dx = product(x, 'N', 'N', M, K, N, dy, N, w, K);
+    // dw [N, K] = dy^T [N, M] x [M, K]
+    if (ctx->needs_input_grad(1)) dw = product(w, 'T', 'N', N, K, M, dy, N, x, K);
     return {dx, dw};
   }
 };
