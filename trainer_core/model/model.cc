@@ -3,7 +3,6 @@
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
-#include "cuda_ops/ops.h"
 
 namespace depthbench {
 
@@ -54,7 +53,7 @@ torch::Tensor LanguageModelImpl::Forward(const torch::Tensor& tokens,
     const int64_t w = control.order.empty() ? p : control.order[p];
     design_->ApplyBlock(p, w, state);
   }
-  return LinearOp(design_->Finish(state), head->weight);
+  return head->forward(design_->Finish(state));
 }
 
 torch::Tensor LanguageModelImpl::CrossEntropy(const torch::Tensor& logits,
