@@ -32,15 +32,22 @@ bool RealClock::AwaitWithTimeout(absl::Mutex* mu, const absl::Condition& cond,
 
 void Clock::SleepFor(int64_t ms) const {
   if (ms <= 0) return;
-  const int64_t deadline = NowMonotonicMs() + ms;
-  while (NowMonotonicMs() < deadline) absl::SleepFor(absl::Milliseconds(kPollMs));
+  SleepUntilMs(NowMonotonicMs() + ms);
 }
 
 bool Clock::AwaitWithTimeout(absl::Mutex* mu, const absl::Condition& cond,
                              int64_t timeout_ms) const {
-  const int64_t deadline = NowMonotonicMs() + timeout_ms;
+  return AwaitUntilMs(mu, cond, NowMonotonicMs() + timeout_ms);
+}
+
+void Clock::SleepUntilMs(int64_t deadline_ms) const {
+  while (NowMonotonicMs() < deadline_ms) absl::SleepFor(absl::Milliseconds(kPollMs));
+}
+
+bool Clock::AwaitUntilMs(absl::Mutex* mu, const absl::Condition& cond,
+                         int64_t deadline_ms) const {
   bool held = cond.Eval();
-  while (!held && NowMonotonicMs() < deadline) {
+  while (!held && NowMonotonicMs() < deadline_ms) {
     held = mu->AwaitWithTimeout(cond, absl::Milliseconds(kPollMs));
   }
   return held;
@@ -57,6 +64,9 @@ class FakeClock::Waiter {
     absl::MutexLock lock(&clock_->waiters_mu_);
     clock_->deadlines_.erase(it_);
   }
+  // The registered deadline: the wait must end at this one, not at one
+  // computed again later (the test may advance the clock in between).
+  int64_t deadline() const { return deadline_; }
 
  private:
   const FakeClock* const clock_;
@@ -65,14 +75,15 @@ class FakeClock::Waiter {
 };
 
 void FakeClock::SleepFor(int64_t ms) const {
+  if (ms <= 0) return;
   Waiter waiter(this, ms);
-  Clock::SleepFor(ms);
+  SleepUntilMs(waiter.deadline());
 }
 
 bool FakeClock::AwaitWithTimeout(absl::Mutex* mu, const absl::Condition& cond,
                                  int64_t timeout_ms) const {
   Waiter waiter(this, timeout_ms);
-  return Clock::AwaitWithTimeout(mu, cond, timeout_ms);
+  return AwaitUntilMs(mu, cond, waiter.deadline());
 }
 
 int FakeClock::PendingWaiters() const {

@@ -43,6 +43,13 @@ class Clock {
   // The base versions re-read NowMonotonicMs() every kPollMs of real time
   // (right for clocks a test moves); RealClock waits on real time directly.
   static constexpr int64_t kPollMs = 1;
+
+ protected:
+  // The polling waits up to an absolute deadline of this clock's time, so a
+  // caller that registered the deadline (FakeClock's waiters) waits for
+  // exactly that one, however late its thread reads the clock again.
+  void SleepUntilMs(int64_t deadline_ms) const;
+  bool AwaitUntilMs(absl::Mutex* mu, const absl::Condition& cond, int64_t deadline_ms) const;
 };
 
 class RealClock final : public Clock {
