@@ -18,6 +18,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <thread>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -27,6 +28,7 @@
 #include "common/blas_tuning.h"
 #include "common/malloc_tuning.h"
 #include "common/run_protocol.h"
+#include "common/shutdown_signals.h"
 #include "trainer_core/arch.h"
 #include "trainer_core/data.h"
 #include "trainer_core/diagnostics/deff_cli.h"
@@ -147,6 +149,25 @@ absl::StatusOr<nlohmann::json> OverlayFlags(nlohmann::json config,
   return config;
 }
 
+// A stop request (SIGTERM: the worker's pause, prune or shutdown; SIGINT: a
+// terminal) is taken by one thread waiting in sigwait(), never by a signal
+// handler. A handler runs on whichever thread the kernel picks, in the middle
+// of whatever it is doing, and Debian's oneDNN 2.6 sgemm (the dense layers'
+// GEMMs, cuda_ops/cpu_gemm.h) corrupts the heap when a handler interrupts it:
+// a stopped trainer aborted instead of writing its checkpoint
+// (bench/RESULTS.md, session 16, with a reproducer). Blocked here, before
+// LibTorch, OpenMP or gloo start a thread, the mask is every thread's, so no
+// handler ever runs in this process. Called once, on the main thread.
+void StopOnShutdownSignals() {
+  const sigset_t signals = BlockShutdownSignals();
+  std::thread([signals] {
+    for (;;) {
+      int sig = 0;
+      if (sigwait(&signals, &sig) == 0) Trainer::RequestStop();
+    }
+  }).detach();
+}
+
 int RunTrain(const std::string& config_file, const std::map<std::string, std::string>& given,
              const std::string& out_dir, bool resume, const std::string& data_dir) {
   nlohmann::json config = nlohmann::json::object();
@@ -166,8 +187,7 @@ int RunTrain(const std::string& config_file, const std::map<std::string, std::st
   // Before the first tensor: keep a step's activations in the heap across
   // steps (common/malloc_tuning.h; 2x on the forward/backward passes).
   PinMallocThresholds();
-  std::signal(SIGTERM, [](int) { Trainer::RequestStop(); });
-  std::signal(SIGINT, [](int) { Trainer::RequestStop(); });
+  StopOnShutdownSignals();
 
   LossCurveSummary summary;
   Trainer trainer(*parsed, TrainerOptions{out_dir, resume, data_dir},
