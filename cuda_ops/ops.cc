@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "cuda_ops/cpu_fused.h"
+#include "cuda_ops/cpu_gemm.h"
 #include "cuda_ops/reference.h"
 #ifdef DEPTHBENCH_HAVE_FUSED_OPS
 #include "cuda_ops/torch_bindings.h"
@@ -146,14 +147,16 @@ bool FusedOpsAvailable() {
 }
 
 std::string FusedOpsDescription() {
-  if (!g_enabled.load()) return "composite ops (fused ops disabled)";
+  // The dense GEMMs' library is independent of the fused-op switch.
+  const std::string gemm = "; CPU " + cpu_gemm::Description();
+  if (!g_enabled.load()) return "composite ops (fused ops disabled)" + gemm;
 #ifdef DEPTHBENCH_HAVE_FUSED_OPS
   if (!fused::CudaDeviceAvailable())
-    return "fused CUDA ops compiled, no CUDA device; " + std::string(kCpuFused);
-  return "fused CUDA ops; " + std::string(kCpuFused);
+    return "fused CUDA ops compiled, no CUDA device; " + std::string(kCpuFused) + gemm;
+  return "fused CUDA ops; " + std::string(kCpuFused) + gemm;
 #else
-  return std::string(kCpuFused) + " (fused CUDA ops not built: no nvcc or "
-         "LibTorch built without CUDA)";
+  return std::string(kCpuFused) + gemm +
+         " (fused CUDA ops not built: no nvcc or LibTorch built without CUDA)";
 #endif
 }
 
@@ -266,6 +269,14 @@ torch::Tensor SwiGluGateOp(const torch::Tensor& g, const torch::Tensor& u) {
   }
 #endif
   return reference::SwiGluGate(g, u);
+}
+
+torch::Tensor LinearOp(const torch::Tensor& x, const torch::Tensor& w) {
+  TORCH_CHECK(x.dim() >= 1 && w.dim() == 2 && x.size(-1) == w.size(1),
+              "LinearOp: x [..., K] and w [N, K] must agree in K; has x ", x.sizes(), ", w ",
+              w.sizes());
+  if (cpu_gemm::Supports(x, w)) return cpu_gemm::Linear(x, w);
+  return torch::linear(x, w);
 }
 
 torch::Tensor SwiGluPackedOp(const torch::Tensor& gu) {

@@ -33,6 +33,12 @@ std::string FusedOpsDescription();
 // CUDA tensors (benchmarks compare the two this way).
 void SetFusedOpsEnabled(bool enabled);
 
+// A dense layer without bias, y = x w^T: x [..., K], w [N, K] -> [..., N].
+// On float32 CPU tensors through oneDNN's sgemm, forward and backward
+// (cpu_gemm.h; DEPTHBENCH_CPU_GEMM=blas, or a build without oneDNN, leaves
+// it to the system BLAS); elsewhere torch::linear.
+torch::Tensor LinearOp(const torch::Tensor& x, const torch::Tensor& w);
+
 // y = x * rsqrt(mean(x^2) + eps) * weight; x [..., d], weight [d].
 torch::Tensor RmsNormOp(const torch::Tensor& x, const torch::Tensor& weight, double eps);
 

@@ -144,6 +144,7 @@ else
   t0=$(date +%s)
   cmake -S "$root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DDEPTHBENCH_TRAINER_ONLY=ON -DDEPTHBENCH_BUILD_TESTS=ON -DDEPTHBENCH_BUILD_BENCH=ON \
+    -DDEPTHBENCH_ONEDNN=OFF \
     -DCMAKE_PREFIX_PATH="$bundle/usr${torch_prefix:+;$torch_prefix}" \
     -Dabsl_DIR="$libdir/cmake/absl" -DGTest_DIR="$libdir/cmake/GTest" \
     -Dnlohmann_json_DIR="$bundle/usr/share/cmake/nlohmann_json" \

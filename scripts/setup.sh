@@ -14,7 +14,7 @@ jobs="${JOBS:-$(nproc)}"
 
 packages=(
   build-essential cmake ninja-build pkg-config git ca-certificates
-  libtorch-dev libopenblas0-openmp libgloo-dev
+  libtorch-dev libopenblas0-openmp libgloo-dev libdnnl-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libsqlite3-dev sqlite3 openssl
   libboost-dev libgtest-dev libgmock-dev libbenchmark-dev libabsl-dev

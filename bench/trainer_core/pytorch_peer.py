@@ -6,8 +6,15 @@ head, no biases, std-0.02 init), AdamW (0.9, 0.95, eps 1e-8, wd 0.1), global
 norm clipping 1.0, on random byte tokens. Prints one JSON line with the
 median tokens/s over the timed steps. Run with Debian's /usr/bin/python3
 (python3-torch).
+
+--onednn-gemm gives the peer the GEMM library depthbench-train's dense layers
+call (cuda_ops/cpu_gemm.h): PyTorch 1.13 has no switch that sends float32
+F.linear to oneDNN, so every linear layer becomes an autograd function that
+calls oneDNN's sgemm through ctypes (libdnnl.so.2, the library LibTorch
+itself links; ctypes releases the GIL, so micro-batch threads overlap).
 """
 import argparse
+import ctypes
 import json
 import math
 import statistics
@@ -43,6 +50,49 @@ def rope(x, cos, sin):
     return x * cos + torch.cat([-x2, x1], -1) * sin
 
 
+class DnnlLinear(torch.autograd.Function):
+    """y = x w^T with forward and backward on oneDNN's dnnl_sgemm."""
+    lib = None
+
+    @classmethod
+    def load(cls):
+        cls.lib = ctypes.CDLL("libdnnl.so.2")
+        i64, fl, ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+        cls.lib.dnnl_sgemm.argtypes = [ctypes.c_char, ctypes.c_char, i64, i64, i64, fl, ptr, i64,
+                                       ptr, i64, fl, ptr, i64]
+
+    @classmethod
+    def sgemm(cls, ta, tb, m, n, k, a, lda, b, ldb, c, ldc):
+        status = cls.lib.dnnl_sgemm(ta, tb, m, n, k, 1.0, a.data_ptr(), lda, b.data_ptr(), ldb,
+                                    0.0, c.data_ptr(), ldc)
+        if status != 0:
+            raise RuntimeError(f"dnnl_sgemm failed with status {status}")
+
+    @staticmethod
+    def forward(ctx, x, w):
+        N, K = w.shape
+        x2, w = x.reshape(-1, K).contiguous(), w.contiguous()
+        y = torch.empty(x2.shape[0], N)
+        DnnlLinear.sgemm(b"N", b"T", x2.shape[0], N, K, x2, K, w, K, y, N)
+        ctx.save_for_backward(x2, w)
+        ctx.x_shape = x.shape
+        return y.view(*x.shape[:-1], N)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x2, w = ctx.saved_tensors
+        (N, K), M = w.shape, x2.shape[0]
+        dy = dy.reshape(M, N).contiguous()
+        dx, dw = torch.empty(M, K), torch.empty(N, K)
+        DnnlLinear.sgemm(b"N", b"N", M, K, N, dy, N, w, K, dx, K)
+        DnnlLinear.sgemm(b"T", b"N", N, K, M, dy, N, x2, K, dw, K)
+        return dx.view(ctx.x_shape), dw
+
+
+def linear(x, w):
+    return DnnlLinear.apply(x, w) if DnnlLinear.lib is not None else F.linear(x, w)
+
+
 class Block(nn.Module):
     def __init__(self, d, heads, d_ff):
         super().__init__()
@@ -65,19 +115,22 @@ class Block(nn.Module):
         x = self.attn_norm(h)
         split = lambda t: t.view(B, T, self.heads, hd).transpose(1, 2)
         if self.fused:
-            qkv = F.linear(x, torch.cat([self.q.weight, self.k.weight, self.v.weight], 0))
+            qkv = linear(x, torch.cat([self.q.weight, self.k.weight, self.v.weight], 0))
             q, k, v = (split(t) for t in qkv.split(d, -1))
             q, k = rope(q, cos, sin), rope(k, cos, sin)
         else:
-            q, k, v = rope(split(self.q(x)), cos, sin), rope(split(self.k(x)), cos, sin), split(self.v(x))
+            q = rope(split(linear(x, self.q.weight)), cos, sin)
+            k = rope(split(linear(x, self.k.weight)), cos, sin)
+            v = split(linear(x, self.v.weight))
         s = q @ k.transpose(-2, -1) / math.sqrt(hd) + mask
         a = (torch.softmax(s, -1) @ v).transpose(1, 2).reshape(B, T, d)
-        h = h + self.o(a)
+        h = h + linear(a, self.o.weight)
         x = self.ffn_norm(h)
         if self.fused:
-            g, u = F.linear(x, torch.cat([self.gate.weight, self.up.weight], 0)).chunk(2, -1)
-            return h + self.down(F.silu(g) * u)
-        return h + self.down(F.silu(self.gate(x)) * self.up(x))
+            g, u = linear(x, torch.cat([self.gate.weight, self.up.weight], 0)).chunk(2, -1)
+        else:
+            g, u = linear(x, self.gate.weight), linear(x, self.up.weight)
+        return h + linear(F.silu(g) * u, self.down.weight)
 
 
 class Model(nn.Module):
@@ -100,7 +153,7 @@ class Model(nn.Module):
         h = self.embed(x)
         for b in self.blocks:
             h = b(h, self.cos, self.sin, self.mask)
-        return self.head(self.norm(h))
+        return linear(self.norm(h), self.head.weight)
 
 
 def main():
@@ -122,10 +175,14 @@ def main():
                     help="as depthbench-train on the CPU: the batch as this many micro-batches, "
                          "each forward and backward in a Python thread of its own running "
                          "single-threaded ops (they release the GIL), gradients summed in order")
+    ap.add_argument("--onednn-gemm", action="store_true",
+                    help="every linear layer on oneDNN's sgemm (ctypes), as depthbench-train")
     a = ap.parse_args()
     if a.micro_batch_threads < 1 or a.batch % a.micro_batch_threads:
         ap.error("--micro-batch-threads must be positive and divide --batch")
     Block.fused = a.fused_qkv
+    if a.onednn_gemm:
+        DnnlLinear.load()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     model = Model(a.layers, a.d_model, a.heads, 256, a.seq_len)

@@ -9,7 +9,8 @@
 # (foreach=True, tried, was no faster on CPU). Also prints the achieved training FLOP/s
 # (3 x the Appendix-D forward FLOPs of `depthbench-train flops`, per token,
 # times tokens/s) as a fraction of the measured sgemm peak (2048^3 fp32
-# matmul in LibTorch at the same thread count).
+# matmul at the same thread count, the faster of LibTorch's, on OpenBLAS,
+# and oneDNN's sgemm, which depthbench-train's dense layers call).
 #
 #   bench/trainer_core/train_shapes_vs_pytorch.sh [BUILD_DIR] [ROUNDS] [SHAPES...]
 #
@@ -30,10 +31,12 @@
 # one single-threaded micro-batch per thread: trainer_core/micro_batch.h);
 # SECOND=composite with DEPTHBENCH_CPU_ATTENTION=composite (attention as ATen
 # batched GEMMs and softmax by causal query chunks instead of the fused CPU
-# kernel).
+# kernel); SECOND=blas with DEPTHBENCH_CPU_GEMM=blas (the dense layers'
+# GEMMs on OpenBLAS, as the peer's, instead of oneDNN's sgemm: cuda_ops/cpu_gemm.h).
 # The peer's fourth variant does what depthbench-train does on the CPU: the
 # batch as THREADS micro-batches in Python threads of single-threaded ops
-# (pinned + fused too).
+# (pinned + fused too); the fifth adds oneDNN's sgemm for every linear layer,
+# as depthbench-train's (pytorch_peer.py --onednn-gemm).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 # Both sides on the same OpenBLAS kernels (scripts/blas_env.sh).
@@ -50,7 +53,8 @@ THREADS="${THREADS:-2}" SKIP="${SKIP:-3}" CLOCK="${CLOCK:-wall}" SECOND="${SECON
 case "$SECOND" in
   one-batch) second_env=(env DEPTHBENCH_CPU_MICROBATCH=off); second_name="one batch" ;;
   composite) second_env=(env DEPTHBENCH_CPU_ATTENTION=composite); second_name="composite attention" ;;
-  *) echo "SECOND must be one-batch or composite, not '$SECOND'" >&2; exit 2 ;;
+  blas) second_env=(env DEPTHBENCH_CPU_GEMM=blas); second_name="GEMMs on OpenBLAS" ;;
+  *) echo "SECOND must be one-batch, composite or blas, not '$SECOND'" >&2; exit 2 ;;
 esac
 train="$build/trainer_core/depthbench-train"
 py=/usr/bin/python3
@@ -67,16 +71,38 @@ torch.set_num_threads(int(sys.argv[1]))
 clock = time.process_time if sys.argv[2] == "cpu" else time.perf_counter
 n = 2048
 a, b = torch.randn(n, n), torch.randn(n, n)
-for _ in range(2): a @ b
-best = 0.0
-for _ in range(5):
-    t = clock(); a @ b; dt = clock() - t
-    best = max(best, 2 * n ** 3 / dt)
-print(best)
+def best_of(f):
+    for _ in range(2): f()
+    best = 0.0
+    for _ in range(5):
+        t = clock(); f(); dt = clock() - t
+        best = max(best, 2 * n ** 3 / dt)
+    return best
+blas = best_of(lambda: a @ b)
+# oneDNN's sgemm (what depthbench-train's dense layers call, cuda_ops/cpu_gemm.h)
+# through ctypes on the same OpenMP team; 0 where libdnnl is not installed.
+dnnl = 0.0
+try:
+    import ctypes
+    lib = ctypes.CDLL("libdnnl.so.2")
+    c = torch.empty(n, n)
+    i64, fl, ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+    lib.dnnl_sgemm.argtypes = [ctypes.c_char, ctypes.c_char, i64, i64, i64, fl, ptr, i64,
+                               ptr, i64, fl, ptr, i64]
+    def sgemm():
+        status = lib.dnnl_sgemm(b"N", b"N", n, n, n, 1.0, a.data_ptr(), n, b.data_ptr(), n,
+                                0.0, c.data_ptr(), n)
+        assert status == 0, f"dnnl_sgemm status {status}"
+    dnnl = best_of(sgemm)
+except OSError:
+    pass
+print(f"{max(blas, dnnl)} {blas} {dnnl}")
 PY
 )
+read -r peak blas_peak dnnl_peak <<<"$peak"
 echo "threads $THREADS, $rounds rounds; load average $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "sgemm peak (2048^3 fp32, $THREADS threads, best of 5, $CLOCK clock): $(awk -v p="$peak" 'BEGIN{printf "%.1f", p/1e9}') GFLOP/s"
+# The peak is the faster library's: OpenBLAS (the peer's GEMMs) or oneDNN.
+echo "sgemm peak (2048^3 fp32, $THREADS threads, best of 5, $CLOCK clock): $(awk -v p="$peak" 'BEGIN{printf "%.1f", p/1e9}') GFLOP/s (OpenBLAS $(awk -v p="$blas_peak" 'BEGIN{printf "%.1f", p/1e9}'), oneDNN $(awk -v p="$dnnl_peak" 'BEGIN{printf "%.1f", p/1e9}'))"
 
 cpp_rate() {
   "$py" -c '
@@ -103,14 +129,21 @@ cpu_rate() {
   awk -v lo="$lo" -v hi="$hi" -v n="$STEPS" -v tok="$((B * T))" 'BEGIN{print n * tok / (hi - lo)}'
 }
 
+# The fifth peer variant: the fourth (or pinned + fused where there are no
+# micro-batches) with every linear layer on oneDNN's sgemm through ctypes,
+# the GEMM library depthbench-train's dense layers call (pytorch_peer.py
+# --onednn-gemm). Left out where libdnnl.so.2 is not installed.
+dnnl_ok=""
+"$py" -c 'import ctypes; ctypes.CDLL("libdnnl.so.2")' 2>/dev/null && dnnl_ok=1
 summary=()
 for shape in "${shapes[@]}"; do
   IFS=: read -r L D H T B STEPS <<<"$shape"
   flops_tok=$("$train" flops --arch pre_ln --layers "$L" --d-model "$D" --heads "$H" --seq "$T" \
     --vocab 256 --json | "$py" -c "import json,sys; print(3 * json.load(sys.stdin)['total_all_positions'] / $T)")
-  ours=() one=() pd=() pp=() pf=() pm=()
+  ours=() one=() pd=() pp=() pf=() pm=() pn=()
   # The micro-batch peer where depthbench-train splits too (micro_batch.h).
   micro=(); [ "$THREADS" -gt 1 ] && [ $((B % THREADS)) -eq 0 ] && micro=(--micro-batch-threads "$THREADS")
+  dnnl_name="pinned+fused$([ ${#micro[@]} -gt 0 ] && echo +micro-batches)+oneDNN GEMMs"
   for r in $(seq 1 "$rounds"); do
     if [ "$CLOCK" = cpu ]; then
       targs=(train --arch pre_ln --layers "$L" --d-model "$D" --heads "$H" --seq-len "$T"
@@ -122,7 +155,8 @@ for shape in "${shapes[@]}"; do
       pp+=("$(cpu_rate py "${pinned_env[@]}" "$py" "$peer" "${pargs[@]}")")
       pf+=("$(cpu_rate py "${pinned_env[@]}" "$py" "$peer" "${pargs[@]}" --fused-qkv --set-to-none)")
       [ ${#micro[@]} -gt 0 ] && pm+=("$(cpu_rate py "${pinned_env[@]}" "$py" "$peer" "${pargs[@]}" --fused-qkv --set-to-none "${micro[@]}")")
-      echo "L=$L d=$D heads=$H T=$T B=$B round $r (tokens per CPU-second): depthbench-train ${ours[-1]} ($second_name ${one[-1]}), pytorch default ${pd[-1]}, pinned ${pp[-1]}, pinned+fused ${pf[-1]}, pinned+fused+micro-batches ${pm[-1]:-n/a}"
+      [ -n "$dnnl_ok" ] && pn+=("$(cpu_rate py "${pinned_env[@]}" "$py" "$peer" "${pargs[@]}" --fused-qkv --set-to-none "${micro[@]}" --onednn-gemm)")
+      echo "L=$L d=$D heads=$H T=$T B=$B round $r (tokens per CPU-second): depthbench-train ${ours[-1]} ($second_name ${one[-1]}), pytorch default ${pd[-1]}, pinned ${pp[-1]}, pinned+fused ${pf[-1]}, pinned+fused+micro-batches ${pm[-1]:-n/a}, $dnnl_name ${pn[-1]:-n/a}"
       continue
     fi
     rm -rf "$tmp/run"
@@ -141,23 +175,27 @@ for shape in "${shapes[@]}"; do
     pp+=("$("${pinned_env[@]}" "$py" "$peer" "${args[@]}" | py_rate)")
     pf+=("$("${pinned_env[@]}" "$py" "$peer" "${args[@]}" --fused-qkv --set-to-none | py_rate)")
     [ ${#micro[@]} -gt 0 ] && pm+=("$("${pinned_env[@]}" "$py" "$peer" "${args[@]}" --fused-qkv --set-to-none "${micro[@]}" | py_rate)")
-    echo "L=$L d=$D heads=$H T=$T B=$B round $r: depthbench-train ${ours[-1]} ($second_name ${one[-1]}), pytorch default ${pd[-1]}, pinned ${pp[-1]}, pinned+fused ${pf[-1]}, pinned+fused+micro-batches ${pm[-1]:-n/a} tokens/s"
+    [ -n "$dnnl_ok" ] && pn+=("$("${pinned_env[@]}" "$py" "$peer" "${args[@]}" --fused-qkv --set-to-none "${micro[@]}" --onednn-gemm | py_rate)")
+    echo "L=$L d=$D heads=$H T=$T B=$B round $r: depthbench-train ${ours[-1]} ($second_name ${one[-1]}), pytorch default ${pd[-1]}, pinned ${pp[-1]}, pinned+fused ${pf[-1]}, pinned+fused+micro-batches ${pm[-1]:-n/a}, $dnnl_name ${pn[-1]:-n/a} tokens/s"
   done
-  line=$("$py" - "${ours[*]}" "${pd[*]}" "${pp[*]}" "${pf[*]}" "$flops_tok" "$peak" "L=$L d=$D heads=$H T=$T B=$B" "${one[*]}" "$second_name" "${pm[*]}" <<'PY'
+  line=$("$py" - "${ours[*]}" "${pd[*]}" "${pp[*]}" "${pf[*]}" "$flops_tok" "$peak" "L=$L d=$D heads=$H T=$T B=$B" "${one[*]}" "$second_name" "${pm[*]}" "${pn[*]}" "$dnnl_name" <<'PY'
 import statistics, sys
 o, d, p, f = (list(map(float, a.split())) for a in sys.argv[1:5])
 flops_tok, peak, label = float(sys.argv[5]), float(sys.argv[6]), sys.argv[7]
 one = list(map(float, sys.argv[8].split()))
 second_name = sys.argv[9]
 m = list(map(float, sys.argv[10].split())) if sys.argv[10] else [0.0] * len(o)
+n = list(map(float, sys.argv[11].split())) if sys.argv[11] else [0.0] * len(o)
 med = statistics.median
 peers = {"default": med(d), "pinned": med(p), "pinned+fused": med(f)}
 if sys.argv[10]:
     peers["pinned+fused+micro-batches"] = med(m)
+if sys.argv[11]:
+    peers[sys.argv[12]] = med(n)
 best = max(peers, key=peers.get)
 ratio = med(o) / peers[best]
 # Spread: per-round ratio to the best peer variant of that round.
-rr = [oi / max(di, pi, fi, mi) for oi, di, pi, fi, mi in zip(o, d, p, f, m)]
+rr = [oi / max(di, pi, fi, mi, ni) for oi, di, pi, fi, mi, ni in zip(o, d, p, f, m, n)]
 ok = "meets" if ratio >= 1.2 else "does NOT meet"
 print(f"{label}: depthbench-train {med(o):.0f} tok/s, best peer ({best}) {peers[best]:.0f} tok/s "
       f"-> {ratio:.2f}x (per round {min(rr):.2f}-{max(rr):.2f}; {ok} 1.2x); training FLOP/s "

@@ -98,7 +98,7 @@ torch::Tensor AttentionImpl::ForwardWithDepth(
   // concatenation is a d x d-sized copy); the attention op rotates q and k
   // (RoPE) itself and returns one gradient for the packed projection.
   torch::Tensor qkv =
-      torch::linear(x, torch::cat({q_proj->weight, k_proj->weight, v_proj->weight}, /*dim=*/0))
+      LinearOp(x, torch::cat({q_proj->weight, k_proj->weight, v_proj->weight}, /*dim=*/0))
           .view({B, T, H + 2 * KV, hd});
   torch::Tensor cos, sin;
   rope.Tables(T, qkv, &cos, &sin);
@@ -108,7 +108,7 @@ torch::Tensor AttentionImpl::ForwardWithDepth(
   torch::Tensor out = CausalAttentionQkvOp(qkv, H, KV, cos, sin, depth.keys, depth.values, scale,
                                            own_kv, passed != nullptr ? &slots : nullptr);
   if (passed != nullptr) *passed = {std::move(slots.first), std::move(slots.second)};
-  return o_proj->forward(out);
+  return LinearOp(out, o_proj->weight);
 }
 
 SwiGluImpl::SwiGluImpl(int64_t d_model, int64_t d_ff) {
@@ -120,8 +120,9 @@ SwiGluImpl::SwiGluImpl(int64_t d_model, int64_t d_ff) {
 torch::Tensor SwiGluImpl::forward(const torch::Tensor& x) {
   // One GEMM for the gate and up projections (separate parameters), the
   // gate on the packed result (one gradient for it).
-  return down_proj->forward(SwiGluPackedOp(
-      torch::linear(x, torch::cat({gate_proj->weight, up_proj->weight}, /*dim=*/0))));
+  return LinearOp(SwiGluPackedOp(LinearOp(
+                      x, torch::cat({gate_proj->weight, up_proj->weight}, /*dim=*/0))),
+                  down_proj->weight);
 }
 
 }  // namespace depthbench

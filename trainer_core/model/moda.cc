@@ -34,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda_ops/ops.h"
 #include "trainer_core/model/design.h"
 
 namespace depthbench {
@@ -97,7 +98,7 @@ class ModaDesign final : public DesignImpl {
       // One GEMM for both projections (separate parameters; split's
       // backward is one concatenation).
       std::vector<torch::Tensor> k_v =
-          torch::linear(x, torch::cat({kv.ffn_depth_k->weight, kv.ffn_depth_v->weight}, 0))
+          LinearOp(x, torch::cat({kv.ffn_depth_k->weight, kv.ffn_depth_v->weight}, 0))
               .chunk(2, /*dim=*/-1);
       s.depth_keys.push_back(Heads(k_v[0]));
       s.depth_values.push_back(Heads(k_v[1]));

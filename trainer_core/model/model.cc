@@ -3,6 +3,7 @@
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
+#include "cuda_ops/ops.h"
 
 namespace depthbench {
 
@@ -53,7 +54,7 @@ torch::Tensor LanguageModelImpl::Forward(const torch::Tensor& tokens,
     const int64_t w = control.order.empty() ? p : control.order[p];
     design_->ApplyBlock(p, w, state);
   }
-  return head->forward(design_->Finish(state));
+  return LinearOp(design_->Finish(state), head->weight);
 }
 
 torch::Tensor LanguageModelImpl::CrossEntropy(const torch::Tensor& logits,
