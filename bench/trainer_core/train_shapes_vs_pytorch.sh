@@ -202,6 +202,13 @@ print(f"{label}: depthbench-train {med(o):.0f} tok/s, best peer ({best}) {peers[
       f"{med(o) * flops_tok / 1e9:.1f} G = {med(o) * flops_tok / peak:.2f} of sgemm peak "
       f"(peer {peers[best] * flops_tok / peak:.2f}); {second_name} {med(one):.0f} tok/s "
       f"= {med(one) / peers[best]:.2f}x")
+# The same against stock PyTorch alone (its own GEMM path, OpenBLAS), when
+# the oneDNN variant was the best one.
+stock = {k: v for k, v in peers.items() if k != sys.argv[12]} if sys.argv[11] else peers
+sbest = max(stock, key=stock.get)
+if sbest != best:
+    print(f"  against the best stock PyTorch variant ({sbest}, {stock[sbest]:.0f} tok/s, "
+          f"{stock[sbest] * flops_tok / peak:.2f} of sgemm peak): {med(o) / stock[sbest]:.2f}x")
 PY
 )
   summary+=("$line")
