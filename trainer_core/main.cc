@@ -13,7 +13,6 @@
 // Events are JSON lines on stdout (trainer_core/README.md); human logs go to
 // stderr. Exit codes: 0 ok, 2 bad usage / invalid input, 3 diverged,
 // 4 interrupted (checkpoint written), 1 other failures.
-#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <iostream>

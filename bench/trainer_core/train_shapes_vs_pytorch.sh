@@ -132,9 +132,10 @@ cpu_rate() {
 # The fifth peer variant: the fourth (or pinned + fused where there are no
 # micro-batches) with every linear layer on oneDNN's sgemm through ctypes,
 # the GEMM library depthbench-train's dense layers call (pytorch_peer.py
-# --onednn-gemm). Left out where libdnnl.so.2 is not installed.
+# --onednn-gemm). Left out where libdnnl.so.2 is not installed (the peak
+# measurement above then printed 0.0 for oneDNN).
 dnnl_ok=""
-"$py" -c 'import ctypes; ctypes.CDLL("libdnnl.so.2")' 2>/dev/null && dnnl_ok=1
+[ "$dnnl_peak" != 0.0 ] && dnnl_ok=1
 summary=()
 for shape in "${shapes[@]}"; do
   IFS=: read -r L D H T B STEPS <<<"$shape"

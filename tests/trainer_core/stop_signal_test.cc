@@ -5,6 +5,7 @@
 // signals blocked and none is caught by a handler, and a burst of SIGTERMs
 // in the middle of steps still ends in a clean interrupted exit with a
 // checkpoint.
+#include <poll.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
 #include <unistd.h>
@@ -31,22 +32,29 @@ int64_t StatusMask(const fs::path& status, const std::string& key) {
   std::ifstream in(status);
   std::string line;
   while (std::getline(in, line)) {
-    if (line.rfind(key + ":", 0) == 0) return static_cast<int64_t>(std::stoull(line.substr(key.size() + 1), nullptr, 16));
+    if (line.rfind(key + ":", 0) == 0) {
+      return static_cast<int64_t>(std::stoull(line.substr(key.size() + 1), nullptr, 16));
+    }
   }
   return -1;
 }
 
 constexpr int64_t Bit(int sig) { return int64_t{1} << (sig - 1); }
 
-// Reads `fd` until `needle` has appeared (true) or EOF / timeout (false);
-// everything read is appended to `seen`.
+// Reads `fd` into `seen` until `needle` has appeared (true), or until EOF or
+// `timeout_s` seconds without it (false). An empty needle reads to EOF
+// (true at EOF).
 bool ReadUntil(int fd, const std::string& needle, std::string& seen, int timeout_s) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
   char buf[4096];
-  while (seen.find(needle) == std::string::npos) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
+  while (needle.empty() || seen.find(needle) == std::string::npos) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    struct pollfd p = {fd, POLLIN, 0};
+    if (poll(&p, 1, static_cast<int>(left.count())) <= 0) return false;
     const ssize_t n = read(fd, buf, sizeof buf);
-    if (n <= 0) return false;
+    if (n <= 0) return needle.empty() && n == 0;
     seen.append(buf, static_cast<size_t>(n));
   }
   return true;
@@ -102,7 +110,7 @@ TEST(StopSignalTest, SignalsAreTakenBySigwaitAndABurstStopsCleanly) {
     (*child)->SignalGroup(i % 2 == 0 ? SIGTERM : SIGINT);
     std::this_thread::sleep_for(std::chrono::microseconds(500));
   }
-  ReadUntil((*child)->stdout_fd(), "\n<never>", seen, 120);  // to EOF
+  EXPECT_TRUE(ReadUntil((*child)->stdout_fd(), "", seen, 120)) << "no EOF within 120 s";
   const ExitInfo exit = (*child)->Wait();
   EXPECT_TRUE(exit.exited && exit.code == run_protocol::kExitInterrupted)
       << exit.Describe() << "\n" << seen.substr(seen.size() > 4000 ? seen.size() - 4000 : 0);
