@@ -142,34 +142,6 @@ inline void RopeAdjointRow(const T* __restrict g, const T* __restrict cs, const 
   }
 }
 
-// s0[j] = sum_c a0[c] * mt[c * tp + j] and s1 likewise from a1, for j < n
-// (n a multiple of kBlock, mt zero-padded to tp columns): two query rows
-// against kBlock transposed keys at a time, partial sums in registers
-// across the head dim. Each key block is loaded once for both rows, which
-// halves the loads per product (one row at a time, the loop is bound by its
-// loads).
-template <typename T, int HD>
-inline void TwoRowsTimesTransposed(const T* __restrict a0, const T* __restrict a1,
-                                   const T* __restrict mt, int64_t hd_rt, int64_t tp, int64_t n,
-                                   T* __restrict s0, T* __restrict s1) {
-  const int64_t hd = HD > 0 ? HD : hd_rt;
-  for (int64_t j0 = 0; j0 < n; j0 += kBlock) {
-    T acc0[kBlock] = {}, acc1[kBlock] = {};
-    for (int64_t c = 0; c < hd; ++c) {
-      const T x0 = a0[c], x1 = a1[c];
-      const T* m = mt + c * tp + j0;
-      for (int k = 0; k < kBlock; ++k) {
-        acc0[k] += x0 * m[k];
-        acc1[k] += x1 * m[k];
-      }
-    }
-    for (int k = 0; k < kBlock; ++k) {
-      s0[j0 + k] = acc0[k];
-      s1[j0 + k] = acc1[k];
-    }
-  }
-}
-
 // Lanes of the head-dim vectors of a float kernel with head dim HD: the
 // build's widest vector (VF: 16 in the AVX-512 build) where HD is a multiple
 // of it, else V8f's 8; 0 (scalar loops) for doubles or other head dims.
@@ -215,45 +187,143 @@ inline void AxpyHd(T w, const T* x, T* y, int64_t hd_rt) {
   }
 }
 
-// out[c] = sum_{j < n} w[j] rows[j * stride + c]: the probability-weighted
-// sum of value rows (and dq from the key rows), accumulated in registers on
-// the vector path.
-template <typename T, int HD>
-inline void WeightedRowSum(const T* w, int64_t n, const T* rows, int64_t stride, T* out,
-                           int64_t hd_rt) {
+// out[r][c] = sum_{j < n} w[r * ld + j] rows[j * stride + c] for r < R:
+// probability-weighted sums of value rows (and dq from the key rows) for R
+// query rows at once, so each value row loaded serves R rows of products,
+// the R HD-wide accumulators in registers on the vector path.
+template <typename T, int HD, int R>
+inline void WeightedRowSums(const T* w, int64_t ld, int64_t n, const T* rows, int64_t stride,
+                            T* const* out, int64_t hd_rt) {
   if constexpr (kVecHd<T, HD>) {
     using V = HdVec<T, HD>;
-    constexpr int W = kHdLanes<T, HD>;
-    V acc[HD / W] = {};
+    constexpr int W = kHdLanes<T, HD>, kC = HD / W;
+    V acc[R][kC] = {};
     for (int64_t j = 0; j < n; ++j) {
-      const float wj = w[j];
-      const float* r = rows + j * stride;
+      const float* row = rows + j * stride;
+      V x[kC];
 #pragma GCC unroll 16
-      for (int c = 0; c < HD / W; ++c) acc[c] += wj * LoadV<V>(r + W * c);
+      for (int c = 0; c < kC; ++c) x[c] = LoadV<V>(row + W * c);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const float wr = w[r * ld + j];
+#pragma GCC unroll 16
+        for (int c = 0; c < kC; ++c) acc[r][c] += wr * x[c];
+      }
     }
-    for (int c = 0; c < HD / W; ++c) StoreV<V>(out + W * c, acc[c]);
+    for (int r = 0; r < R; ++r) {
+      for (int c = 0; c < kC; ++c) StoreV<V>(out[r] + W * c, acc[r][c]);
+    }
   } else {
     const int64_t hd = HD > 0 ? HD : hd_rt;
-    std::fill(out, out + hd, T(0));
-    for (int64_t j = 0; j < n; ++j) AxpyHd<T, HD>(w[j], rows + j * stride, out, hd);
+    for (int r = 0; r < R; ++r) {
+      std::fill(out[r], out[r] + hd, T(0));
+      for (int64_t j = 0; j < n; ++j) AxpyHd<T, HD>(w[r * ld + j], rows + j * stride, out[r], hd);
+    }
   }
 }
 
-// Query rows per backward block: the key and value gradient rows are
-// updated once per block with kRows terms (one load and store of a row per
-// kRows products instead of per product).
+// Query rows per block, forward and backward: their scores come from one
+// pass over the block's keys, their probability-weighted sums from one pass
+// over the value (key) rows, and in the backward the key and value gradient
+// rows are updated once per block with kRows terms (one load and store of a
+// row per kRows products instead of per product).
 constexpr int kRows = 4;
+
+// Vector registers a register-blocked loop below keeps accumulators in,
+// about half the file: 16 of AVX-512's 32 zmm, 8 of AVX2's 16 ymm, 4 V8f
+// (8 xmm) of the baseline's 16 xmm. More independent accumulators than an
+// FMA's latency times its issue rate keep the FMA units busy (Zen 5: 4
+// cycles x 2 per cycle = 8); fewer, the loop waits on each sum.
+#if defined(DEPTHBENCH_CPU_FUSED_AVX512)
+constexpr int kAccRegs = 16;
+#elif defined(DEPTHBENCH_CPU_FUSED_AVX2)
+constexpr int kAccRegs = 8;
+#else
+constexpr int kAccRegs = 4;
+#endif
+
+// The largest of 4, 2 and 1 query rows whose `per_row` accumulators each fit
+// kAccRegs.
+constexpr int RowsThatFit(int per_row) {
+  return per_row * 4 <= kAccRegs ? 4 : per_row * 2 <= kAccRegs ? 2 : 1;
+}
+static_assert(kRows == 4, "RowsThatFit picks among 4, 2 and 1 rows of a block");
+
+// Query rows per pass of WeightedRowSums: HD / lanes accumulators per row.
+template <typename T, int HD>
+constexpr int kSumRows = kVecHd<T, HD> ? RowsThatFit(HD / kHdLanes<T, HD>) : 1;
+
+// s[r * ld + j] = sum_c a[r * hd + c] mt[c * tp + j] for the block's kRows
+// rows and j < n (n a multiple of kBlock, mt zero-padded to tp columns):
+// kBlock transposed keys at a time against as many rows as fit the
+// registers, the partial sums held there across the head dim, so each key
+// vector loaded serves those rows. (Written with explicit vectors: GCC kept
+// the former plain-array accumulators of two rows on the stack, a store and
+// reload per product.)
+template <typename T, int HD>
+inline void BlockTimesTransposed(const T* a, const T* mt, int64_t hd_rt, int64_t tp, int64_t n,
+                                 T* s, int64_t ld) {
+  const int64_t hd = HD > 0 ? HD : hd_rt;
+  if constexpr (std::is_same_v<T, float>) {
+    static_assert(kBlock % kVF == 0, "whole vectors of keys");
+    constexpr int kK = kBlock / kVF, R = RowsThatFit(kK);
+    for (int r0 = 0; r0 < kRows; r0 += R) {
+      for (int64_t j0 = 0; j0 < n; j0 += kBlock) {
+        VF acc[R][kK] = {};
+        const float* m = mt + j0;
+        for (int64_t c = 0; c < hd; ++c, m += tp) {
+          VF kv[kK];
+#pragma GCC unroll 4
+          for (int k = 0; k < kK; ++k) kv[k] = LoadVF(m + k * kVF);
+#pragma GCC unroll 4
+          for (int r = 0; r < R; ++r) {
+            const VF x = BroadcastVF(a[(r0 + r) * hd + c]);
+#pragma GCC unroll 4
+            for (int k = 0; k < kK; ++k) acc[r][k] += x * kv[k];
+          }
+        }
+        for (int r = 0; r < R; ++r) {
+          for (int k = 0; k < kK; ++k) StoreVF(s + (r0 + r) * ld + j0 + k * kVF, acc[r][k]);
+        }
+      }
+    }
+  } else {
+    for (int r = 0; r < kRows; ++r) {
+      T* sr = s + r * ld;
+      std::fill(sr, sr + n, T(0));
+      for (int64_t c = 0; c < hd; ++c) {
+        const T x = a[r * hd + c];
+        const T* m = mt + c * tp;
+        for (int64_t j = 0; j < n; ++j) sr[j] += x * m[j];
+      }
+    }
+  }
+}
+
+// WeightedRowSums over the block's kRows rows (w: kRows rows of ld), as
+// many rows a pass as fit the registers.
+template <typename T, int HD>
+inline void BlockWeightedRowSums(const T* w, int64_t ld, int64_t n, const T* rows, int64_t stride,
+                                 T* const* out, int64_t hd) {
+  constexpr int R = kSumRows<T, HD>;
+  for (int r0 = 0; r0 < kRows; r0 += R) {
+    WeightedRowSums<T, HD, R>(w + r0 * ld, ld, n, rows, stride, out + r0, hd);
+  }
+}
 
 // dst[j][c] += sum_r coef[r * ld + j] * vecs[r * hd + c] for j < n, r < kRows.
 template <typename T, int HD>
 inline void RankUpdate(const T* coef, int64_t ld, const T* vecs, int64_t n, T* dst,
                        int64_t hd_rt) {
   if constexpr (kVecHd<T, HD> && HD % 16 == 0) {
-    // By 16 columns (all HD at once would not fit the registers).
-    for (int c = 0; c < HD; c += 16) {
+    // All HD columns at once where the kRows vectors' HD / kVF registers
+    // each fit (AVX-512 up to HD = 64), else by 16 columns: each pass
+    // streams the n destination rows and broadcasts the coefficients again.
+    constexpr int C = kRows * HD / kVF <= kAccRegs ? HD : 16;
+    for (int c = 0; c < HD; c += C) {
       const float* v[kRows];
       for (int r = 0; r < kRows; ++r) v[r] = vecs + r * HD + c;
-      RankUpdateBlock<kRows>(coef, ld, v, n, dst + c, HD);
+      RankUpdateBlock<kRows, C>(coef, ld, v, n, dst + c, HD);
     }
   } else if constexpr (kVecHd<T, HD>) {
     for (int64_t j = 0; j < n; ++j) {
@@ -332,13 +402,27 @@ std::pair<const T*, int64_t> RotatedRows(const Rows<T>& x, int64_t b, int64_t h,
   return {buf, hd};
 }
 
-// mt[c * tp + t] = rows[t * stride + c], zero for t >= T.
+// mt[c * tp + t] = rows[t * stride + c], zero for t >= T. By tiles of 16
+// rows: each destination row gets 16 consecutive values (one cache line of
+// floats) from 16 source rows that stay in L1 across the tile's columns.
+// (Row by row, every value was a store to another destination row: a
+// tenth of the backward's time at head dim 64.)
 template <typename T>
 void Transpose(const T* rows, int64_t stride, int64_t T_len, int64_t hd, int64_t tp, T* mt) {
-  std::fill(mt, mt + hd * tp, T(0));
-  for (int64_t t = 0; t < T_len; ++t) {
-    const T* r = rows + t * stride;
-    for (int64_t c = 0; c < hd; ++c) mt[c * tp + t] = r[c];
+  constexpr int64_t kTile = 16;
+  int64_t t0 = 0;
+  for (; t0 + kTile <= T_len; t0 += kTile) {
+    const T* r = rows + t0 * stride;
+    for (int64_t c = 0; c < hd; ++c) {
+      T* m = mt + c * tp + t0;
+#pragma GCC unroll 16
+      for (int64_t t = 0; t < kTile; ++t) m[t] = r[t * stride + c];
+    }
+  }
+  for (int64_t c = 0; c < hd; ++c) {
+    T* m = mt + c * tp;
+    for (int64_t t = t0; t < T_len; ++t) m[t] = rows[t * stride + c];
+    std::fill(m + T_len, m + tp, T(0));
   }
 }
 
@@ -402,14 +486,17 @@ void Forward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& k
   const int64_t hd = HD > 0 ? HD : sh.hd, T_len = sh.T, S = sh.S, tp = RoundUp(T_len);
   const T sc = static_cast<T>(scale);
   at::parallel_for(0, sh.B * sh.KV, 1, [&](int64_t begin, int64_t end) {
-    // Scores of two query rows (row r at s + r * (tp + S)), their scaled
-    // queries at qs + r * hd; with depth slots, the head's depth queries
-    // [T, hd] and its depth scores [S, T] (DepthScores), which the row
-    // pass turns into probabilities for the slot pass that adds the
-    // slots' values.
-    std::vector<T> kt(static_cast<size_t>(hd * tp)), sb(static_cast<size_t>(2 * (tp + S))),
-        qs(static_cast<size_t>(2 * hd)), qd(static_cast<size_t>(S > 0 ? T_len * hd : 0)),
-        es(static_cast<size_t>(S * T_len)), krot(rope ? static_cast<size_t>(T_len * hd) : 0);
+    // Scores of a block's kRows query rows (row r at sb + r * (tp + S), its
+    // depth scores at column tp), their scaled queries at qs + r * hd, and
+    // a row of output for each row past the end (discarded); with depth
+    // slots, the head's depth queries [T, hd] and its depth scores [S, T]
+    // (DepthScores), which the row pass turns into probabilities for the
+    // slot pass that adds the slots' values.
+    const int64_t ld = tp + S;
+    std::vector<T> kt(static_cast<size_t>(hd * tp)), sb(static_cast<size_t>(kRows * ld)),
+        qs(static_cast<size_t>(kRows * hd)), spare(static_cast<size_t>(kRows * hd)),
+        qd(static_cast<size_t>(S > 0 ? T_len * hd : 0)), es(static_cast<size_t>(S * T_len)),
+        krot(rope ? static_cast<size_t>(T_len * hd) : 0);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / sh.KV, g = task % sh.KV;
       const auto [k_rows, k_stride] = RotatedRows<T, HD>(kr, b, g, T_len, hd, rope, krot.data());
@@ -419,30 +506,41 @@ void Forward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& k
           DepthQueries(qr, b, h, T_len, hd, sc, qd.data());
           DepthScores<T, HD>(depth, b, h, g, T_len, hd, qd.data(), es.data());
         }
-        for (int64_t i0 = 0; i0 < T_len; i0 += 2) {
-          const int64_t rows = std::min<int64_t>(2, T_len - i0);
-          // An odd last row is scored beside a row of zeros (discarded).
-          if (rows == 1) std::fill(qs.begin() + hd, qs.end(), T(0));
-          for (int64_t r = 0; r < rows; ++r) {
-            ScaledQuery<T, HD>(qr, rope, b, h, i0 + r, hd, sc, qs.data() + r * hd);
+        for (int64_t i0 = 0; i0 < T_len; i0 += kRows) {
+          const int64_t n = std::min<int64_t>(i0 + kRows, T_len);  // keys the block sees
+          for (int64_t r = 0; r < kRows; ++r) {
+            if (i0 + r < T_len) {
+              ScaledQuery<T, HD>(qr, rope, b, h, i0 + r, hd, sc, qs.data() + r * hd);
+            } else {  // scored as a row of zeros
+              std::fill(qs.begin() + r * hd, qs.begin() + (r + 1) * hd, T(0));
+            }
           }
-          TwoRowsTimesTransposed<T, HD>(qs.data(), qs.data() + hd, kt.data(), hd, tp,
-                                        RoundUp(i0 + rows), sb.data(), sb.data() + tp + S);
-          for (int64_t r = 0; r < rows; ++r) {
+          BlockTimesTransposed<T, HD>(qs.data(), kt.data(), hd, tp, RoundUp(n), sb.data(), ld);
+          T* outs[kRows];
+          T inv[kRows];
+          for (int64_t r = 0; r < kRows; ++r) {
             const int64_t i = i0 + r;
-            T* s = sb.data() + r * (tp + S);
-            // Depth scores after the i + 1 sequence scores.
-            T* e = s + i + 1;
+            T* s = sb.data() + r * ld;
+            if (i >= T_len) {  // past the end: weights of zero into a spare row
+              std::fill(s, s + n, T(0));
+              outs[r] = spare.data() + r * hd;
+              continue;
+            }
+            // The i + 1 sequence scores, then (from column tp) the depth
+            // scores, in one softmax; columns i < j < n are masked.
+            T* e = s + tp;
             for (int64_t j = 0; j < S; ++j) e[j] = es[j * T_len + i];
-            const int64_t n = i + 1 + S;
-            const T m = RowMax(s, n);
-            const T sum = ExpShiftSum(s, n, m);
-            const T inv = T(1) / sum;
-            T* o = op + ((b * T_len + i) * sh.H + h) * hd;
-            WeightedRowSum<T, HD>(s, i + 1, vr.at(b, g, 0), vr.st, o, hd);
-            for (int64_t c = 0; c < hd; ++c) o[c] *= inv;
-            for (int64_t j = 0; j < S; ++j) es[j * T_len + i] = e[j] * inv;
+            const T m = std::max(RowMax(s, i + 1), RowMax(e, S));
+            const T sum = ExpShiftSum(s, i + 1, m) + ExpShiftSum(e, S, m);
+            std::fill(s + i + 1, s + n, T(0));
+            inv[r] = T(1) / sum;
+            outs[r] = op + ((b * T_len + i) * sh.H + h) * hd;
+            for (int64_t j = 0; j < S; ++j) es[j * T_len + i] = e[j] * inv[r];
             lp[(b * sh.H + h) * T_len + i] = m + std::log(sum);
+          }
+          BlockWeightedRowSums<T, HD>(sb.data(), ld, n, vr.at(b, g, 0), vr.st, outs, hd);
+          for (int64_t r = 0; r < n - i0; ++r) {
+            for (int64_t c = 0; c < hd; ++c) outs[r][c] *= inv[r];
           }
         }
         // The slots' values, weighted by their probabilities, slot-major.
@@ -492,7 +590,7 @@ void Backward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& 
         qsb(static_cast<size_t>(kRows * hd)), gob(static_cast<size_t>(kRows * hd)),
         qd(static_cast<size_t>(S > 0 ? T_len * hd : 0)), rowsum(static_cast<size_t>(T_len)),
         pe(static_cast<size_t>(S > 0 ? T_len : 0)), dpe(static_cast<size_t>(S > 0 ? T_len : 0)),
-        gqb(static_cast<size_t>(hd)),
+        gqb(static_cast<size_t>(kRows * hd)),
         gk_task(static_cast<size_t>(T_len * hd)), gv_task(static_cast<size_t>(T_len * hd)),
         krot(rope ? static_cast<size_t>(T_len * hd) : 0);
     for (int64_t task = begin; task < end; ++task) {
@@ -510,7 +608,7 @@ void Backward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& 
           const int64_t n = std::min<int64_t>(i0 + kRows, T_len);  // keys the block sees
           // Scaled queries and output gradients of the block's rows (zeros
           // past the end), then their score rows P and dO v^T rows (in DS)
-          // two rows at a time, up to the block's last key.
+          // up to the block's last key.
           for (int r = 0; r < kRows; ++r) {
             T* qs = qsb.data() + r * hd;
             T* go = gob.data() + r * hd;
@@ -524,16 +622,8 @@ void Backward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& 
             const T* goi = gop + ((b * T_len + i) * sh.H + h) * hd;
             std::copy(goi, goi + hd, go);
           }
-          const int64_t n_blk = RoundUp(n);
-          static_assert(kRows % 2 == 0, "rows are scored in pairs");
-          for (int r = 0; r < kRows; r += 2) {
-            TwoRowsTimesTransposed<T, HD>(qsb.data() + r * hd, qsb.data() + (r + 1) * hd, kt.data(),
-                                          hd, tp, n_blk, P.data() + r * tp,
-                                          P.data() + (r + 1) * tp);
-            TwoRowsTimesTransposed<T, HD>(gob.data() + r * hd, gob.data() + (r + 1) * hd, vt.data(),
-                                          hd, tp, n_blk, DS.data() + r * tp,
-                                          DS.data() + (r + 1) * tp);
-          }
+          BlockTimesTransposed<T, HD>(qsb.data(), kt.data(), hd, tp, RoundUp(n), P.data(), tp);
+          BlockTimesTransposed<T, HD>(gob.data(), vt.data(), hd, tp, RoundUp(n), DS.data(), tp);
           for (int r = 0; r < kRows; ++r) {
             T* p = P.data() + r * tp;
             T* ds = DS.data() + r * tp;
@@ -552,10 +642,14 @@ void Backward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& 
             rowsum[i] = D;
             for (int64_t j = 0; j <= i; ++j) ds[j] = p[j] * (ds[j] - D);
             for (int64_t j = i + 1; j < n; ++j) p[j] = ds[j] = T(0);
-            // dq = scale rope_i^T(dS k), k rotated; the depth keys' term
-            // (not rotated, DepthQueries) is added by the slot pass below.
-            T* gqi = gqb.data();
-            WeightedRowSum<T, HD>(ds, i + 1, k_rows, k_stride, gqi, hd);
+          }
+          // dq = scale rope_i^T(dS k), k rotated; the depth keys' term (not
+          // rotated, DepthQueries) is added by the slot pass below.
+          T* gq_block[kRows];
+          for (int r = 0; r < kRows; ++r) gq_block[r] = gqb.data() + r * hd;
+          BlockWeightedRowSums<T, HD>(DS.data(), tp, n, k_rows, k_stride, gq_block, hd);
+          for (int64_t i = i0; i < n; ++i) {
+            const T* gqi = gq_block[i - i0];
             T* gq_row = gqr.at(b, h, i);
             if (rope) {
               RopeAdjointRow<T, HD>(gqi, rope.cos + i * hd, rope.sin + i * hd, hd, sc, gq_row);

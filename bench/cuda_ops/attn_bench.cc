@@ -1,0 +1,178 @@
+// The fused CPU causal attention alone (issue 18, goal 2): forward + backward
+// of cpu_fused::CausalAttentionQkv (RoPE inside, one gradient for the packed
+// q/k/v) against the same function as ATen ops (RopeRotate, q k^T, causal
+// mask, softmax, p v, autograd's backward), alternated rep by rep in one
+// process, at the per-thread shapes of the goal-2 benchmark (one micro-batch
+// per thread: B/2 sequences). At d = 512 the attention is the largest piece
+// of the step that is not a dense GEMM, so its rate against the GEMMs' rate
+// is what it costs goal 2.
+//
+//   attn_bench [--threads 1] [--reps 20] [--shape B:T:H:HD]...
+//
+// Prints per shape the median and best milliseconds of each side, the
+// speed-up composite / fused (medians), and the fused kernel's rate in
+// GFLOP/s: the causal products it does, forward 2 (q k^T, p v) and backward
+// 5 (the scores recomputed, dP, dV, dQ, dK) of 2 hd T (T + 1) / 2 FLOPs per
+// (sequence, head), over its time; and that rate as a fraction of oneDNN's
+// (or the system BLAS's) single-call sgemm rate at the shape of the step's
+// dense layers ([B T, 512] x [512, 1536]), measured in the same run, the
+// rate the rest of the step runs at.
+#include <ATen/Parallel.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "common/malloc_tuning.h"
+#include "cuda_ops/cpu_fused.h"
+#include "cuda_ops/cpu_gemm.h"
+#include "cuda_ops/ops.h"
+
+namespace depthbench {
+namespace {
+
+double Ms(const std::function<void()>& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+struct Shape {
+  int64_t B, T, H, hd;
+};
+
+bool ParseShape(const std::string& s, Shape* out) {
+  long long b, t, h, d;
+  char tail;
+  if (std::sscanf(s.c_str(), "%lld:%lld:%lld:%lld%c", &b, &t, &h, &d, &tail) != 4) return false;
+  if (b < 1 || t < 1 || h < 1 || d < 2 || d % 2 != 0) return false;
+  *out = {b, t, h, d};
+  return true;
+}
+
+// The rotary tables of trainer_core's Rope: cos, and sin with the first half
+// negated (rotate_half's sign), [T, hd].
+std::pair<torch::Tensor, torch::Tensor> RopeTables(int64_t T, int64_t hd) {
+  const torch::Tensor inv =
+      torch::pow(10000.0, -torch::arange(0, hd, 2, torch::kFloat64) / static_cast<double>(hd));
+  const torch::Tensor ang = torch::outer(torch::arange(T, torch::kFloat64), inv);
+  const torch::Tensor full = torch::cat({ang, ang}, 1);
+  torch::Tensor sin = torch::sin(full);
+  sin.narrow(1, 0, hd / 2).neg_();
+  return {torch::cos(full).to(torch::kFloat32), sin.to(torch::kFloat32)};
+}
+
+int Main(int argc, char** argv) {
+  PinMallocThresholds();  // as depthbench-train does
+  int64_t threads = 1, reps = 20;
+  std::vector<Shape> shapes;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "attn_bench: %s: missing value\n", a.c_str());
+      return 2;
+    }
+    const std::string v = argv[++i];
+    if (a == "--shape") {
+      Shape s;
+      if (!ParseShape(v, &s)) {
+        std::fprintf(stderr, "attn_bench: --shape: want B:T:H:HD (positive, HD even), got %s\n",
+                     v.c_str());
+        return 2;
+      }
+      shapes.push_back(s);
+      continue;
+    }
+    char* end = nullptr;
+    const long long n = std::strtoll(v.c_str(), &end, 10);
+    if (end == v.c_str() || *end != '\0' || n < 1) {
+      std::fprintf(stderr, "attn_bench: %s: not a positive integer: %s\n", a.c_str(), v.c_str());
+      return 2;
+    }
+    if (a == "--threads") threads = n;
+    else if (a == "--reps") reps = n;
+    else {
+      std::fprintf(stderr, "attn_bench: unknown flag %s\n", a.c_str());
+      return 2;
+    }
+  }
+  if (shapes.empty()) {  // goal 2's shapes, one micro-batch (B / 2 sequences) each
+    shapes = {{8, 128, 4, 32}, {8, 128, 16, 16}, {4, 256, 16, 16}, {8, 128, 8, 64}, {4, 256, 8, 64}};
+  }
+  torch::set_num_threads(static_cast<int>(threads));
+  torch::manual_seed(0);
+
+  // The dense layers' rate: one [1024, 512] x [512, 1536] product as the
+  // step's Q/K/V projection runs it (cpu_gemm::Linear where oneDNN serves).
+  const torch::Tensor gx = torch::randn({1024, 512}), gw = torch::randn({1536, 512});
+  auto linear = [&] {
+    return cpu_gemm::Supports(gx, gw) ? cpu_gemm::Linear(gx, gw) : torch::linear(gx, gw);
+  };
+  std::vector<double> gemm_ms;
+  linear();
+  for (int r = 0; r < 20; ++r) gemm_ms.push_back(Ms([&] { linear(); }));
+  const double gemm_gflops = 2.0 * 1024 * 512 * 1536 / (Median(gemm_ms) * 1e6);
+  std::printf("threads=%ld reps=%ld; dense GEMM [1024,512]x[512,1536] on %s: %.1f GFLOP/s\n",
+              static_cast<long>(threads), static_cast<long>(reps),
+              cpu_gemm::Supports(gx, gw) ? "oneDNN sgemm" : "the system BLAS", gemm_gflops);
+
+  for (const Shape& s : shapes) {
+    const torch::Tensor qkv = (torch::randn({s.B, s.T, 3 * s.H, s.hd}) * 0.5).requires_grad_();
+    const torch::Tensor dout = torch::randn({s.B, s.T, s.H * s.hd});
+    const auto [cos, sin] = RopeTables(s.T, s.hd);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(s.hd));
+    const torch::Tensor mask = torch::ones({s.T, s.T}, torch::kBool).triu(1);
+    auto fused = [&] {
+      const torch::Tensor out =
+          cpu_fused::CausalAttentionQkv(qkv, s.H, s.H, cos, sin, {}, {}, scale)[0];
+      out.backward(dout);
+      qkv.mutable_grad().reset();
+    };
+    auto composite = [&] {
+      // [B, T, 3H, hd] -> q, k, v [B, H, T, hd], rotated as the model's
+      // composite path does (ops.h RopeRotate).
+      const torch::Tensor t = qkv.transpose(1, 2);
+      const torch::Tensor q = RopeRotate(t.narrow(1, 0, s.H), cos, sin);
+      const torch::Tensor k = RopeRotate(t.narrow(1, s.H, s.H), cos, sin);
+      const torch::Tensor v = t.narrow(1, 2 * s.H, s.H);
+      const torch::Tensor scores = torch::matmul(q, k.transpose(-2, -1)) * scale;
+      const torch::Tensor p = torch::softmax(scores.masked_fill(mask, -INFINITY), -1);
+      const torch::Tensor out = torch::matmul(p, v).transpose(1, 2).reshape({s.B, s.T, -1});
+      out.backward(dout);
+      qkv.mutable_grad().reset();
+    };
+    fused();
+    composite();
+    std::vector<double> f_ms, c_ms;
+    for (int64_t r = 0; r < reps; ++r) {  // alternated, so drift hits both alike
+      f_ms.push_back(Ms(fused));
+      c_ms.push_back(Ms(composite));
+    }
+    const double flops = 7.0 * s.B * s.H * 2.0 * s.hd * s.T * (s.T + 1) / 2.0;
+    const double f_med = Median(f_ms), c_med = Median(c_ms);
+    const double rate = flops / (f_med * 1e6);
+    std::printf(
+        "B=%ld T=%ld heads=%ld hd=%ld: fused median %.3f ms (best %.3f), composite median %.3f ms "
+        "(best %.3f); composite/fused %.2fx; fused %.1f GFLOP/s = %.2f of the dense GEMM rate\n",
+        static_cast<long>(s.B), static_cast<long>(s.T), static_cast<long>(s.H),
+        static_cast<long>(s.hd), f_med, *std::min_element(f_ms.begin(), f_ms.end()), c_med,
+        *std::min_element(c_ms.begin(), c_ms.end()), c_med / f_med, rate, rate / gemm_gflops);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace depthbench
+
+int main(int argc, char** argv) { return depthbench::Main(argc, argv); }
