@@ -17,8 +17,11 @@
 // instead of keeping a B x H x T x T probability tensor (as flash attention
 // does on GPUs).
 //
-// No BLAS here: the products are short dot/axpy loops over a head dim of
-// 8-128, written so GCC vectorises them (register blocks of kBlock scores).
+// No BLAS here: the products are small register-blocked loops over a head
+// dim of 8-128 (kRows query rows against kBlock keys, or kRows rows of
+// weights against one value row), on explicit vectors. A BLAS call per
+// (batch, head) would multiply the masked upper triangle too (twice the
+// causal half's FLOPs) and keep T x T scores in memory.
 #include <ATen/Parallel.h>
 
 #include <algorithm>
