@@ -21,14 +21,13 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <functional>
 #include <string>
 #include <vector>
 
+#include "bench/cuda_ops/timing.h"
 #include "common/malloc_tuning.h"
 #include "cuda_ops/cpu_fused.h"
 #include "cuda_ops/cpu_gemm.h"
@@ -37,16 +36,8 @@
 namespace depthbench {
 namespace {
 
-double Ms(const std::function<void()>& f) {
-  const auto t0 = std::chrono::steady_clock::now();
-  f();
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using bench::Median;
+using bench::Ms;
 
 struct Shape {
   int64_t B, T, H, hd;

@@ -15,14 +15,13 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "bench/cuda_ops/timing.h"
 #include "common/malloc_tuning.h"
 #include "cuda_ops/cpu_gemm.h"
 #include "trainer_core/shapes.h"
@@ -50,10 +49,7 @@ std::vector<int64_t> ParseList(const std::string& text, const char* flag) {
   return out;
 }
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using bench::Median;
 
 int Main(int argc, char** argv) {
   PinMallocThresholds();  // as depthbench-train does
@@ -112,12 +108,7 @@ int Main(int argc, char** argv) {
           torch::autograd::grad({y}, {x[i], w[i]}, {probe[i]});
         }
       };
-      auto ms = [&](bool onednn) {
-        const auto t0 = std::chrono::steady_clock::now();
-        step(onednn);
-        return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-            .count();
-      };
+      auto ms = [&](bool onednn) { return bench::Ms([&] { step(onednn); }); };
       step(false);
       step(true);  // warm-up: packing buffers, oneDNN's JIT kernels
       std::vector<double> blas, dnnl;

@@ -16,24 +16,20 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
 
+#include "bench/cuda_ops/timing.h"
 #include "common/malloc_tuning.h"
 #include "cuda_ops/cpu_fused.h"
 
 namespace depthbench {
 namespace {
 
-double Ms(const std::function<void()>& f) {
-  const auto t0 = std::chrono::steady_clock::now();
-  f();
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
+using bench::Ms;
 
 void Report(const char* name, std::vector<double> ms) {
   std::sort(ms.begin(), ms.end());
