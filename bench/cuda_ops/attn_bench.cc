@@ -32,6 +32,7 @@
 #include "cuda_ops/cpu_fused.h"
 #include "cuda_ops/cpu_gemm.h"
 #include "cuda_ops/ops.h"
+#include "trainer_core/model/layers.h"
 
 namespace depthbench {
 namespace {
@@ -50,18 +51,6 @@ bool ParseShape(const std::string& s, Shape* out) {
   if (b < 1 || t < 1 || h < 1 || d < 2 || d % 2 != 0) return false;
   *out = {b, t, h, d};
   return true;
-}
-
-// The rotary tables of trainer_core's Rope: cos, and sin with the first half
-// negated (rotate_half's sign), [T, hd].
-std::pair<torch::Tensor, torch::Tensor> RopeTables(int64_t T, int64_t hd) {
-  const torch::Tensor inv =
-      torch::pow(10000.0, -torch::arange(0, hd, 2, torch::kFloat64) / static_cast<double>(hd));
-  const torch::Tensor ang = torch::outer(torch::arange(T, torch::kFloat64), inv);
-  const torch::Tensor full = torch::cat({ang, ang}, 1);
-  torch::Tensor sin = torch::sin(full);
-  sin.narrow(1, 0, hd / 2).neg_();
-  return {torch::cos(full).to(torch::kFloat32), sin.to(torch::kFloat32)};
 }
 
 int Main(int argc, char** argv) {
@@ -105,23 +94,21 @@ int Main(int argc, char** argv) {
   torch::manual_seed(0);
 
   // The dense layers' rate: one [1024, 512] x [512, 1536] product as the
-  // step's Q/K/V projection runs it (cpu_gemm::Linear where oneDNN serves).
+  // step's Q/K/V projection runs it (LinearOp, the model's dense layer).
   const torch::Tensor gx = torch::randn({1024, 512}), gw = torch::randn({1536, 512});
-  auto linear = [&] {
-    return cpu_gemm::Supports(gx, gw) ? cpu_gemm::Linear(gx, gw) : torch::linear(gx, gw);
-  };
   std::vector<double> gemm_ms;
-  linear();
-  for (int r = 0; r < 20; ++r) gemm_ms.push_back(Ms([&] { linear(); }));
+  LinearOp(gx, gw);
+  for (int r = 0; r < 20; ++r) gemm_ms.push_back(Ms([&] { LinearOp(gx, gw); }));
   const double gemm_gflops = 2.0 * 1024 * 512 * 1536 / (Median(gemm_ms) * 1e6);
-  std::printf("threads=%ld reps=%ld; dense GEMM [1024,512]x[512,1536] on %s: %.1f GFLOP/s\n",
+  std::printf("threads=%ld reps=%ld; dense GEMM [1024,512]x[512,1536] (%s): %.1f GFLOP/s\n",
               static_cast<long>(threads), static_cast<long>(reps),
-              cpu_gemm::Supports(gx, gw) ? "oneDNN sgemm" : "the system BLAS", gemm_gflops);
+              cpu_gemm::Description().c_str(), gemm_gflops);
 
   for (const Shape& s : shapes) {
     const torch::Tensor qkv = (torch::randn({s.B, s.T, 3 * s.H, s.hd}) * 0.5).requires_grad_();
     const torch::Tensor dout = torch::randn({s.B, s.T, s.H * s.hd});
-    const auto [cos, sin] = RopeTables(s.T, s.hd);
+    torch::Tensor cos, sin;  // the model's rotary tables
+    Rope(s.hd, s.T).Tables(s.T, qkv, &cos, &sin);
     const double scale = 1.0 / std::sqrt(static_cast<double>(s.hd));
     const torch::Tensor mask = torch::ones({s.T, s.T}, torch::kBool).triu(1);
     auto fused = [&] {
