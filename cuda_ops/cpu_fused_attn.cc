@@ -190,6 +190,23 @@ inline void AxpyHd(T w, const T* x, T* y, int64_t hd_rt) {
   }
 }
 
+// y[c] = w * x[c] + z[c] over the head dim (z null: w * x[c]).
+template <typename T, int HD>
+inline void ScaledPlusHd(T w, const T* x, const T* z, T* y, int64_t hd_rt) {
+  if constexpr (kVecHd<T, HD>) {
+    using V = HdVec<T, HD>;
+    constexpr int W = kHdLanes<T, HD>;
+#pragma GCC unroll 16
+    for (int c = 0; c < HD; c += W) {
+      const V wx = w * LoadV<V>(x + c);
+      StoreV<V>(y + c, z ? wx + LoadV<V>(z + c) : wx);
+    }
+  } else {
+    const int64_t hd = HD > 0 ? HD : hd_rt;
+    for (int64_t c = 0; c < hd; ++c) y[c] = w * x[c] + (z ? z[c] : T(0));
+  }
+}
+
 // out[r][c] = sum_{j < n} w[r * ld + j] rows[j * stride + c] for r < R:
 // probability-weighted sums of value rows (and dq from the key rows) for R
 // query rows at once, so each value row loaded serves R rows of products,
@@ -452,16 +469,52 @@ inline void ScaledQuery(const Rows<T>& qr, const RopeTables<T>& rope, int64_t b,
 // the slot passes need waits in per-head buffers: the depth queries [T, hd]
 // both ways, the depth scores [S, T] forward, rowsum(dO o) [T] backward.
 
-// e[j * T + i] = qd_i . key_j(i) for every slot j and row i < T of head h:
-// the depth scores, slot-major; qd: [T, hd] scaled (unrotated) queries.
+// out[r] = a_r . b_r over the head dim for the rows r < n <= kVF (a_r at
+// a + r * lda, b_r at b + r * ldb), out with room for kVF values. On the
+// vector path the kVF rows' products are reduced together (SumEachVF): one
+// horizontal sum per row (DotHd's) was a chain of lane extracts and adds per
+// product, and the depth slots' passes are little else.
+template <typename T, int HD>
+inline void RowDots(const T* a, int64_t lda, const T* b, int64_t ldb, int64_t n, T* out,
+                    int64_t hd_rt) {
+  if constexpr (kHdLanes<T, HD> == kVF) {
+    constexpr int kC = HD / kVF;
+    VF acc[kVF];
+#pragma GCC unroll 16
+    for (int r = 0; r < kVF; ++r) {
+      acc[r] = VF{};
+      if (r >= n) continue;
+      const float* x = a + r * lda;
+      const float* y = b + r * ldb;
+#pragma GCC unroll 8
+      for (int c = 0; c < kC; ++c) acc[r] += LoadVF(x + c * kVF) * LoadVF(y + c * kVF);
+    }
+    SumEachVF<kVF>(acc, out);
+  } else {
+    for (int64_t r = 0; r < n; ++r) out[r] = DotHd<T, HD>(a + r * lda, b + r * ldb, hd_rt);
+  }
+}
+
+// out[i] = a_i . row_i(i) for i < T (a_i at a + i * lda; rows given by the
+// first row and their stride), by chunks of kVF rows (RowDots); out with
+// room for T rounded up to kVF.
+template <typename T, int HD>
+inline void DotsAlongT(const T* a, int64_t lda, const T* rows, int64_t stride, int64_t T_len,
+                       T* out, int64_t hd) {
+  for (int64_t i0 = 0; i0 < T_len; i0 += kVF) {
+    RowDots<T, HD>(a + i0 * lda, lda, rows + i0 * stride, stride,
+                   std::min<int64_t>(kVF, T_len - i0), out + i0, hd);
+  }
+}
+
+// e[j * ld + i] = qd_i . key_j(i) for every slot j and row i < T of head h
+// (ld >= T rounded up to kVF): the depth scores, slot-major; qd: [T, hd]
+// scaled (unrotated) queries.
 template <typename T, int HD>
 void DepthScores(const Slots<T, Rows<T>>& depth, int64_t b, int64_t h, int64_t g, int64_t T_len,
-                 int64_t hd, const T* qd, T* e) {
+                 int64_t hd, const T* qd, T* e, int64_t ld) {
   for (size_t j = 0; j < depth.k.size(); ++j) {
-    T* ej = e + j * T_len;
-    for (int64_t i = 0; i < T_len; ++i) {
-      ej[i] = DotHd<T, HD>(qd + i * hd, depth.key(j, b, h, g, i), hd);
-    }
+    DotsAlongT<T, HD>(qd, hd, depth.key(j, b, h, g, 0), depth.k[j].st, T_len, e + j * ld, hd);
   }
 }
 
@@ -498,7 +551,7 @@ void Forward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& k
     const int64_t ld = tp + S;
     std::vector<T> kt(static_cast<size_t>(hd * tp)), sb(static_cast<size_t>(kRows * ld)),
         qs(static_cast<size_t>(kRows * hd)), spare(static_cast<size_t>(kRows * hd)),
-        qd(static_cast<size_t>(S > 0 ? T_len * hd : 0)), es(static_cast<size_t>(S * T_len)),
+        qd(static_cast<size_t>(S > 0 ? T_len * hd : 0)), es(static_cast<size_t>(S * tp)),
         krot(rope ? static_cast<size_t>(T_len * hd) : 0);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / sh.KV, g = task % sh.KV;
@@ -507,7 +560,7 @@ void Forward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& k
       for (int64_t h = g * sh.group(); h < (g + 1) * sh.group(); ++h) {
         if (S > 0) {
           DepthQueries(qr, b, h, T_len, hd, sc, qd.data());
-          DepthScores<T, HD>(depth, b, h, g, T_len, hd, qd.data(), es.data());
+          DepthScores<T, HD>(depth, b, h, g, T_len, hd, qd.data(), es.data(), tp);
         }
         for (int64_t i0 = 0; i0 < T_len; i0 += kRows) {
           const int64_t n = std::min<int64_t>(i0 + kRows, T_len);  // keys the block sees
@@ -532,13 +585,13 @@ void Forward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& k
             // The i + 1 sequence scores, then (from column tp) the depth
             // scores, in one softmax; columns i < j < n are masked.
             T* e = s + tp;
-            for (int64_t j = 0; j < S; ++j) e[j] = es[j * T_len + i];
+            for (int64_t j = 0; j < S; ++j) e[j] = es[j * tp + i];
             const T m = std::max(RowMax(s, i + 1), RowMax(e, S));
             const T sum = ExpShiftSum(s, i + 1, m) + ExpShiftSum(e, S, m);
             std::fill(s + i + 1, s + n, T(0));
             inv[r] = T(1) / sum;
             outs[r] = op + ((b * T_len + i) * sh.H + h) * hd;
-            for (int64_t j = 0; j < S; ++j) es[j * T_len + i] = e[j] * inv[r];
+            for (int64_t j = 0; j < S; ++j) es[j * tp + i] = e[j] * inv[r];
             lp[(b * sh.H + h) * T_len + i] = m + std::log(sum);
           }
           BlockWeightedRowSums<T, HD>(sb.data(), ld, n, vr.at(b, g, 0), vr.st, outs, hd);
@@ -548,10 +601,12 @@ void Forward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& k
         }
         // The slots' values, weighted by their probabilities, slot-major.
         for (int64_t j = 0; j < S; ++j) {
-          const T* pj = es.data() + j * T_len;
+          const T* pj = es.data() + j * tp;
+          const T* vj = depth.value(j, b, h, g, 0);
+          const int64_t vst = depth.v[j].st;
+          T* o0 = op + (b * T_len * sh.H + h) * hd;
           for (int64_t i = 0; i < T_len; ++i) {
-            AxpyHd<T, HD>(pj[i], depth.value(j, b, h, g, i), op + ((b * T_len + i) * sh.H + h) * hd,
-                          hd);
+            AxpyHd<T, HD>(pj[i], vj + i * vst, o0 + i * sh.H * hd, hd);
           }
         }
       }
@@ -592,7 +647,7 @@ void Backward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& 
         P(static_cast<size_t>(kRows * tp)), DS(static_cast<size_t>(kRows * tp)),
         qsb(static_cast<size_t>(kRows * hd)), gob(static_cast<size_t>(kRows * hd)),
         qd(static_cast<size_t>(S > 0 ? T_len * hd : 0)), rowsum(static_cast<size_t>(T_len)),
-        pe(static_cast<size_t>(S > 0 ? T_len : 0)), dpe(static_cast<size_t>(S > 0 ? T_len : 0)),
+        pe(static_cast<size_t>(S > 0 ? tp : 0)), dpe(static_cast<size_t>(S > 0 ? tp : 0)),
         gqb(static_cast<size_t>(kRows * hd)),
         gk_task(static_cast<size_t>(T_len * hd)), gv_task(static_cast<size_t>(T_len * hd)),
         krot(rope ? static_cast<size_t>(T_len * hd) : 0);
@@ -674,34 +729,41 @@ void Backward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& 
         const T* l_row = lp + (b * sh.H + h) * T_len;
         auto go_row = [&](int64_t i) { return gop + ((b * T_len + i) * sh.H + h) * hd; };
         for (int64_t j = 0; j < S; ++j) {
+          DotsAlongT<T, HD>(qd.data(), hd, depth.key(j, b, h, g, 0), depth.k[j].st, T_len,
+                            pe.data(), hd);
+          DotsAlongT<T, HD>(go_row(0), sh.H * hd, depth.value(j, b, h, g, 0), depth.v[j].st,
+                            T_len, dpe.data(), hd);
           for (int64_t i = 0; i < T_len; ++i) {
-            pe[i] = DotHd<T, HD>(qd.data() + i * hd, depth.key(j, b, h, g, i), hd) - l_row[i];
-            dpe[i] = DotHd<T, HD>(go_row(i), depth.value(j, b, h, g, i), hd) - rowsum[i];
+            pe[i] -= l_row[i];
+            dpe[i] -= rowsum[i];
           }
           ExpShiftSum(pe.data(), T_len, T(0));
+          for (int64_t i = 0; i < T_len; ++i) dpe[i] *= pe[i];  // dse
+          // The rows through their first row and stride, hoisted: per row,
+          // Slots' lookups cost more than the row's arithmetic.
           const bool summed = SlotSummedOverGroup(gdepth.per_query[j], sh.group());
+          const T* kj = depth.key(j, b, h, g, 0);
+          T* gkj = gdepth.key(j, b, h, g, 0);
+          T* gvj = gdepth.value(j, b, h, g, 0);
+          const T* ikj = incoming.has(j) ? incoming.key(j, b, h, g, 0) : nullptr;
+          const T* ivj = incoming.has(j) ? incoming.value(j, b, h, g, 0) : nullptr;
+          const int64_t kst = depth.k[j].st, gkst = gdepth.k[j].st, gvst = gdepth.v[j].st,
+                        ikst = incoming.k[j].st, ivst = incoming.v[j].st;
+          T* gq0 = gqr.at(b, h, 0);
+          const T* go0 = go_row(0);
           for (int64_t i = 0; i < T_len; ++i) {
             const T* qdi = qd.data() + i * hd;
-            const T* go = go_row(i);
-            const T dse = pe[i] * dpe[i];
-            AxpyHd<T, HD>(dse * sc, depth.key(j, b, h, g, i), gqr.at(b, h, i), hd);
-            T* gk_row = gdepth.key(j, b, h, g, i);
-            T* gv_row = gdepth.value(j, b, h, g, i);
+            const T* go = go0 + i * sh.H * hd;
+            const T dse = dpe[i];
+            AxpyHd<T, HD>(dse * sc, kj + i * kst, gq0 + i * gqr.st, hd);
+            T* gk_row = gkj + i * gkst;
+            T* gv_row = gvj + i * gvst;
             if (summed) {  // summed over the group's query heads (zero-filled)
               AxpyHd<T, HD>(dse, qdi, gk_row, hd);
               AxpyHd<T, HD>(pe[i], go, gv_row, hd);
-            } else if (incoming.has(j)) {  // this row only, plus what arrives
-              const T* ik = incoming.key(j, b, h, g, i);
-              const T* iv = incoming.value(j, b, h, g, i);
-              for (int64_t c = 0; c < hd; ++c) {
-                gk_row[c] = dse * qdi[c] + ik[c];
-                gv_row[c] = pe[i] * go[c] + iv[c];
-              }
-            } else {
-              for (int64_t c = 0; c < hd; ++c) {
-                gk_row[c] = dse * qdi[c];
-                gv_row[c] = pe[i] * go[c];
-              }
+            } else {  // this row only, plus what arrives (if any)
+              ScaledPlusHd<T, HD>(dse, qdi, ikj ? ikj + i * ikst : nullptr, gk_row, hd);
+              ScaledPlusHd<T, HD>(pe[i], go, ivj ? ivj + i * ivst : nullptr, gv_row, hd);
             }
           }
         }

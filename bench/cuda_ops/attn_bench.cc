@@ -7,7 +7,13 @@
 // of the step that is not a dense GEMM, so its rate against the GEMMs' rate
 // is what it costs goal 2.
 //
-//   attn_bench [--threads 1] [--reps 20] [--shape B:T:H:HD]...
+//   attn_bench [--threads 1] [--reps 20] [--slots S] [--shape B:T:H:HD]...
+//
+// With --slots S, both sides also attend to S MoDA depth slots per row
+// (keys and values [B, H, T, hd] each, leaves with gradients, scored
+// against the unrotated query in one softmax with the sequence scores), as
+// MoDA's layers do; the FLOP count then adds the slots' products (forward
+// 2, backward 5 of 2 hd S per row).
 //
 // Prints per shape the median and best milliseconds of each side, the
 // speed-up composite / fused (medians), and the fused kernel's rate in
@@ -55,7 +61,7 @@ bool ParseShape(const std::string& s, Shape* out) {
 
 int Main(int argc, char** argv) {
   PinMallocThresholds();  // as depthbench-train does
-  int64_t threads = 1, reps = 20;
+  int64_t threads = 1, reps = 20, slots = 0;
   std::vector<Shape> shapes;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -76,12 +82,15 @@ int Main(int argc, char** argv) {
     }
     char* end = nullptr;
     const long long n = std::strtoll(v.c_str(), &end, 10);
-    if (end == v.c_str() || *end != '\0' || n < 1) {
-      std::fprintf(stderr, "attn_bench: %s: not a positive integer: %s\n", a.c_str(), v.c_str());
+    const long long least = a == "--slots" ? 0 : 1;
+    if (end == v.c_str() || *end != '\0' || n < least) {
+      std::fprintf(stderr, "attn_bench: %s: not an integer >= %lld: %s\n", a.c_str(), least,
+                   v.c_str());
       return 2;
     }
     if (a == "--threads") threads = n;
     else if (a == "--reps") reps = n;
+    else if (a == "--slots") slots = n;
     else {
       std::fprintf(stderr, "attn_bench: unknown flag %s\n", a.c_str());
       return 2;
@@ -100,8 +109,8 @@ int Main(int argc, char** argv) {
   LinearOp(gx, gw);
   for (int r = 0; r < 20; ++r) gemm_ms.push_back(Ms([&] { LinearOp(gx, gw); }));
   const double gemm_gflops = 2.0 * 1024 * 512 * 1536 / (Median(gemm_ms) * 1e6);
-  std::printf("threads=%ld reps=%ld; dense GEMM [1024,512]x[512,1536] (%s): %.1f GFLOP/s\n",
-              static_cast<long>(threads), static_cast<long>(reps),
+  std::printf("threads=%ld reps=%ld slots=%ld; dense GEMM [1024,512]x[512,1536] (%s): %.1f GFLOP/s\n",
+              static_cast<long>(threads), static_cast<long>(reps), static_cast<long>(slots),
               cpu_gemm::Description().c_str(), gemm_gflops);
 
   for (const Shape& s : shapes) {
@@ -111,11 +120,23 @@ int Main(int argc, char** argv) {
     Rope(s.hd, s.T).Tables(s.T, qkv, &cos, &sin);
     const double scale = 1.0 / std::sqrt(static_cast<double>(s.hd));
     const torch::Tensor mask = torch::ones({s.T, s.T}, torch::kBool).triu(1);
+    std::vector<torch::Tensor> dkeys, dvalues;  // the depth slots
+    for (int64_t j = 0; j < slots; ++j) {
+      dkeys.push_back((torch::randn({s.B, s.H, s.T, s.hd}) * 0.5).requires_grad_());
+      dvalues.push_back(torch::randn({s.B, s.H, s.T, s.hd}).requires_grad_());
+    }
+    auto reset_grads = [&] {
+      qkv.mutable_grad().reset();
+      for (int64_t j = 0; j < slots; ++j) {
+        dkeys[j].mutable_grad().reset();
+        dvalues[j].mutable_grad().reset();
+      }
+    };
     auto fused = [&] {
       const torch::Tensor out =
-          cpu_fused::CausalAttentionQkv(qkv, s.H, s.H, cos, sin, {}, {}, scale)[0];
+          cpu_fused::CausalAttentionQkv(qkv, s.H, s.H, cos, sin, dkeys, dvalues, scale)[0];
       out.backward(dout);
-      qkv.mutable_grad().reset();
+      reset_grads();
     };
     auto composite = [&] {
       // [B, T, 3H, hd] -> q, k, v [B, H, T, hd], rotated as the model's
@@ -124,11 +145,20 @@ int Main(int argc, char** argv) {
       const torch::Tensor q = RopeRotate(t.narrow(1, 0, s.H), cos, sin);
       const torch::Tensor k = RopeRotate(t.narrow(1, s.H, s.H), cos, sin);
       const torch::Tensor v = t.narrow(1, 2 * s.H, s.H);
-      const torch::Tensor scores = torch::matmul(q, k.transpose(-2, -1)) * scale;
-      const torch::Tensor p = torch::softmax(scores.masked_fill(mask, -INFINITY), -1);
-      const torch::Tensor out = torch::matmul(p, v).transpose(1, 2).reshape({s.B, s.T, -1});
+      torch::Tensor scores =
+          (torch::matmul(q, k.transpose(-2, -1)) * scale).masked_fill(mask, -INFINITY);
+      torch::Tensor vd;  // [B, H, T, S, hd]: each row's slot values
+      if (slots > 0) {  // the slots' scores against the unrotated query
+        const torch::Tensor qu = t.narrow(1, 0, s.H).unsqueeze(3);
+        scores = torch::cat({scores, (qu * torch::stack(dkeys, 3)).sum(-1) * scale}, -1);
+        vd = torch::stack(dvalues, 3);
+      }
+      const torch::Tensor p = torch::softmax(scores, -1);
+      torch::Tensor o = torch::matmul(p.narrow(-1, 0, s.T), v);
+      if (slots > 0) o = o + (p.narrow(-1, s.T, slots).unsqueeze(-1) * vd).sum(3);
+      const torch::Tensor out = o.transpose(1, 2).reshape({s.B, s.T, -1});
       out.backward(dout);
-      qkv.mutable_grad().reset();
+      reset_grads();
     };
     fused();
     composite();
@@ -137,7 +167,7 @@ int Main(int argc, char** argv) {
       f_ms.push_back(Ms(fused));
       c_ms.push_back(Ms(composite));
     }
-    const double flops = 7.0 * s.B * s.H * 2.0 * s.hd * s.T * (s.T + 1) / 2.0;
+    const double flops = 7.0 * s.B * s.H * 2.0 * s.hd * s.T * ((s.T + 1) / 2.0 + slots);
     const double f_med = Median(f_ms), c_med = Median(c_ms);
     const double rate = flops / (f_med * 1e6);
     std::printf(
