@@ -471,25 +471,14 @@ inline void ScaledQuery(const Rows<T>& qr, const RopeTables<T>& rope, int64_t b,
 
 // out[r] = a_r . b_r over the head dim for the rows r < n <= kVF (a_r at
 // a + r * lda, b_r at b + r * ldb), out with room for kVF values. On the
-// vector path the kVF rows' products are reduced together (SumEachVF): one
-// horizontal sum per row (DotHd's) was a chain of lane extracts and adds per
-// product, and the depth slots' passes are little else.
+// vector path the kVF rows are reduced together (RowDotsVF): one horizontal
+// sum per row (DotHd's) was a chain of lane extracts and adds per product,
+// and the depth slots' passes are little else.
 template <typename T, int HD>
 inline void RowDots(const T* a, int64_t lda, const T* b, int64_t ldb, int64_t n, T* out,
                     int64_t hd_rt) {
   if constexpr (kHdLanes<T, HD> == kVF) {
-    constexpr int kC = HD / kVF;
-    VF acc[kVF];
-#pragma GCC unroll 16
-    for (int r = 0; r < kVF; ++r) {
-      acc[r] = VF{};
-      if (r >= n) continue;
-      const float* x = a + r * lda;
-      const float* y = b + r * ldb;
-#pragma GCC unroll 8
-      for (int c = 0; c < kC; ++c) acc[r] += LoadVF(x + c * kVF) * LoadVF(y + c * kVF);
-    }
-    SumEachVF<kVF>(acc, out);
+    RowDotsVF(a, lda, b, ldb, n, HD, out);
   } else {
     for (int64_t r = 0; r < n; ++r) out[r] = DotHd<T, HD>(a + r * lda, b + r * ldb, hd_rt);
   }

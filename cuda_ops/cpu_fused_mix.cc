@@ -51,6 +51,24 @@ inline T Dot(const T* a, const T* b, int64_t d) {
   return ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7])) + tail;
 }
 
+// out[r] = Dot(x + r * ldx, y + r * ldy, d) for the rows r < n (ldy 0: one
+// y for every row), to the bit; out needs room for n rounded up to kVF.
+// Float rows of whole 16-column chunks go kVF at a time (RowDotsVF<16>:
+// Dot's additions, without its per-row horizontal sum and single FMA chain).
+template <typename T>
+void DotsOfRows(const T* x, int64_t ldx, const T* y, int64_t ldy, int64_t n, int64_t d, T* out) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (d % 16 == 0) {
+      for (int64_t r0 = 0; r0 < n; r0 += kVF) {
+        RowDotsVF<16>(x + r0 * ldx, ldx, y + r0 * ldy, ldy, std::min<int64_t>(kVF, n - r0), d,
+                      out + r0);
+      }
+      return;
+    }
+  }
+  for (int64_t r = 0; r < n; ++r) out[r] = Dot(x + r * ldx, y + r * ldy, d);
+}
+
 // y[j] += c * x[j]
 template <typename T>
 inline void Axpy(T c, const T* x, T* y, int64_t d) {
@@ -1506,6 +1524,9 @@ class AttnResMixFunction : public torch::autograd::Function<AttnResMixFunction> 
         // padded to ExpN's blocks of 8.
         std::vector<double> run_max(static_cast<size_t>(tile)), run_sum(static_cast<size_t>(tile));
         std::vector<double> ex(static_cast<size_t>(tile * std::max<int64_t>(S, 2) + 8));
+        // A source's sums of squares and logit numerators (v_i . a) for the
+        // tile's rows (DotsOfRows, padded to its blocks).
+        std::vector<scalar_t> ss(static_cast<size_t>(tile + kVF)), la(ss.size());
         for (int64_t r0 = begin; r0 < end; r0 += tile) {
           const int64_t r1 = std::min(end, r0 + tile);
           if (has_query) {
@@ -1519,10 +1540,13 @@ class AttnResMixFunction : public torch::autograd::Function<AttnResMixFunction> 
             // division below.
             const int64_t nr = r1 - r0;
             for (int64_t i = 0; i < S; ++i) {
+              DotsOfRows(vp[i] + r0 * d, d, vp[i] + r0 * d, d, nr, d, ss.data());
+              DotsOfRows(vp[i] + r0 * d, d, static_cast<const scalar_t*>(a.data()), int64_t{0}, nr,
+                         d, la.data());
               for (int64_t r = r0; r < r1; ++r) {
-                const scalar_t* vi = vp[i] + r * d;
-                const scalar_t inv = static_cast<scalar_t>(1.0 / std::sqrt(Dot(vi, vi, d) / d + eps));
-                const scalar_t l = inv * Dot(vi, a.data(), d);
+                const scalar_t inv =
+                    static_cast<scalar_t>(1.0 / std::sqrt(ss[r - r0] / d + eps));
+                const scalar_t l = inv * la[r - r0];
                 rp[r * S + i] = inv;
                 lp[r * S + i] = l;
                 const int64_t k = r - r0;
@@ -1666,7 +1690,14 @@ class AttnResMixFunction : public torch::autograd::Function<AttnResMixFunction> 
         double* acc_a = acc_go + d;
         // The tile's gradients of the mixed rows dm, and dp [rows][S].
         std::vector<scalar_t> dm(static_cast<size_t>(tile * d));
-        std::vector<scalar_t> dp(static_cast<size_t>(tile * S)), pdp(static_cast<size_t>(tile));
+        // dp source-major ([S][tile], each source's padded to DotsOfRows'
+        // blocks); da_tile: a source's sum of dlogit_i r_i v_i over the
+        // tile's rows, added into the double partial once per tile and
+        // source instead of once per row and source (a conversion and a
+        // double FMA per element, a sixth of the backward).
+        const int64_t dp_ld = tile + kVF;
+        std::vector<scalar_t> dp(static_cast<size_t>(dp_ld * S)), pdp(static_cast<size_t>(tile));
+        std::vector<scalar_t> da_tile(static_cast<size_t>(has_query ? d : 0));
         for (int64_t r0 = begin; r0 < end; r0 += tile) {
           const int64_t r1 = std::min(end, r0 + tile);
           for (int64_t r = r0; r < r1; ++r) {
@@ -1685,17 +1716,17 @@ class AttnResMixFunction : public torch::autograd::Function<AttnResMixFunction> 
           }
           // dp_i = v_i . dm, source by source; then sum_i p_i dp_i per row.
           for (int64_t i = 0; i < S; ++i) {
-            for (int64_t r = r0; r < r1; ++r) {
-              dp[(r - r0) * S + i] = Dot(vp[i] + r * d, dm.data() + (r - r0) * d, d);
-            }
+            DotsOfRows(vp[i] + r0 * d, d, static_cast<const scalar_t*>(dm.data()), d, r1 - r0, d,
+                       dp.data() + i * dp_ld);
           }
           for (int64_t r = r0; r < r1; ++r) {
             scalar_t sum = 0;
-            for (int64_t i = 0; i < S; ++i) sum += pp[r * S + i] * dp[(r - r0) * S + i];
+            for (int64_t i = 0; i < S; ++i) sum += pp[r * S + i] * dp[i * dp_ld + (r - r0)];
             pdp[r - r0] = sum;
           }
           // The source gradients, source by source.
           for (int64_t i = 0; i < S; ++i) {
+            std::fill(da_tile.begin(), da_tile.end(), scalar_t(0));
             for (int64_t r = r0; r < r1; ++r) {
               const scalar_t* vi = vp[i] + r * d;
               const scalar_t* dmr = dm.data() + (r - r0) * d;
@@ -1712,9 +1743,10 @@ class AttnResMixFunction : public torch::autograd::Function<AttnResMixFunction> 
                 }
               } else {
                 // dlogit_i r_i
-                const scalar_t dl = pi * (dp[(r - r0) * S + i] - pdp[r - r0]) * rp[r * S + i];
+                const scalar_t dl = pi * (dp[i * dp_ld + (r - r0)] - pdp[r - r0]) * rp[r * S + i];
                 const scalar_t coef = rp[r * S + i] * lp[r * S + i] / static_cast<scalar_t>(d);
-                for (int64_t j = 0; j < d; ++j) acc_a[j] += static_cast<double>(dl) * vi[j];
+                scalar_t* dat = da_tile.data();
+                for (int64_t j = 0; j < d; ++j) dat[j] += dl * vi[j];
                 if (in != nullptr) {
                   for (int64_t j = 0; j < d; ++j) o[j] = pi * dmr[j] + dl * (a[j] - vi[j] * coef) + in[j];
                 } else {
@@ -1722,6 +1754,7 @@ class AttnResMixFunction : public torch::autograd::Function<AttnResMixFunction> 
                 }
               }
             }
+            for (size_t j = 0; j < da_tile.size(); ++j) acc_a[j] += da_tile[j];
           }
         }
       });

@@ -206,6 +206,39 @@ inline void SumEachVF(const VF* v, float* out) {
   }
 }
 
+// out[r] = a_r . b_r for the rows r < n <= kVF (a_r at a + r * lda, b_r at
+// b + r * ldb; ldb 0: one vector b for every row) of d columns, d a
+// multiple of W (itself a multiple of kVF); out needs room for kVF values.
+// Each row's products go into W / kVF vectors, lane k of the W summing
+// columns k, k + W, ... in order; the vectors are added and the kVF rows'
+// lanes summed together (SumEachVF). So the additions are those of a
+// W-partial dot folded like SumVF: W = kVF gives DotHd's values, W = 16
+// Dot's (cpu_fused_mix.cc) in every build. One horizontal sum per kVF rows
+// instead of a chain of lane extracts and adds per row, and kVF independent
+// FMA chains instead of one.
+template <int W = kVF>
+inline void RowDotsVF(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t n,
+                      int64_t d, float* out) {
+  static_assert(W % kVF == 0, "whole vectors per chunk");
+  constexpr int P = W / kVF;
+  VF acc[kVF];
+#pragma GCC unroll 16
+  for (int r = 0; r < kVF; ++r) {
+    VF part[P] = {};
+    if (r < n) {
+      const float* x = a + r * lda;
+      const float* y = b + r * ldb;
+      for (int64_t c = 0; c < d; c += W) {
+#pragma GCC unroll 4
+        for (int p = 0; p < P; ++p) part[p] += LoadVF(x + c + p * kVF) * LoadVF(y + c + p * kVF);
+      }
+    }
+    acc[r] = part[0];
+    for (int p = 1; p < P; ++p) acc[r] += part[p];
+  }
+  SumEachVF<kVF>(acc, out);
+}
+
 // out[k] = exp(in[k]) for 8 doubles. The wide builds call glibc's libmvec
 // (the vector exp GCC itself emits under -ffast-math; within 4 ulp, its
 // documented bound) at their width; the baseline build calls libm's exp per
