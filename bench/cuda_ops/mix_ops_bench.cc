@@ -5,10 +5,13 @@
 // designs_bench's per-round spread, 0.6-1.3, hides a few percent):
 //   - AttnResMix as Full AttnRes runs it: one mix per sub-layer input and
 //     the final one, over 1, 2, ..., 2L + 1 sources, with a query;
-//   - HcRoute then HcWrite (the paper form's mix) for 2L chained connectors.
+//   - HcRoute then HcWrite (the paper form's mix) for 2L chained connectors;
+//   - mHC's connector as the model runs it: MhcRoute, Sinkhorn (20
+//     iterations) on its logits, HcWrite with the map, for 2L chained
+//     connectors.
 //
 //   mix_ops_bench [--threads 1] [--reps 30] [--tokens 1024] [--d 128] [--layers 8]
-//                 [--only attnres|hc]   (one family alone, for a profiler)
+//                 [--only attnres|hc|mhc]   (one family alone, for a profiler)
 //
 // Prints per op family the median and best milliseconds per step (forward +
 // backward) over --reps repetitions.
@@ -106,6 +109,26 @@ int Main(int argc, char** argv) {
     (h * probe).sum().backward();
   };
 
+  // mHC: phi [n d, n^2 + 2n], gains [3], bias [n^2 + 2n] per connector, at
+  // the model's initial scale (mhc.cc); the branch again y + x.
+  std::vector<torch::Tensor> phis, gains, biases, mys;
+  for (int64_t k = 0; k < connectors; ++k) {
+    phis.push_back((torch::randn({n * d, n * n + 2 * n}) * 0.02).requires_grad_());
+    gains.push_back(torch::full({3}, 0.01).requires_grad_());
+    biases.push_back(torch::randn({n * n + 2 * n}).requires_grad_());
+    mys.push_back(torch::randn({tokens, d}).requires_grad_());
+  }
+  auto mhc_step = [&] {
+    torch::Tensor h = h0;
+    for (int64_t k = 0; k < connectors; ++k) {
+      // r: {x, write, logits, h passed through}.
+      std::vector<torch::Tensor> r = cpu_fused::MhcRoute(h, phis[k], gains[k], biases[k], n, 1e-6);
+      const torch::Tensor map = cpu_fused::Sinkhorn(r[2], 20, 1e-6);
+      h = cpu_fused::HcWrite(r[3], map, r[1], mys[k] + r[0]);
+    }
+    (h * probe).sum().backward();
+  };
+
   struct Family {
     const char* flag;
     const char* name;
@@ -113,7 +136,8 @@ int Main(int argc, char** argv) {
     std::vector<double> ms;
   };
   std::vector<Family> families = {{"attnres", "attnres_full mixes", attnres_step, {}},
-                                  {"hc", "hc route+write", hc_step, {}}};
+                                  {"hc", "hc route+write", hc_step, {}},
+                                  {"mhc", "mhc route+sinkhorn+write", mhc_step, {}}};
   if (!only.empty()) {
     std::string flags;
     for (const Family& f : families) flags += flags.empty() ? f.flag : std::string(" or ") + f.flag;
