@@ -588,12 +588,13 @@ void Forward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& k
             for (int64_t c = 0; c < hd; ++c) outs[r][c] *= inv[r];
           }
         }
-        // The slots' values, weighted by their probabilities, slot-major.
+        // The slots' values, weighted by their probabilities, slot-major
+        // (output rows of head h from o0, sh.H * hd apart).
+        T* o0 = op + (b * T_len * sh.H + h) * hd;
         for (int64_t j = 0; j < S; ++j) {
           const T* pj = es.data() + j * tp;
           const T* vj = depth.value(j, b, h, g, 0);
           const int64_t vst = depth.v[j].st;
-          T* o0 = op + (b * T_len * sh.H + h) * hd;
           for (int64_t i = 0; i < T_len; ++i) {
             AxpyHd<T, HD>(pj[i], vj + i * vst, o0 + i * sh.H * hd, hd);
           }
@@ -716,30 +717,30 @@ void Backward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& 
         // the group's query heads).
         DepthQueries(qr, b, h, T_len, hd, sc, qd.data());
         const T* l_row = lp + (b * sh.H + h) * T_len;
-        auto go_row = [&](int64_t i) { return gop + ((b * T_len + i) * sh.H + h) * hd; };
+        // Rows are walked from their first row and stride, hoisted: per
+        // row, Slots' lookups cost more than the row's arithmetic. The
+        // output gradient's rows of head h: from go0, sh.H * hd apart.
+        const T* go0 = gop + (b * T_len * sh.H + h) * hd;
+        T* gq0 = gqr.at(b, h, 0);
         for (int64_t j = 0; j < S; ++j) {
-          DotsAlongT<T, HD>(qd.data(), hd, depth.key(j, b, h, g, 0), depth.k[j].st, T_len,
-                            pe.data(), hd);
-          DotsAlongT<T, HD>(go_row(0), sh.H * hd, depth.value(j, b, h, g, 0), depth.v[j].st,
-                            T_len, dpe.data(), hd);
+          const T* kj = depth.key(j, b, h, g, 0);
+          const int64_t kst = depth.k[j].st;
+          DotsAlongT<T, HD>(qd.data(), hd, kj, kst, T_len, pe.data(), hd);
+          DotsAlongT<T, HD>(go0, sh.H * hd, depth.value(j, b, h, g, 0), depth.v[j].st, T_len,
+                            dpe.data(), hd);
           for (int64_t i = 0; i < T_len; ++i) {
             pe[i] -= l_row[i];
             dpe[i] -= rowsum[i];
           }
           ExpShiftSum(pe.data(), T_len, T(0));
           for (int64_t i = 0; i < T_len; ++i) dpe[i] *= pe[i];  // dse
-          // The rows through their first row and stride, hoisted: per row,
-          // Slots' lookups cost more than the row's arithmetic.
           const bool summed = SlotSummedOverGroup(gdepth.per_query[j], sh.group());
-          const T* kj = depth.key(j, b, h, g, 0);
           T* gkj = gdepth.key(j, b, h, g, 0);
           T* gvj = gdepth.value(j, b, h, g, 0);
           const T* ikj = incoming.has(j) ? incoming.key(j, b, h, g, 0) : nullptr;
           const T* ivj = incoming.has(j) ? incoming.value(j, b, h, g, 0) : nullptr;
-          const int64_t kst = depth.k[j].st, gkst = gdepth.k[j].st, gvst = gdepth.v[j].st,
-                        ikst = incoming.k[j].st, ivst = incoming.v[j].st;
-          T* gq0 = gqr.at(b, h, 0);
-          const T* go0 = go_row(0);
+          const int64_t gkst = gdepth.k[j].st, gvst = gdepth.v[j].st, ikst = incoming.k[j].st,
+                        ivst = incoming.v[j].st;
           for (int64_t i = 0; i < T_len; ++i) {
             const T* qdi = qd.data() + i * hd;
             const T* go = go0 + i * sh.H * hd;

@@ -34,9 +34,9 @@ namespace {
 
 using bench::Ms;
 
-void Report(const char* name, std::vector<double> ms) {
-  std::sort(ms.begin(), ms.end());
-  std::printf("%-28s median %7.3f ms  best %7.3f ms\n", name, ms[ms.size() / 2], ms.front());
+void Report(const char* name, const std::vector<double>& ms) {
+  std::printf("%-28s median %7.3f ms  best %7.3f ms\n", name, bench::Median(ms),
+              *std::min_element(ms.begin(), ms.end()));
 }
 
 int Main(int argc, char** argv) {
@@ -109,8 +109,9 @@ int Main(int argc, char** argv) {
     (h * probe).sum().backward();
   };
 
-  // mHC: phi [n d, n^2 + 2n], gains [3], bias [n^2 + 2n] per connector, at
-  // the model's initial scale (mhc.cc); the branch again y + x.
+  // mHC: phi [n d, n^2 + 2n], gains [3], bias [n^2 + 2n] per connector,
+  // random (mhc.cc starts phi at zero; the kernels' work does not depend on
+  // the values); the branch again y + x.
   std::vector<torch::Tensor> phis, gains, biases, mys;
   for (int64_t k = 0; k < connectors; ++k) {
     phis.push_back((torch::randn({n * d, n * n + 2 * n}) * 0.02).requires_grad_());
