@@ -8,10 +8,13 @@
 //   - HcRoute then HcWrite (the paper form's mix) for 2L chained connectors;
 //   - mHC's connector as the model runs it: MhcRoute, Sinkhorn (20
 //     iterations) on its logits, HcWrite with the map, for 2L chained
-//     connectors.
+//     connectors;
+//   - mHC's MhcRoute alone on 2L connectors over one input (the loss reads
+//     x, write and logits; h's gradient then sums 2L stream gradients): the
+//     route's share of the connector, for a profiler.
 //
 //   mix_ops_bench [--threads 1] [--reps 30] [--tokens 1024] [--d 128] [--layers 8]
-//                 [--only attnres|hc|mhc]   (one family alone, for a profiler)
+//                 [--only attnres|hc|mhc|mhc_route]   (one family alone, for a profiler)
 //
 // Prints per op family the median and best milliseconds per step (forward +
 // backward) over --reps repetitions.
@@ -130,6 +133,17 @@ int Main(int argc, char** argv) {
     (h * probe).sum().backward();
   };
 
+  // mHC's route alone: the RMS-normalised projection, coefficients and read,
+  // forward and backward.
+  auto mhc_route_step = [&] {
+    torch::Tensor loss = torch::zeros({});
+    for (int64_t k = 0; k < connectors; ++k) {
+      std::vector<torch::Tensor> r = cpu_fused::MhcRoute(h0, phis[k], gains[k], biases[k], n, 1e-6);
+      loss = loss + (r[0] * mys[k]).sum() + r[1].sum() + r[2].sum();
+    }
+    loss.backward();
+  };
+
   struct Family {
     const char* flag;
     const char* name;
@@ -138,7 +152,8 @@ int Main(int argc, char** argv) {
   };
   std::vector<Family> families = {{"attnres", "attnres_full mixes", attnres_step, {}},
                                   {"hc", "hc route+write", hc_step, {}},
-                                  {"mhc", "mhc route+sinkhorn+write", mhc_step, {}}};
+                                  {"mhc", "mhc route+sinkhorn+write", mhc_step, {}},
+                                  {"mhc_route", "mhc route alone", mhc_route_step, {}}};
   if (!only.empty()) {
     std::string flags;
     for (const Family& f : families) flags += flags.empty() ? f.flag : std::string(" or ") + f.flag;
