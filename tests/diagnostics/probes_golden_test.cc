@@ -229,7 +229,7 @@ Walked Walk(LanguageModel& m, const torch::Tensor& inputs, std::vector<int64_t> 
     w.num_tensors.push_back(st.tensors.size());
     w.depth_slots.push_back(st.depth_keys.size());
   }
-  w.logits = m->head->forward(d.Finish(st));
+  w.logits = m->Logits(d.Finish(st));
   return w;
 }
 

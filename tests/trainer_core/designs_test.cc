@@ -142,7 +142,7 @@ TEST_P(DesignTest, SkipAndSwapRun) {
     EXPECT_EQ(d.LensHidden(s, l).sizes(), (std::vector<int64_t>{2, 16, 32}));
     if (l < d.num_blocks()) d.ApplyBlock(l, l, s);
   }
-  EXPECT_TRUE(torch::allclose(m->head->forward(d.Finish(s)), base, 1e-5, 1e-5));
+  EXPECT_TRUE(torch::allclose(m->Logits(d.Finish(s)), base, 1e-5, 1e-5));
 }
 
 TEST_P(DesignTest, ShortBrownTrainingLowersLoss) {

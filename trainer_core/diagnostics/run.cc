@@ -88,13 +88,13 @@ class Runner {
         reps[l].push_back(design_.Representation(s, l));
         if (logit_lens) lens.push_back(design_.LensHidden(s, l));
       }
-      torch::Tensor logits = model_.head->forward(design_.Finish(s));
+      torch::Tensor logits = model_.Logits(design_.Finish(s));
       loss_sum += SumCrossEntropy(logits, targets_[m]);
       if (logit_lens) {
         const double weight =
             static_cast<double>(targets_[m].numel()) / static_cast<double>(num_tokens_);
         for (int64_t l = 0; l <= L; ++l) {
-          torch::Tensor probe = model_.head->forward(design_.final_norm->forward(lens[l]));
+          torch::Tensor probe = model_.Logits(design_.final_norm->forward(lens[l]));
           ASSIGN_OR_RETURN(double v, LogitLensKl(logits, probe));
           (*kl)[l] += weight * v;
         }
@@ -120,7 +120,7 @@ class Runner {
         ApplyBlock(p, p, st);
         if (states) reps[p + 1].push_back(design_.Representation(st, p + 1));
       }
-      loss_sum += SumCrossEntropy(model_.head->forward(design_.Finish(st)), targets_[m]);
+      loss_sum += SumCrossEntropy(model_.Logits(design_.Finish(st)), targets_[m]);
     }
     if (states) {
       states->clear();
@@ -141,7 +141,7 @@ class Runner {
       for (int64_t p = l1; p < num_layers_; ++p) {
         ApplyBlock(p, p == l1 ? l2 : (p == l2 ? l1 : p), st);
       }
-      loss_sum += SumCrossEntropy(model_.head->forward(design_.Finish(st)), targets_[m]);
+      loss_sum += SumCrossEntropy(model_.Logits(design_.Finish(st)), targets_[m]);
     }
     return loss_sum / static_cast<double>(num_tokens_);
   }
@@ -152,7 +152,7 @@ class Runner {
     design_.set_record_diagnostics(true);
     DepthState s = design_.Begin(model_.embed->forward(inputs_[0]));
     for (int64_t l = 0; l < num_layers_; ++l) design_.ApplyBlock(l, l, s);
-    model_.head->forward(design_.Finish(s));
+    model_.Logits(design_.Finish(s));
     design_.set_record_diagnostics(false);
     *maps = design_.ResidualMaps();
     *mixing = design_.MixingWeights();

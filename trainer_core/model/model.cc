@@ -54,7 +54,11 @@ torch::Tensor LanguageModelImpl::Forward(const torch::Tensor& tokens,
     const int64_t w = control.order.empty() ? p : control.order[p];
     design_->ApplyBlock(p, w, state);
   }
-  return LinearOp(design_->Finish(state), head->weight);
+  return Logits(design_->Finish(state));
+}
+
+torch::Tensor LanguageModelImpl::Logits(const torch::Tensor& hidden) {
+  return LinearOp(hidden, head->weight);
 }
 
 torch::Tensor LanguageModelImpl::CrossEntropy(const torch::Tensor& logits,

@@ -47,6 +47,11 @@ class LanguageModelImpl : public torch::nn::Module {
   torch::Tensor Forward(const torch::Tensor& tokens, const ForwardControl& control);
   // Mean next-token cross-entropy; inputs [B, T], targets [B, T].
   torch::Tensor Loss(const torch::Tensor& inputs, const torch::Tensor& targets);
+  // The LM head on final hidden states [..., d] -> logits [..., V], as
+  // forward applies it (LinearOp: oneDNN's sgemm on CPU). Every pass that
+  // compares its logits with forward's goes through here, since
+  // head->forward (torch::linear, the system BLAS) rounds differently.
+  torch::Tensor Logits(const torch::Tensor& hidden);
   // Cross-entropy of given logits.
   static torch::Tensor CrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets);
 
