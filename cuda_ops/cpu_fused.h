@@ -77,9 +77,23 @@ std::vector<torch::Tensor> MhcCoefficients(const torch::Tensor& u, const torch::
 // the connector's write (HcWrite) to use instead of h: its gradient arrives
 // here and is added into h's in the same pass, where two uses of h would
 // have autograd add two [..., n, d] gradients (one more pass over them).
+//
+// The projection's products run one of two ways (`projection`):
+//   kFused: in the same pass as the normalisation and the coefficients,
+//     register-blocked loops over each group of rows (any dtype);
+//   kGemm: float32 only, the products h phi, dp phi^T and h^T dp as three
+//     oneDNN sgemm calls (cpu_gemm::Sgemm) around one fused pass each way
+//     for the rest. On Zen 5 oneDNN's sgemm outruns the fused loops, which
+//     are bound by load latency, not FMA width (bench/RESULTS.md, session
+//     23);
+//   kAuto: kGemm for float32 where oneDNN is in use (cpu_gemm::Enabled())
+//     and DEPTHBENCH_ROUTE_PROJECTION is not "fused", kFused otherwise.
+// Both give the same values up to float rounding (the order of the sums).
+enum class RouteProjection { kAuto, kFused, kGemm };
 std::vector<torch::Tensor> MhcRoute(const torch::Tensor& h, const torch::Tensor& phi,
                                     const torch::Tensor& gains, const torch::Tensor& bias,
-                                    int64_t n, double eps);
+                                    int64_t n, double eps,
+                                    RouteProjection projection = RouteProjection::kAuto);
 // The HC connector's routing up to its read in one function: u =
 // RmsProject(h [..., n, d], w [d, n + 2]) per stream, (a, b) =
 // HcCoefficients(u, ...) and x = HcRead(h, a[..., 0]); returns {x [..., d],

@@ -261,8 +261,24 @@ std::vector<torch::Tensor> MhcCoefficients(const torch::Tensor& u, const torch::
 }
 std::vector<torch::Tensor> MhcRoute(const torch::Tensor& h, const torch::Tensor& phi,
                                     const torch::Tensor& gains, const torch::Tensor& bias,
-                                    int64_t n, double eps) {
-  return DEPTHBENCH_CPU_FUSED_CALL(MhcRoute, h, phi, gains, bias, n, eps);
+                                    int64_t n, double eps, RouteProjection projection) {
+  const bool float32 = h.scalar_type() == torch::kFloat32 && phi.scalar_type() == torch::kFloat32;
+  if (projection == RouteProjection::kGemm) {
+    TORCH_CHECK(float32 && cpu_gemm::Enabled(), "MhcRoute: projection kGemm needs float32 h and ",
+                "phi and oneDNN in use; has h ", h.scalar_type(), ", phi ", phi.scalar_type(),
+                " (", cpu_gemm::Description(), ")");
+  }
+  // DEPTHBENCH_ROUTE_PROJECTION=fused turns kAuto's GEMMs off (to compare
+  // the two in one model, designs_bench); any other value is ignored.
+  static const bool auto_fused = [] {
+    const char* e = std::getenv("DEPTHBENCH_ROUTE_PROJECTION");
+    return e != nullptr && std::strcmp(e, "fused") == 0;
+  }();
+  const bool gemm = projection == RouteProjection::kGemm ||
+                    (projection == RouteProjection::kAuto && !auto_fused && float32 &&
+                     cpu_gemm::Enabled());
+  cpu_gemm::SgemmFn fn = gemm ? &cpu_gemm::Sgemm : nullptr;
+  return DEPTHBENCH_CPU_FUSED_CALL(MhcRoute, h, phi, gains, bias, n, eps, fn);
 }
 std::vector<torch::Tensor> HcRoute(const torch::Tensor& h, const torch::Tensor& w,
                                    const torch::Tensor& static_a, const torch::Tensor& static_b,

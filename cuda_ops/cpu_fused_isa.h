@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "cuda_ops/cpu_fused.h"
+#include "cuda_ops/cpu_gemm.h"
 
 #define DEPTHBENCH_CPU_FUSED_KERNELS(isa)                                                     \
   namespace isa {                                                                            \
@@ -38,7 +39,7 @@
                                              const torch::Tensor& bias, int64_t n);          \
   std::vector<torch::Tensor> MhcRoute(const torch::Tensor& h, const torch::Tensor& phi,     \
                                       const torch::Tensor& gains, const torch::Tensor& bias, \
-                                      int64_t n, double eps);                                \
+                                      int64_t n, double eps, cpu_gemm::SgemmFn gemm);        \
   std::vector<torch::Tensor> HcRoute(const torch::Tensor& h, const torch::Tensor& w,          \
                                      const torch::Tensor& static_a, const torch::Tensor& static_b, \
                                      const torch::Tensor& gain_a, const torch::Tensor& gain_b, \

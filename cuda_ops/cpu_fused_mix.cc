@@ -1016,6 +1016,108 @@ class MhcCoefficientsFunction : public torch::autograd::Function<MhcCoefficients
 // Streams per token the route takes (its backward keeps d read on the stack).
 constexpr int64_t kMaxRouteStreams = 64;
 
+// The route with its projection's products as GEMMs (RouteProjection::kGemm,
+// float32): forward p = x2 phi [rows, m] in one sgemm, then one pass per
+// token for rs = rsqrt(mean(x^2) + eps), u = rs p, the coefficients and the
+// read. x2 [rows, k], phi [k, m] contiguous; the outputs are preallocated.
+void RouteForwardGemm(cpu_gemm::SgemmFn gemm, const torch::Tensor& x2, const torch::Tensor& phi,
+                      const torch::Tensor& gains, const torch::Tensor& bias, int64_t n,
+                      double eps, torch::Tensor& rs, torch::Tensor& u, torch::Tensor& read,
+                      torch::Tensor& write, torch::Tensor& logits, torch::Tensor& x) {
+  const int64_t rows = x2.size(0), k = x2.size(1), m = phi.size(1), d = k / n;
+  const float* hp = x2.data_ptr<float>();
+  float* up = u.data_ptr<float>();
+  if (rows > 0) gemm('N', 'N', rows, m, k, 1.0f, hp, k, phi.data_ptr<float>(), m, 0.0f, up, m);
+  const float* gp = gains.data_ptr<float>();
+  const float* bp = bias.data_ptr<float>();
+  float *rsp = rs.data_ptr<float>(), *rp = read.data_ptr<float>();
+  float *wrp = write.data_ptr<float>(), *lp = logits.data_ptr<float>();
+  float* xp = x.data_ptr<float>();
+  at::parallel_for(0, rows, Grain(2 * k), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* xr = hp + r * k;
+      const float inv = static_cast<float>(
+          1.0 / std::sqrt(static_cast<double>(Dot(xr, xr, k)) / static_cast<double>(k) + eps));
+      rsp[r] = inv;
+      float* ur = up + r * m;
+      for (int64_t j = 0; j < m; ++j) ur[j] *= inv;
+      MhcCoefficientsRow(ur, gp, bp, n, rp + r * n, wrp + r * n, lp + r * n * n);
+      ReadRow(xr, rp + r * n, n, d, xp + r * d);
+    }
+  });
+}
+
+// Its backward: one pass per token for d read = h . dx, the coefficients'
+// backward to du (gains and bias into partial_c [threads][3 + m]), dp = rs
+// du, and dh = c x + dh_in + read_s dx per stream s (c = -(rs^2 / k) du . u,
+// the normalisation's term); then dh += dp phi^T and dphi = x2^T dp as two
+// sgemm calls. dh may be dh_in itself (a taken-over gradient). Returns dphi
+// [k, m].
+torch::Tensor RouteBackwardGemm(cpu_gemm::SgemmFn gemm, const torch::Tensor& x2,
+                                const torch::Tensor& phi, const torch::Tensor& rs,
+                                const torch::Tensor& u, const torch::Tensor& gains,
+                                const torch::Tensor& read, const torch::Tensor& write,
+                                const torch::Tensor& dx, const torch::Tensor& dwrite,
+                                const torch::Tensor& dlogits, const torch::Tensor& dh_in,
+                                torch::Tensor& dh, int64_t n, std::vector<double>& partial_c) {
+  const int64_t rows = x2.size(0), k = x2.size(1), m = phi.size(1), d = k / n;
+  const int64_t count = 3 + m;
+  torch::Tensor dp = torch::empty({rows, m}, x2.options());
+  const float* hp = x2.data_ptr<float>();
+  const float* up = u.data_ptr<float>();
+  const float* rsp = rs.data_ptr<float>();
+  const float* gp = gains.data_ptr<float>();
+  const float* rp = read.data_ptr<float>();
+  const float* wrp = write.data_ptr<float>();
+  const float* dxp = dx.defined() ? dx.data_ptr<float>() : nullptr;
+  const float* dwp = dwrite.defined() ? dwrite.data_ptr<float>() : nullptr;
+  const float* dlp = dlogits.defined() ? dlogits.data_ptr<float>() : nullptr;
+  const float* inp = dh_in.defined() ? dh_in.data_ptr<float>() : nullptr;
+  float* dpp = dp.data_ptr<float>();
+  float* dhp = dh.data_ptr<float>();
+  at::parallel_for(0, rows, Grain(3 * k), [&](int64_t begin, int64_t end) {
+    double* acc_g = partial_c.data() + at::get_thread_num() * count;
+    for (int64_t r = begin; r < end; ++r) {
+      const float* xr = hp + r * k;
+      float dread[kMaxRouteStreams];
+      if (dxp != nullptr) {
+        for (int64_t s = 0; s < n; ++s) dread[s] = Dot(xr + s * d, dxp + r * d, d);
+      }
+      float* dq = dpp + r * m;
+      MhcCoefficientsBackwardRow(up + r * m, gp, rp + r * n, wrp + r * n,
+                                 dxp ? dread : nullptr, dwp ? dwp + r * n : nullptr,
+                                 dlp ? dlp + r * n * n : nullptr, n, dq, acc_g, acc_g + 3);
+      const float inv = rsp[r];
+      float gu = 0;
+      for (int64_t j = 0; j < m; ++j) {
+        gu += dq[j] * up[r * m + j];
+        dq[j] *= inv;
+      }
+      const float c = -inv * inv * gu / static_cast<float>(k);
+      float* o = dhp + r * k;
+      const float* in = inp != nullptr ? inp + r * k : nullptr;
+      // `in` may be o: each element read before it is written.
+      if (in == nullptr) {
+        for (int64_t i = 0; i < k; ++i) o[i] = c * xr[i];
+      } else if (in == o) {
+        Axpy(c, xr, o, k);
+      } else {
+        for (int64_t i = 0; i < k; ++i) o[i] = c * xr[i] + in[i];
+      }
+      if (dxp != nullptr) {
+        for (int64_t s = 0; s < n; ++s) Axpy(rp[r * n + s], dxp + r * d, o + s * d, d);
+      }
+    }
+  });
+  torch::Tensor dphi = torch::zeros({k, m}, x2.options());
+  if (rows > 0) {
+    const float* php = phi.data_ptr<float>();
+    gemm('N', 'T', rows, k, m, 1.0f, dpp, m, php, m, 1.0f, dhp, k);  // dh += dp phi^T
+    gemm('T', 'N', k, m, rows, 1.0f, hp, k, dpp, m, 0.0f, dphi.data_ptr<float>(), m);
+  }
+  return dphi;
+}
+
 class MhcRouteFunction : public torch::autograd::Function<MhcRouteFunction> {
  public:
   // h [..., n, d], phi [n d, n^2 + 2n] -> {x [..., d], write [..., n],
@@ -1023,7 +1125,8 @@ class MhcRouteFunction : public torch::autograd::Function<MhcRouteFunction> {
   // MhcRoute in cpu_fused.h): its gradient is added into h's here.
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& h_in,
                                const torch::Tensor& phi, const torch::Tensor& gains_in,
-                               const torch::Tensor& bias_in, int64_t n, double eps) {
+                               const torch::Tensor& bias_in, int64_t n, double eps,
+                               cpu_gemm::SgemmFn gemm) {
     torch::Tensor h = h_in.contiguous();
     TORCH_CHECK(n >= 1 && n <= kMaxRouteStreams && h.dim() >= 2 && h.size(-2) == n,
                 "MhcRoute: h has ", h.sizes(), ", expected [..., ", n, ", d] with 1 <= n <= ",
@@ -1035,8 +1138,14 @@ class MhcRouteFunction : public torch::autograd::Function<MhcRouteFunction> {
     torch::Tensor gains = gains_in.contiguous(), bias = bias_in.contiguous();
     TORCH_CHECK(gains.numel() == 3, "MhcRoute: gains has ", gains.sizes(), ", expected [3]");
     TORCH_CHECK(bias.numel() == m, "MhcRoute: bias has ", bias.sizes(), ", expected [", m, "]");
+    TORCH_CHECK(gemm == nullptr || (h.scalar_type() == torch::kFloat32 &&
+                                    phi.scalar_type() == torch::kFloat32),
+                "MhcRoute: the GEMM projection needs float32 h and phi, has ", h.scalar_type(),
+                " and ", phi.scalar_type());
     torch::Tensor x2 = h.reshape({rows, k});
-    torch::Tensor wt = phi.t().contiguous();
+    // The fused projection reads phi^T (one row per output); the GEMM one
+    // phi as it is.
+    torch::Tensor wt = gemm != nullptr ? phi.contiguous() : phi.t().contiguous();
     const auto opts = h.options();
     torch::Tensor rs = torch::empty({rows, 1}, opts), u = torch::empty({rows, m}, opts);
     torch::Tensor read = torch::empty({rows, n}, opts), write = torch::empty({rows, n}, opts);
@@ -1044,6 +1153,9 @@ class MhcRouteFunction : public torch::autograd::Function<MhcRouteFunction> {
     std::vector<int64_t> x_sizes(h.sizes().begin(), h.sizes().end() - 2);
     x_sizes.push_back(d);
     torch::Tensor x = torch::empty(x_sizes, opts);
+    if (gemm != nullptr) {
+      RouteForwardGemm(gemm, x2, wt, gains, bias, n, eps, rs, u, read, write, logits, x);
+    } else {
     // One pass over each token's streams: projection, coefficients, read.
     AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "cpu_fused::MhcRoute", [&] {
       const scalar_t* hp = x2.data_ptr<scalar_t>();
@@ -1064,8 +1176,10 @@ class MhcRouteFunction : public torch::autograd::Function<MhcRouteFunction> {
         }
       });
     });
+    }
     ctx->save_for_backward({x2, wt, rs, u, gains, read, write});
     ctx->saved_data["n"] = n;
+    ctx->saved_data["gemm"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(gemm));
     ctx->saved_data["h_sizes"] = h.sizes();
     ctx->saved_data["bias_sizes"] = bias_in.sizes();
     std::vector<int64_t> batch(h.sizes().begin(), h.sizes().end() - 2);
@@ -1087,9 +1201,20 @@ class MhcRouteFunction : public torch::autograd::Function<MhcRouteFunction> {
     torch::Tensor dwrite = ContiguousOrUndefined(grads[1]), dlogits = ContiguousOrUndefined(grads[2]);
     auto [dh, dh_in] = RouteStreamGradient(std::move(grads[3]), x2, ctx);  // the pass-through's
     const int64_t threads = at::get_num_threads();
-    std::vector<double> partial_w(static_cast<size_t>(threads * m * k), 0.0);
     const int64_t count = 3 + m;  // dgains, dbias
     std::vector<double> partial_c(static_cast<size_t>(threads * count), 0.0);
+    const auto gemm = reinterpret_cast<cpu_gemm::SgemmFn>(
+        static_cast<intptr_t>(ctx->saved_data["gemm"].toInt()));
+    if (gemm != nullptr) {
+      torch::Tensor dphi = RouteBackwardGemm(gemm, x2, wt, rs, u, gains, read, write, dx, dwrite,
+                                             dlogits, dh_in, dh, n, partial_c);
+      torch::Tensor sums = SumPartials(partial_c, threads, count, {count}, x2.scalar_type());
+      return {ReturnedStreamGradient(dh, ctx), dphi,
+              sums.narrow(0, 0, 3).reshape(gains.sizes()),
+              sums.narrow(0, 3, m).reshape(ctx->saved_data["bias_sizes"].toIntVector()),
+              torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    }
+    std::vector<double> partial_w(static_cast<size_t>(threads * m * k), 0.0);
     // One pass over each token's streams: d read = h . dx, the coefficients'
     // backward to du, then the projection's backward with read_s dx added to
     // stream s of dh.
@@ -1123,7 +1248,7 @@ class MhcRouteFunction : public torch::autograd::Function<MhcRouteFunction> {
     return {ReturnedStreamGradient(dh, ctx), dwt.t(),
             sums.narrow(0, 0, 3).reshape(gains.sizes()),
             sums.narrow(0, 3, m).reshape(ctx->saved_data["bias_sizes"].toIntVector()),
-            torch::Tensor(), torch::Tensor()};
+            torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -1809,8 +1934,8 @@ std::vector<torch::Tensor> MhcCoefficients(const torch::Tensor& u, const torch::
 
 std::vector<torch::Tensor> MhcRoute(const torch::Tensor& h, const torch::Tensor& phi,
                                     const torch::Tensor& gains, const torch::Tensor& bias,
-                                    int64_t n, double eps) {
-  return MhcRouteFunction::apply(h, phi, gains, bias, n, eps);
+                                    int64_t n, double eps, cpu_gemm::SgemmFn gemm) {
+  return MhcRouteFunction::apply(h, phi, gains, bias, n, eps, gemm);
 }
 
 std::vector<torch::Tensor> HcRoute(const torch::Tensor& h, const torch::Tensor& w,

@@ -23,18 +23,6 @@ bool BlasForced() {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// Row-major C[m, n] = op(A) op(B), op(A) [m, k], op(B) [k, n]; 'T' reads the
-// stored matrix transposed. oneDNN runs it on the OpenMP team of the calling
-// thread, single-threaded inside a parallel region (the trainer's
-// micro-batches, trainer_core/micro_batch.h).
-void Sgemm(char trans_a, char trans_b, int64_t m, int64_t n, int64_t k, const float* a,
-           int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc) {
-  const dnnl_status_t status =
-      dnnl_sgemm(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
-  TORCH_CHECK(status == dnnl_success, "cpu_gemm: dnnl_sgemm(", trans_a, trans_b, ", m=", m,
-              ", n=", n, ", k=", k, ") failed with oneDNN status ", static_cast<int>(status));
-}
-
 class LinearFunction : public torch::autograd::Function<LinearFunction> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x_in,
@@ -46,7 +34,7 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
     torch::Tensor y = torch::empty(sizes, x.options());
     if (M > 0 && N > 0) {
       // y [M, N] = x [M, K] w^T
-      Sgemm('N', 'T', M, N, K, x.data_ptr<float>(), K, w.data_ptr<float>(), K,
+      Sgemm('N', 'T', M, N, K, 1.0f, x.data_ptr<float>(), K, w.data_ptr<float>(), K, 0.0f,
             y.data_ptr<float>(), N);
     }
     ctx->save_for_backward({x, w});
@@ -65,8 +53,8 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
                        const torch::Tensor& b, int64_t ldb) {
       torch::Tensor out = torch::empty_like(like);
       if (M == 0 || N == 0) return out.zero_();
-      Sgemm(ta, tb, rows, cols, inner, a.data_ptr<float>(), lda, b.data_ptr<float>(), ldb,
-            out.data_ptr<float>(), cols);
+      Sgemm(ta, tb, rows, cols, inner, 1.0f, a.data_ptr<float>(), lda, b.data_ptr<float>(), ldb,
+            0.0f, out.data_ptr<float>(), cols);
       return out;
     };
     torch::Tensor dx, dw;
@@ -103,6 +91,24 @@ bool Supports(const torch::Tensor& x, const torch::Tensor& w) {
          w.device().is_cpu() && x.scalar_type() == torch::kFloat32 &&
          w.scalar_type() == torch::kFloat32 && x.dim() >= 1 && w.dim() == 2 &&
          w.size(1) >= 1 && x.size(-1) == w.size(1);
+}
+
+void Sgemm(char trans_a, char trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+           const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+           int64_t ldc) {
+  TORCH_CHECK(Enabled(), "cpu_gemm::Sgemm: oneDNN is not in use (", Description(), ")");
+#ifdef DEPTHBENCH_HAVE_DNNL
+  // oneDNN runs it on the OpenMP team of the calling thread,
+  // single-threaded inside a parallel region (the trainer's micro-batches,
+  // trainer_core/micro_batch.h).
+  const dnnl_status_t status =
+      dnnl_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  TORCH_CHECK(status == dnnl_success, "cpu_gemm: dnnl_sgemm(", trans_a, trans_b, ", m=", m,
+              ", n=", n, ", k=", k, ") failed with oneDNN status ", static_cast<int>(status));
+#else
+  (void)trans_a, (void)trans_b, (void)m, (void)n, (void)k, (void)alpha, (void)a, (void)lda;
+  (void)b, (void)ldb, (void)beta, (void)c, (void)ldc;
+#endif
 }
 
 torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& w) {

@@ -40,6 +40,16 @@ bool Supports(const torch::Tensor& x, const torch::Tensor& w);
 // sgemm). Requires Supports(x, w).
 torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& w);
 
+// Row-major C [m, n] = alpha op(A) op(B) + beta C, op(A) [m, k], op(B) [k, n],
+// 'T' reading the stored matrix transposed, through oneDNN's sgemm on the
+// calling thread's OpenMP team (for kernels that hold raw buffers: the mHC
+// route's projection, cpu_fused_mix.cc). Requires Enabled(); fails with the
+// oneDNN status otherwise.
+void Sgemm(char trans_a, char trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+           const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+           int64_t ldc);
+using SgemmFn = decltype(&Sgemm);
+
 }  // namespace cpu_gemm
 }  // namespace depthbench
 

@@ -12,9 +12,13 @@
 //   - mHC's MhcRoute alone on 2L connectors over one input (the loss reads
 //     x, write and logits; h's gradient then sums 2L stream gradients): the
 //     route's share of the connector, for a profiler.
+// The two mHC families run twice: with the route's projection as oneDNN
+// sgemm calls (mhc, mhc_route; what the trainer runs where oneDNN is in
+// use) and as the fused loops (mhc_fused, mhc_route_fused).
 //
 //   mix_ops_bench [--threads 1] [--reps 30] [--tokens 1024] [--d 128] [--layers 8]
-//                 [--only attnres|hc|mhc|mhc_route]   (one family alone, for a profiler)
+//                 [--only attnres|hc|mhc|mhc_fused|mhc_route|mhc_route_fused]
+//                 (one family alone, for a profiler)
 //
 // Prints per op family the median and best milliseconds per step (forward +
 // backward) over --reps repetitions.
@@ -31,6 +35,7 @@
 #include "bench/cuda_ops/timing.h"
 #include "common/malloc_tuning.h"
 #include "cuda_ops/cpu_fused.h"
+#include "cuda_ops/cpu_gemm.h"
 
 namespace depthbench {
 namespace {
@@ -122,26 +127,34 @@ int Main(int argc, char** argv) {
     biases.push_back(torch::randn({n * n + 2 * n}).requires_grad_());
     mys.push_back(torch::randn({tokens, d}).requires_grad_());
   }
-  auto mhc_step = [&] {
-    torch::Tensor h = h0;
-    for (int64_t k = 0; k < connectors; ++k) {
-      // r: {x, write, logits, h passed through}.
-      std::vector<torch::Tensor> r = cpu_fused::MhcRoute(h, phis[k], gains[k], biases[k], n, 1e-6);
-      const torch::Tensor map = cpu_fused::Sinkhorn(r[2], 20, 1e-6);
-      h = cpu_fused::HcWrite(r[3], map, r[1], mys[k] + r[0]);
-    }
-    (h * probe).sum().backward();
+  // Each with the route's projection as oneDNN GEMMs and as the fused
+  // loops (RouteProjection, cpu_fused.h), alternated in the same run.
+  auto mhc_step = [&](cpu_fused::RouteProjection projection) {
+    return [&, projection] {
+      torch::Tensor h = h0;
+      for (int64_t k = 0; k < connectors; ++k) {
+        // r: {x, write, logits, h passed through}.
+        std::vector<torch::Tensor> r =
+            cpu_fused::MhcRoute(h, phis[k], gains[k], biases[k], n, 1e-6, projection);
+        const torch::Tensor map = cpu_fused::Sinkhorn(r[2], 20, 1e-6);
+        h = cpu_fused::HcWrite(r[3], map, r[1], mys[k] + r[0]);
+      }
+      (h * probe).sum().backward();
+    };
   };
 
   // mHC's route alone: the RMS-normalised projection, coefficients and read,
   // forward and backward.
-  auto mhc_route_step = [&] {
-    torch::Tensor loss = torch::zeros({});
-    for (int64_t k = 0; k < connectors; ++k) {
-      std::vector<torch::Tensor> r = cpu_fused::MhcRoute(h0, phis[k], gains[k], biases[k], n, 1e-6);
-      loss = loss + (r[0] * mys[k]).sum() + r[1].sum() + r[2].sum();
-    }
-    loss.backward();
+  auto mhc_route_step = [&](cpu_fused::RouteProjection projection) {
+    return [&, projection] {
+      torch::Tensor loss = torch::zeros({});
+      for (int64_t k = 0; k < connectors; ++k) {
+        std::vector<torch::Tensor> r =
+            cpu_fused::MhcRoute(h0, phis[k], gains[k], biases[k], n, 1e-6, projection);
+        loss = loss + (r[0] * mys[k]).sum() + r[1].sum() + r[2].sum();
+      }
+      loss.backward();
+    };
   };
 
   struct Family {
@@ -150,10 +163,18 @@ int Main(int argc, char** argv) {
     std::function<void()> step;
     std::vector<double> ms;
   };
+  using cpu_fused::RouteProjection;
   std::vector<Family> families = {{"attnres", "attnres_full mixes", attnres_step, {}},
-                                  {"hc", "hc route+write", hc_step, {}},
-                                  {"mhc", "mhc route+sinkhorn+write", mhc_step, {}},
-                                  {"mhc_route", "mhc route alone", mhc_route_step, {}}};
+                                  {"hc", "hc route+write", hc_step, {}}};
+  if (cpu_gemm::Enabled()) {
+    families.push_back({"mhc", "mhc route+sinkhorn+write", mhc_step(RouteProjection::kGemm), {}});
+  }
+  families.push_back({"mhc_fused", "  the same, fused projection", mhc_step(RouteProjection::kFused), {}});
+  if (cpu_gemm::Enabled()) {
+    families.push_back({"mhc_route", "mhc route alone", mhc_route_step(RouteProjection::kGemm), {}});
+  }
+  families.push_back({"mhc_route_fused", "  the same, fused projection",
+                      mhc_route_step(RouteProjection::kFused), {}});
   if (!only.empty()) {
     std::string flags;
     for (const Family& f : families) flags += flags.empty() ? f.flag : std::string(" or ") + f.flag;

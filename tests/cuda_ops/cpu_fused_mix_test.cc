@@ -15,6 +15,7 @@
 
 #include "cuda_ops/cpu_fused.h"
 #include "cuda_ops/cpu_fused_isa.h"
+#include "cuda_ops/cpu_gemm.h"
 #include "cuda_ops/ops.h"
 #include "cuda_ops/reference.h"
 #include "tests/cuda_ops/gradcheck.h"
@@ -270,6 +271,20 @@ TEST(CpuFusedCoefficientsRange, TanhOverItsWholeRange) {
 
 // ---- mHC route: projection, coefficients and read as one function ----
 
+const auto kF64Options = torch::TensorOptions().dtype(torch::kFloat64);
+
+// The route's projections to test: the fused loops always, oneDNN's GEMMs
+// where this build and environment use oneDNN (cpu_gemm::Enabled(); the
+// build installs libdnnl-dev, scripts/setup.sh).
+std::vector<cpu_fused::RouteProjection> RouteProjections() {
+  std::vector<cpu_fused::RouteProjection> p = {cpu_fused::RouteProjection::kFused};
+  if (cpu_gemm::Enabled()) p.push_back(cpu_fused::RouteProjection::kGemm);
+  return p;
+}
+const char* ProjectionName(cpu_fused::RouteProjection p) {
+  return p == cpu_fused::RouteProjection::kGemm ? "GEMM projection" : "fused projection";
+}
+
 class CpuFusedMhcRoute : public ThreadsTest {};
 
 // MhcRouteOp's CPU function equals the three ops it fuses (RmsProjectOp,
@@ -280,6 +295,8 @@ class CpuFusedMhcRoute : public ThreadsTest {};
 // must join h's (the composite returns h itself, for autograd to add).
 TEST_P(CpuFusedMhcRoute, EqualsTheThreeOpsInDouble) {
   torch::manual_seed(90 + GetParam());
+  for (cpu_fused::RouteProjection projection : RouteProjections()) {
+  SCOPED_TRACE(ProjectionName(projection));
   for (int64_t n : {4, 2, 3}) {
     SCOPED_TRACE(::testing::Message() << "n=" << n);
     const int64_t B = 2, T = n == 4 ? 256 : 9, d = n == 4 ? 128 : 20, m = n * n + 2 * n;
@@ -295,7 +312,8 @@ TEST_P(CpuFusedMhcRoute, EqualsTheThreeOpsInDouble) {
             torch::Tensor hh = broadcast ? in[0].narrow(2, 0, 1).expand({B, T, n, d}) : in[0];
             MhcRouteTensors r;
             if (fused) {
-              std::vector<torch::Tensor> v = cpu_fused::MhcRoute(hh, in[1], in[2], in[3], n, 1e-6);
+              std::vector<torch::Tensor> v =
+                  cpu_fused::MhcRoute(hh, in[1], in[2], in[3], n, 1e-6, projection);
               r = {v[0], v[1], v[2], v[3]};
             } else {
               SetFusedOpsEnabled(false);
@@ -317,6 +335,74 @@ TEST_P(CpuFusedMhcRoute, EqualsTheThreeOpsInDouble) {
       }
     }
   }
+  }
+}
+
+// A chain of three mHC connectors as the model runs them (MhcRoute, Sinkhorn
+// on its logits, HcWrite of a branch output into the streams the route
+// passed through): each write's backward returns a stream gradient of its
+// own that the route before it takes over and adds into in place
+// (TakeOwnedGradient). With either projection, the inputs' gradients equal
+// the composites' in double.
+TEST_P(CpuFusedMhcRoute, ChainOfConnectorsEqualsTheCompositesInDouble) {
+  torch::manual_seed(95 + GetParam());
+  const int64_t B = 2, T = 70, n = 4, d = 64, m = n * n + 2 * n, links = 3;
+  std::vector<torch::Tensor> in = {torch::randn({B, T, n, d})};
+  for (int64_t k = 0; k < links; ++k) {
+    in.push_back(torch::randn({n * d, m}) * 0.05);  // phi
+    in.push_back(torch::rand({3}) + 0.1);           // gains
+    in.push_back(torch::randn({m}));                // bias
+    in.push_back(torch::randn({B, T, d}));          // the branch's own term
+  }
+  torch::Tensor probe = torch::randn({B, T, n, d});
+  for (cpu_fused::RouteProjection projection : RouteProjections()) {
+    SCOPED_TRACE(ProjectionName(projection));
+    auto chain = [projection](bool fused) {
+      return [=](const std::vector<torch::Tensor>& x) {
+        auto c = [&](const torch::Tensor& t) { return fused ? t : t.to(torch::kFloat64); };
+        if (!fused) SetFusedOpsEnabled(false);
+        torch::Tensor h = c(x[0]);
+        for (int64_t k = 0; k < links; ++k) {
+          const torch::Tensor &phi = x[1 + 4 * k], &gains = x[2 + 4 * k], &bias = x[3 + 4 * k],
+                              &branch = x[4 + 4 * k];
+          MhcRouteTensors r;
+          if (fused) {
+            std::vector<torch::Tensor> v =
+                cpu_fused::MhcRoute(h, phi, gains, bias, n, 1e-6, projection);
+            r = {v[0], v[1], v[2], v[3]};
+            const torch::Tensor map = cpu_fused::Sinkhorn(r.logits, 20, 1e-6);
+            h = cpu_fused::HcWrite(r.h, map, r.write, r.x * c(branch));
+          } else {
+            r = MhcRouteOp(h, c(phi), c(gains), c(bias), n, 1e-6);
+            h = HcWriteOp(r.h, SinkhornOp(r.logits, 20, 1e-6), r.write, r.x * c(branch));
+          }
+        }
+        if (!fused) SetFusedOpsEnabled(true);
+        return h.to(torch::kFloat32);
+      };
+    };
+    ExpectSame(Evaluate(chain(true), in, probe), Evaluate(chain(false), in, probe), 1e-4, 2e-4,
+               "mHC connector chain");
+  }
+}
+
+// The GEMM projection is float32 only: asked for in double it is refused
+// with the reason; kAuto takes the fused projection there.
+TEST(CpuFusedMhcRouteProjection, GemmProjectionRefusesDoubleWithTheReason) {
+  torch::Tensor h = torch::randn({2, 3, 4, 8}, kF64Options), phi = torch::randn({32, 24}, kF64Options);
+  torch::Tensor gains = torch::rand({3}, kF64Options), bias = torch::randn({24}, kF64Options);
+  try {
+    cpu_fused::MhcRoute(h, phi, gains, bias, 4, 1e-6, cpu_fused::RouteProjection::kGemm);
+    FAIL() << "no error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("projection kGemm needs float32 h and phi"),
+              std::string::npos)
+        << e.what();
+  }
+  torch::Tensor x = cpu_fused::MhcRoute(h, phi, gains, bias, 4, 1e-6)[0];
+  EXPECT_EQ(x.scalar_type(), torch::kFloat64);
+  EXPECT_TRUE(torch::equal(
+      x, cpu_fused::MhcRoute(h, phi, gains, bias, 4, 1e-6, cpu_fused::RouteProjection::kFused)[0]));
 }
 
 INSTANTIATE_TEST_SUITE_P(Threads, CpuFusedMhcRoute, ::testing::Values(1, 2),
@@ -695,7 +781,18 @@ TEST(CpuFusedIsa, WideAndBaselineBuildsAgree) {
                     torch::randn({n * n + 2 * n})},
        [](Build v, auto& in) {
          std::vector<torch::Tensor> r =
-             DB_BUILD_CALL(v, MhcRoute, in[0], in[1], in[2], in[3], 4, 1e-6);
+             DB_BUILD_CALL(v, MhcRoute, in[0], in[1], in[2], in[3], 4, 1e-6, nullptr);
+         return torch::cat({r[0].flatten(), r[1].flatten(), r[2].flatten()});
+       }},
+      // The GEMM projection's own passes, also built per ISA (without
+      // oneDNN: the fused projection again).
+      {"MhcRoute (GEMM projection)",
+       {h, torch::randn({n * d, n * n + 2 * n}) * 0.05, torch::rand({3}) + 0.1,
+        torch::randn({n * n + 2 * n})},
+       [](Build v, auto& in) {
+         cpu_gemm::SgemmFn gemm = cpu_gemm::Enabled() ? &cpu_gemm::Sgemm : nullptr;
+         std::vector<torch::Tensor> r =
+             DB_BUILD_CALL(v, MhcRoute, in[0], in[1], in[2], in[3], 4, 1e-6, gemm);
          return torch::cat({r[0].flatten(), r[1].flatten(), r[2].flatten()});
        }},
       {"HcRoute", {h, w, torch::randn({n, n + 1}), torch::rand({n}) + 0.5, torch::rand({1}) + 0.1,
