@@ -83,11 +83,14 @@ std::vector<torch::Tensor> MhcCoefficients(const torch::Tensor& u, const torch::
 //     register-blocked loops over each group of rows (any dtype);
 //   kGemm: float32 only, the products h phi, dp phi^T and h^T dp as three
 //     oneDNN sgemm calls (cpu_gemm::Sgemm) around one fused pass each way
-//     for the rest. On Zen 5 oneDNN's sgemm outruns the fused loops, which
-//     are bound by load latency, not FMA width (bench/RESULTS.md, session
-//     23);
-//   kAuto: kGemm for float32 where oneDNN is in use (cpu_gemm::Enabled())
-//     and DEPTHBENCH_ROUTE_PROJECTION is not "fused", kFused otherwise.
+//     for the rest. On Zen 5, on one thread, oneDNN's sgemm outruns the
+//     fused loops, which are bound by load latency, not FMA width; on two
+//     threads over one batch it scales worse than they do (bench/RESULTS.md,
+//     session 23);
+//   kAuto: kGemm for float32 on one thread (inside a parallel region, as
+//     the trainer's micro-batches, or with one intra-op thread) where
+//     oneDNN is in use (cpu_gemm::Enabled()) and DEPTHBENCH_ROUTE_PROJECTION
+//     is not "fused"; kFused otherwise.
 // Both give the same values up to float rounding (the order of the sums).
 enum class RouteProjection { kAuto, kFused, kGemm };
 std::vector<torch::Tensor> MhcRoute(const torch::Tensor& h, const torch::Tensor& phi,

@@ -9,6 +9,8 @@
 #include <mutex>
 #include <vector>
 
+#include <ATen/Parallel.h>
+
 #include "cuda_ops/cpu_fused.h"
 #include "cuda_ops/cpu_fused_isa.h"
 
@@ -274,9 +276,13 @@ std::vector<torch::Tensor> MhcRoute(const torch::Tensor& h, const torch::Tensor&
     const char* e = std::getenv("DEPTHBENCH_ROUTE_PROJECTION");
     return e != nullptr && std::strcmp(e, "fused") == 0;
   }();
+  // kAuto takes the GEMMs only where the route runs on one thread: oneDNN's
+  // sgemm split over two threads gained less on these skinny shapes than the
+  // fused loops' parallel_for (bench/RESULTS.md, session 23).
+  const bool one_thread = at::in_parallel_region() || at::get_num_threads() == 1;
   const bool gemm = projection == RouteProjection::kGemm ||
                     (projection == RouteProjection::kAuto && !auto_fused && float32 &&
-                     cpu_gemm::Enabled());
+                     one_thread && cpu_gemm::Enabled());
   cpu_gemm::SgemmFn fn = gemm ? &cpu_gemm::Sgemm : nullptr;
   return DEPTHBENCH_CPU_FUSED_CALL(MhcRoute, h, phi, gains, bias, n, eps, fn);
 }

@@ -386,6 +386,31 @@ TEST_P(CpuFusedMhcRoute, ChainOfConnectorsEqualsTheCompositesInDouble) {
   }
 }
 
+// kAuto in float32 takes the GEMMs on one thread (with oneDNN in use) and
+// the fused loops on two: bit for bit the same as asking for each.
+TEST(CpuFusedMhcRouteProjection, AutoTakesTheGemmsOnOneThreadOnly) {
+  if (!cpu_gemm::Enabled()) {
+    GTEST_SKIP() << "oneDNN is not in use here (" << cpu_gemm::Description()
+                 << "): kAuto is kFused, as EqualsTheThreeOpsInDouble checks";
+  }
+  torch::manual_seed(97);
+  torch::Tensor h = torch::randn({2, 33, 4, 32}), phi = torch::randn({128, 24}) * 0.05;
+  torch::Tensor gains = torch::rand({3}) + 0.1, bias = torch::randn({24});
+  auto x = [&](cpu_fused::RouteProjection p) {
+    return cpu_fused::MhcRoute(h, phi, gains, bias, 4, 1e-6, p)[0];
+  };
+  const int threads = at::get_num_threads();
+  const bool differ = !torch::equal(x(cpu_fused::RouteProjection::kGemm),
+                                    x(cpu_fused::RouteProjection::kFused));
+  at::set_num_threads(1);
+  EXPECT_TRUE(torch::equal(x(cpu_fused::RouteProjection::kAuto), x(cpu_fused::RouteProjection::kGemm)));
+  at::set_num_threads(2);
+  EXPECT_TRUE(torch::equal(x(cpu_fused::RouteProjection::kAuto), x(cpu_fused::RouteProjection::kFused)));
+  at::set_num_threads(threads);
+  // The check has teeth only if the two projections round differently here.
+  EXPECT_TRUE(differ) << "the GEMM and fused projections gave identical bits";
+}
+
 // The GEMM projection is float32 only: asked for in double it is refused
 // with the reason; kAuto takes the fused projection there.
 TEST(CpuFusedMhcRouteProjection, GemmProjectionRefusesDoubleWithTheReason) {
