@@ -1016,6 +1016,23 @@ class MhcCoefficientsFunction : public torch::autograd::Function<MhcCoefficients
 // Streams per token the route takes (its backward keeps d read on the stack).
 constexpr int64_t kMaxRouteStreams = 64;
 
+// Row r of the route's du [m] into `du`: d read = h_s . dx per stream
+// (dxp null: no read gradient), then the coefficients' backward, its gain
+// and bias terms added into acc_g [3 + m] (both projections' backward).
+template <typename T>
+inline void MhcRouteDuRow(int64_t r, const T* hp, const T* dxp, const T* up, const T* gp,
+                          const T* rp, const T* wrp, const T* dwp, const T* dlp, int64_t n,
+                          int64_t d, double* acc_g, T* du) {
+  const int64_t k = n * d, m = n * n + 2 * n;
+  T dread[kMaxRouteStreams];
+  if (dxp != nullptr) {
+    for (int64_t s = 0; s < n; ++s) dread[s] = Dot(hp + r * k + s * d, dxp + r * d, d);
+  }
+  MhcCoefficientsBackwardRow(up + r * m, gp, rp + r * n, wrp + r * n, dxp ? dread : nullptr,
+                             dwp ? dwp + r * n : nullptr, dlp ? dlp + r * n * n : nullptr, n, du,
+                             acc_g, acc_g + 3);
+}
+
 // The route with its projection's products as GEMMs (RouteProjection::kGemm,
 // float32): forward p = x2 phi [rows, m] in one sgemm, then one pass per
 // token for rs = rsqrt(mean(x^2) + eps), u = rs p, the coefficients and the
@@ -1079,14 +1096,8 @@ torch::Tensor RouteBackwardGemm(cpu_gemm::SgemmFn gemm, const torch::Tensor& x2,
     double* acc_g = partial_c.data() + at::get_thread_num() * count;
     for (int64_t r = begin; r < end; ++r) {
       const float* xr = hp + r * k;
-      float dread[kMaxRouteStreams];
-      if (dxp != nullptr) {
-        for (int64_t s = 0; s < n; ++s) dread[s] = Dot(xr + s * d, dxp + r * d, d);
-      }
       float* dq = dpp + r * m;
-      MhcCoefficientsBackwardRow(up + r * m, gp, rp + r * n, wrp + r * n,
-                                 dxp ? dread : nullptr, dwp ? dwp + r * n : nullptr,
-                                 dlp ? dlp + r * n * n : nullptr, n, dq, acc_g, acc_g + 3);
+      MhcRouteDuRow(r, hp, dxp, up, gp, rp, wrp, dwp, dlp, n, d, acc_g, dq);
       const float inv = rsp[r];
       float gu = 0;
       for (int64_t j = 0; j < m; ++j) {
@@ -1109,7 +1120,9 @@ torch::Tensor RouteBackwardGemm(cpu_gemm::SgemmFn gemm, const torch::Tensor& x2,
       }
     }
   });
-  torch::Tensor dphi = torch::zeros({k, m}, x2.options());
+  // Written whole by the beta = 0 product below; zero with no rows.
+  torch::Tensor dphi =
+      rows > 0 ? torch::empty({k, m}, x2.options()) : torch::zeros({k, m}, x2.options());
   if (rows > 0) {
     const float* php = phi.data_ptr<float>();
     gemm('N', 'T', rows, k, m, 1.0f, dpp, m, php, m, 1.0f, dhp, k);  // dh += dp phi^T
@@ -1156,26 +1169,26 @@ class MhcRouteFunction : public torch::autograd::Function<MhcRouteFunction> {
     if (gemm != nullptr) {
       RouteForwardGemm(gemm, x2, wt, gains, bias, n, eps, rs, u, read, write, logits, x);
     } else {
-    // One pass over each token's streams: projection, coefficients, read.
-    AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "cpu_fused::MhcRoute", [&] {
-      const scalar_t* hp = x2.data_ptr<scalar_t>();
-      const scalar_t* wp = wt.data_ptr<scalar_t>();
-      const scalar_t* gp = gains.data_ptr<scalar_t>();
-      const scalar_t* bp = bias.data_ptr<scalar_t>();
-      scalar_t *rsp = rs.data_ptr<scalar_t>(), *up = u.data_ptr<scalar_t>();
-      scalar_t *rp = read.data_ptr<scalar_t>(), *wrp = write.data_ptr<scalar_t>();
-      scalar_t *lp = logits.data_ptr<scalar_t>(), *xp = x.data_ptr<scalar_t>();
-      at::parallel_for(0, rows, Grain((m + 2) * k), [&](int64_t begin, int64_t end) {
-        for (int64_t r0 = begin; r0 < end; r0 += kGroup) {
-          const int64_t count = std::min(kGroup, end - r0);
-          ProjectGroup(hp + r0 * k, count, wp, k, m, eps, rsp + r0, up + r0 * m);
-          for (int64_t r = r0; r < r0 + count; ++r) {
-            MhcCoefficientsRow(up + r * m, gp, bp, n, rp + r * n, wrp + r * n, lp + r * n * n);
-            ReadRow(hp + r * k, rp + r * n, n, d, xp + r * d);
+      // One pass over each token's streams: projection, coefficients, read.
+      AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "cpu_fused::MhcRoute", [&] {
+        const scalar_t* hp = x2.data_ptr<scalar_t>();
+        const scalar_t* wp = wt.data_ptr<scalar_t>();
+        const scalar_t* gp = gains.data_ptr<scalar_t>();
+        const scalar_t* bp = bias.data_ptr<scalar_t>();
+        scalar_t *rsp = rs.data_ptr<scalar_t>(), *up = u.data_ptr<scalar_t>();
+        scalar_t *rp = read.data_ptr<scalar_t>(), *wrp = write.data_ptr<scalar_t>();
+        scalar_t *lp = logits.data_ptr<scalar_t>(), *xp = x.data_ptr<scalar_t>();
+        at::parallel_for(0, rows, Grain((m + 2) * k), [&](int64_t begin, int64_t end) {
+          for (int64_t r0 = begin; r0 < end; r0 += kGroup) {
+            const int64_t count = std::min(kGroup, end - r0);
+            ProjectGroup(hp + r0 * k, count, wp, k, m, eps, rsp + r0, up + r0 * m);
+            for (int64_t r = r0; r < r0 + count; ++r) {
+              MhcCoefficientsRow(up + r * m, gp, bp, n, rp + r * n, wrp + r * n, lp + r * n * n);
+              ReadRow(hp + r * k, rp + r * n, n, d, xp + r * d);
+            }
           }
-        }
+        });
       });
-    });
     }
     ctx->save_for_backward({x2, wt, rs, u, gains, read, write});
     ctx->saved_data["n"] = n;
@@ -1205,47 +1218,38 @@ class MhcRouteFunction : public torch::autograd::Function<MhcRouteFunction> {
     std::vector<double> partial_c(static_cast<size_t>(threads * count), 0.0);
     const auto gemm = reinterpret_cast<cpu_gemm::SgemmFn>(
         static_cast<intptr_t>(ctx->saved_data["gemm"].toInt()));
+    torch::Tensor dphi;
     if (gemm != nullptr) {
-      torch::Tensor dphi = RouteBackwardGemm(gemm, x2, wt, rs, u, gains, read, write, dx, dwrite,
-                                             dlogits, dh_in, dh, n, partial_c);
-      torch::Tensor sums = SumPartials(partial_c, threads, count, {count}, x2.scalar_type());
-      return {ReturnedStreamGradient(dh, ctx), dphi,
-              sums.narrow(0, 0, 3).reshape(gains.sizes()),
-              sums.narrow(0, 3, m).reshape(ctx->saved_data["bias_sizes"].toIntVector()),
-              torch::Tensor(), torch::Tensor(), torch::Tensor()};
+      dphi = RouteBackwardGemm(gemm, x2, wt, rs, u, gains, read, write, dx, dwrite, dlogits,
+                               dh_in, dh, n, partial_c);
+    } else {
+      std::vector<double> partial_w(static_cast<size_t>(threads * m * k), 0.0);
+      // One pass over each token's streams: d read = h . dx, the coefficients'
+      // backward to du, then the projection's backward with read_s dx added to
+      // stream s of dh.
+      AT_DISPATCH_FLOATING_TYPES(x2.scalar_type(), "cpu_fused::MhcRouteBackward", [&] {
+        const scalar_t* hp = x2.data_ptr<scalar_t>();
+        const scalar_t* up = u.data_ptr<scalar_t>();
+        const scalar_t* gp = gains.data_ptr<scalar_t>();
+        const scalar_t* rp = read.data_ptr<scalar_t>();
+        const scalar_t* wrp = write.data_ptr<scalar_t>();
+        const scalar_t* dxp = dx.defined() ? dx.data_ptr<scalar_t>() : nullptr;
+        const scalar_t* dwp = dwrite.defined() ? dwrite.data_ptr<scalar_t>() : nullptr;
+        const scalar_t* dlp = dlogits.defined() ? dlogits.data_ptr<scalar_t>() : nullptr;
+        auto du_row = [&](int64_t r, scalar_t* scratch) -> const scalar_t* {
+          MhcRouteDuRow(r, hp, dxp, up, gp, rp, wrp, dwp, dlp, n, d,
+                        partial_c.data() + at::get_thread_num() * count, scratch);
+          return scratch;
+        };
+        ProjectBackwardRows<scalar_t>(hp, wt.data_ptr<scalar_t>(), rs.data_ptr<scalar_t>(), up,
+                                      rows, k, m, dxp ? rp : nullptr, dxp, n, 1, partial_w,
+                                      dh_in.defined() ? dh_in.data_ptr<scalar_t>() : nullptr,
+                                      dh.data_ptr<scalar_t>(), du_row);
+      });
+      dphi = SumPartials(partial_w, threads, m * k, {m, k}, x2.scalar_type()).t();
     }
-    std::vector<double> partial_w(static_cast<size_t>(threads * m * k), 0.0);
-    // One pass over each token's streams: d read = h . dx, the coefficients'
-    // backward to du, then the projection's backward with read_s dx added to
-    // stream s of dh.
-    AT_DISPATCH_FLOATING_TYPES(x2.scalar_type(), "cpu_fused::MhcRouteBackward", [&] {
-      const scalar_t* hp = x2.data_ptr<scalar_t>();
-      const scalar_t* up = u.data_ptr<scalar_t>();
-      const scalar_t* gp = gains.data_ptr<scalar_t>();
-      const scalar_t* rp = read.data_ptr<scalar_t>();
-      const scalar_t* wrp = write.data_ptr<scalar_t>();
-      const scalar_t* dxp = dx.defined() ? dx.data_ptr<scalar_t>() : nullptr;
-      const scalar_t* dwp = dwrite.defined() ? dwrite.data_ptr<scalar_t>() : nullptr;
-      const scalar_t* dlp = dlogits.defined() ? dlogits.data_ptr<scalar_t>() : nullptr;
-      auto du_row = [&](int64_t r, scalar_t* scratch) -> const scalar_t* {
-        scalar_t dread[kMaxRouteStreams];
-        if (dxp != nullptr) {
-          for (int64_t s = 0; s < n; ++s) dread[s] = Dot(hp + r * k + s * d, dxp + r * d, d);
-        }
-        double* acc_g = partial_c.data() + at::get_thread_num() * count;
-        MhcCoefficientsBackwardRow(up + r * m, gp, rp + r * n, wrp + r * n,
-                                   dxp ? dread : nullptr, dwp ? dwp + r * n : nullptr,
-                                   dlp ? dlp + r * n * n : nullptr, n, scratch, acc_g, acc_g + 3);
-        return scratch;
-      };
-      ProjectBackwardRows<scalar_t>(hp, wt.data_ptr<scalar_t>(), rs.data_ptr<scalar_t>(), up,
-                                    rows, k, m, dxp ? rp : nullptr, dxp, n, 1, partial_w,
-                                    dh_in.defined() ? dh_in.data_ptr<scalar_t>() : nullptr,
-                                    dh.data_ptr<scalar_t>(), du_row);
-    });
-    torch::Tensor dwt = SumPartials(partial_w, threads, m * k, {m, k}, x2.scalar_type());
     torch::Tensor sums = SumPartials(partial_c, threads, count, {count}, x2.scalar_type());
-    return {ReturnedStreamGradient(dh, ctx), dwt.t(),
+    return {ReturnedStreamGradient(dh, ctx), dphi,
             sums.narrow(0, 0, 3).reshape(gains.sizes()),
             sums.narrow(0, 3, m).reshape(ctx->saved_data["bias_sizes"].toIntVector()),
             torch::Tensor(), torch::Tensor(), torch::Tensor()};

@@ -271,7 +271,7 @@ TEST(CpuFusedCoefficientsRange, TanhOverItsWholeRange) {
 
 // ---- mHC route: projection, coefficients and read as one function ----
 
-const auto kF64Options = torch::TensorOptions().dtype(torch::kFloat64);
+const auto kF64 = torch::TensorOptions().dtype(torch::kFloat64);
 
 // The route's projections to test: the fused loops always, oneDNN's GEMMs
 // where this build and environment use oneDNN (cpu_gemm::Enabled(); the
@@ -414,8 +414,8 @@ TEST(CpuFusedMhcRouteProjection, AutoTakesTheGemmsOnOneThreadOnly) {
 // The GEMM projection is float32 only: asked for in double it is refused
 // with the reason; kAuto takes the fused projection there.
 TEST(CpuFusedMhcRouteProjection, GemmProjectionRefusesDoubleWithTheReason) {
-  torch::Tensor h = torch::randn({2, 3, 4, 8}, kF64Options), phi = torch::randn({32, 24}, kF64Options);
-  torch::Tensor gains = torch::rand({3}, kF64Options), bias = torch::randn({24}, kF64Options);
+  torch::Tensor h = torch::randn({2, 3, 4, 8}, kF64), phi = torch::randn({32, 24}, kF64);
+  torch::Tensor gains = torch::rand({3}, kF64), bias = torch::randn({24}, kF64);
   try {
     cpu_fused::MhcRoute(h, phi, gains, bias, 4, 1e-6, cpu_fused::RouteProjection::kGemm);
     FAIL() << "no error";
@@ -665,7 +665,6 @@ INSTANTIATE_TEST_SUITE_P(Threads, CpuFusedAttnRes, ::testing::Values(1, 2),
 
 // ---- gradcheck in double ----
 
-const auto kF64 = torch::TensorOptions().dtype(torch::kFloat64);
 torch::Tensor Var(const torch::Tensor& t) { return t.clone().requires_grad_(true); }
 
 TEST(CpuFusedMixGradcheck, HcReadAndWrite) {
