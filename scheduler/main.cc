@@ -243,13 +243,15 @@ int main(int argc, char** argv) {
   // Debian builds Abseil with mutex deadlock detection on; it costs CPU on
   // every lock and the scheduler has one lock order.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  // SIGINT/SIGTERM blocked before anything an outsider can observe (the
+  // raised descriptor limit, the port file): a stop is then always clean.
+  const sigset_t signals = depthbench::BlockShutdownSignals();
   // One EMFILE stops gRPC's listener for good: use every descriptor the
   // hard limit allows (the metrics endpoint caps its own connections).
   depthbench::RaiseFdLimitAndLog();
   depthbench::scheduler::ServerOptions server_options;
   server_options.listen = f.listen;
   if (!LoadSecrets(f, &server_options)) return 2;
-  const sigset_t signals = depthbench::BlockShutdownSignals();
 
   // Metrics: the registry and the observer exist even without
   // --metrics-listen (updates are cheap atomics); the HTTP endpoint only

@@ -172,6 +172,10 @@ int main(int argc, char** argv) {
     return rc == 0 ? 0 : 2;
   }
   if (flags.verbose) spdlog::set_level(spdlog::level::debug);
+  // Block SIGINT/SIGTERM before anything an outsider can observe (the raised
+  // descriptor limit, the log): from then on a stop request is a clean
+  // shutdown, never death by the default action.
+  sigset_t signals = depthbench::BlockShutdownSignals();
   // Descriptors: the metrics endpoint, scheduler channels and each child's
   // pipes and logs must not hit the soft default while the hard limit allows
   // more.
@@ -181,7 +185,6 @@ int main(int argc, char** argv) {
   absl::StatusOr<worker::SchedulerClientOptions> client_options = ClientOptionsFrom(flags);
   if (!client_options.ok()) return Usage(client_options.status());
 
-  sigset_t signals = depthbench::BlockShutdownSignals();
   signal(SIGPIPE, SIG_IGN);  // a closed pipe from a dying child is an error return, not death
 
   Clock* clock = RealClock::Default();
