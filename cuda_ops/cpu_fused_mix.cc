@@ -19,6 +19,9 @@
 // Last: the ISA of this object (cpu_fused_isa.h).
 #include "cuda_ops/cpu_fused_target.h"
 #include "cuda_ops/cpu_fused_vec.h"
+#if defined(DEPTHBENCH_CPU_FUSED_AVX2) || defined(DEPTHBENCH_CPU_FUSED_AVX512)
+#include <immintrin.h>
+#endif
 
 namespace depthbench {
 namespace cpu_fused {
@@ -67,6 +70,48 @@ void DotsOfRows(const T* x, int64_t ldx, const T* y, int64_t ldy, int64_t n, int
     }
   }
   for (int64_t r = 0; r < n; ++r) out[r] = Dot(x + r * ldx, y + r * ldy, d);
+}
+
+// Asks for bytes [p, p + bytes) in L1, a line at a time, ahead of a pass
+// that reads them.
+inline void PrefetchL1(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, 0, 3);
+}
+
+// out[k] = 1 / sqrt(ss[k] / d + eps) for k < n (ss: sums of squares of
+// d-long rows), the quotient in T, the rest in double, rounded to T; out may
+// be ss. In float the wide builds take 8 (AVX-512) or 4 (AVX2) rows per
+// vector square root and division: correctly rounded like their scalar
+// forms, so the values are the per-row loop's. std::sqrt stays scalar behind
+// libm's errno check (-fno-math-errno would cost the file the shared
+// precompiled header), and one such square root and division per row and
+// source was about a tenth of Full AttnRes's forward mix.
+template <typename T>
+void InvRmsOfSums(const T* ss, int64_t n, int64_t d, double eps, T* out) {
+  int64_t k = 0;
+  // (The masked AVX-512 forms: the unmasked ones start from
+  // _mm512_undefined, which GCC 12 reports as maybe uninitialised.)
+  if constexpr (std::is_same_v<T, float>) {
+#if defined(DEPTHBENCH_CPU_FUSED_AVX512)
+    const float df = static_cast<float>(d);
+    for (; k + 8 <= n; k += 8) {
+      const __m256 q = _mm256_div_ps(_mm256_loadu_ps(ss + k), _mm256_set1_ps(df));
+      const __m512d x = _mm512_maskz_sqrt_pd(
+          0xFF, _mm512_add_pd(_mm512_maskz_cvtps_pd(0xFF, q), _mm512_set1_pd(eps)));
+      _mm256_storeu_ps(out + k,
+                       _mm512_maskz_cvtpd_ps(0xFF, _mm512_div_pd(_mm512_set1_pd(1.0), x)));
+    }
+#elif defined(DEPTHBENCH_CPU_FUSED_AVX2)
+    const float df = static_cast<float>(d);
+    for (; k + 4 <= n; k += 4) {
+      const __m128 q = _mm_div_ps(_mm_loadu_ps(ss + k), _mm_set1_ps(df));
+      const __m256d x = _mm256_sqrt_pd(_mm256_add_pd(_mm256_cvtps_pd(q), _mm256_set1_pd(eps)));
+      _mm_storeu_ps(out + k, _mm256_cvtpd_ps(_mm256_div_pd(_mm256_set1_pd(1.0), x)));
+    }
+#endif
+  }
+  for (; k < n; ++k) out[k] = static_cast<T>(1.0 / std::sqrt(ss[k] / d + eps));
 }
 
 // y[j] += c * x[j]
@@ -336,8 +381,20 @@ class HcWriteFunction : public torch::autograd::Function<HcWriteFunction> {
         if constexpr (std::is_same_v<scalar_t, float>) {
           if (blocked && WithBlockedStreams(s.n, [&](auto nc) {
                 constexpr int N = decltype(nc)::value;
+                // The rows of h, g and y kPrefetchTokens tokens ahead asked
+                // for in L1: the loads of h stalled this loop (h, saved by
+                // the forward, comes from L3); 2-3% of HC's connector
+                // (mix_ops_bench, 2026-12-05).
+                constexpr int64_t kPrefetchTokens = 8;
                 for (int64_t r = begin; r < end; ++r) {
                   const int64_t nd = r * N * s.d;
+                  if (r + kPrefetchTokens < end) {
+                    const int64_t pn = (r + kPrefetchTokens) * N * s.d;
+                    const int64_t bytes = N * s.d * static_cast<int64_t>(sizeof(float));
+                    PrefetchL1(hp + pn, bytes);
+                    PrefetchL1(gp + pn, bytes);
+                    PrefetchL1(yp + (r + kPrefetchTokens) * s.d, s.d * static_cast<int64_t>(sizeof(float)));
+                  }
                   if (mix) {
                     WriteBackwardTokenBlocked<N, true>(hp + nd, ap + r * N * N, bp + r * N,
                                                        yp + r * s.d, gp + nd, s.d, dhp + nd,
@@ -1571,13 +1628,17 @@ class SinkhornFunction : public torch::autograd::Function<SinkhornFunction> {
 // (51 at Full AttnRes's last mix at L = 8), far more than the prefetchers
 // track: with software prefetching of each stream, the backward still ran
 // at a third of the machine's streaming bandwidth (issue 18). The tile's
-// rows of all sources stay in L2 between the source-major passes; the
+// rows of all sources fill about one L2 between the source-major passes; the
 // per-row state between them (mixed rows, their gradient, the logit
 // gradients) is a tile's worth.
 int64_t MixTileRows(int64_t S, int64_t d, size_t elem) {
-  constexpr int64_t kTileBytes = 256 * 1024;  // a quarter of a Zen 4/5 L2
+  // One L2 (1 MB on Zen 4/5). A quarter of it (before 2026-12-05) was 2-9%
+  // slower on Zen 5 (mix_ops_bench, alternated in one process): a tile cut
+  // each source's sequential run to ~30 rows at Full AttnRes's last mix,
+  // and each run starts with misses the prefetchers have not yet learnt.
+  constexpr int64_t kTileBytes = 1024 * 1024;
   const int64_t per_row = std::max<int64_t>(1, S * d * static_cast<int64_t>(elem));
-  return std::clamp<int64_t>(kTileBytes / per_row, 4, 64);
+  return std::clamp<int64_t>(kTileBytes / per_row, 4, 512);
 }
 
 // The mix of rows [r0, r1): out row r - r0 (d apart) = sum_i p[r, i] v_i[r]
@@ -1656,6 +1717,15 @@ class AttnResMixFunction : public torch::autograd::Function<AttnResMixFunction> 
         // A source's sums of squares and logit numerators (v_i . a) for the
         // tile's rows (DotsOfRows, padded to its blocks).
         std::vector<scalar_t> ss(static_cast<size_t>(tile + kVF)), la(ss.size());
+        // Row r of the output: the mix normalised (its rsqrt kept for the
+        // backward).
+        auto normalise = [&](int64_t r) {
+          const scalar_t* mr = mp + r * d;
+          scalar_t* yr = yp + r * d;
+          const scalar_t inv = static_cast<scalar_t>(1.0 / std::sqrt(Dot(mr, mr, d) / d + eps));
+          sp[r] = inv;
+          for (int64_t j = 0; j < d; ++j) yr[j] = mr[j] * inv * gop[j];
+        };
         for (int64_t r0 = begin; r0 < end; r0 += tile) {
           const int64_t r1 = std::min(end, r0 + tile);
           if (has_query) {
@@ -1672,9 +1742,9 @@ class AttnResMixFunction : public torch::autograd::Function<AttnResMixFunction> 
               DotsOfRows(vp[i] + r0 * d, d, vp[i] + r0 * d, d, nr, d, ss.data());
               DotsOfRows(vp[i] + r0 * d, d, static_cast<const scalar_t*>(a.data()), int64_t{0}, nr,
                          d, la.data());
+              InvRmsOfSums(ss.data(), nr, d, eps, ss.data());
               for (int64_t r = r0; r < r1; ++r) {
-                const scalar_t inv =
-                    static_cast<scalar_t>(1.0 / std::sqrt(ss[r - r0] / d + eps));
+                const scalar_t inv = ss[r - r0];
                 const scalar_t l = inv * la[r - r0];
                 rp[r * S + i] = inv;
                 lp[r * S + i] = l;
@@ -1713,6 +1783,7 @@ class AttnResMixFunction : public torch::autograd::Function<AttnResMixFunction> 
               const scalar_t scale = static_cast<scalar_t>(1.0 / total);
               scalar_t* mr = mp + r * d;
               for (int64_t j = 0; j < d; ++j) mr[j] *= scale;
+              normalise(r);  // while the row is in L1
             }
           } else {
             // Uniform weights: the mean of the sources.
@@ -1724,14 +1795,7 @@ class AttnResMixFunction : public torch::autograd::Function<AttnResMixFunction> 
               }
             }
             MixTile(static_cast<const scalar_t*>(pp), vp, S, d, r0, r1, mp + r0 * d);
-          }
-          // Normalised per row.
-          for (int64_t r = r0; r < r1; ++r) {
-            const scalar_t* mr = mp + r * d;
-            scalar_t* yr = yp + r * d;
-            const scalar_t inv = static_cast<scalar_t>(1.0 / std::sqrt(Dot(mr, mr, d) / d + eps));
-            sp[r] = inv;
-            for (int64_t j = 0; j < d; ++j) yr[j] = mr[j] * inv * gop[j];
+            for (int64_t r = r0; r < r1; ++r) normalise(r);
           }
         }
       });

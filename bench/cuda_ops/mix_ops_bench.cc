@@ -4,7 +4,8 @@
 // rest of the model, to compare kernel changes (run two builds alternately;
 // designs_bench's per-round spread, 0.6-1.3, hides a few percent):
 //   - AttnResMix as Full AttnRes runs it: one mix per sub-layer input and
-//     the final one, over 1, 2, ..., 2L + 1 sources, with a query;
+//     the final one, over 1, 2, ..., 2L + 1 sources, with a query, the
+//     sources passed through from mix to mix;
 //   - HcRoute then HcWrite (the paper form's mix) for 2L chained connectors;
 //   - mHC's connector as the model runs it: MhcRoute, Sinkhorn (20
 //     iterations) on its logits, HcWrite with the map, for 2L chained
@@ -72,25 +73,33 @@ int Main(int argc, char** argv) {
   torch::manual_seed(0);
   const int64_t n = 4, mixes = 2 * layers + 1;
 
-  // Full AttnRes: sources are leaves, so the backward runs only the mixes.
-  std::vector<torch::Tensor> sources;
-  for (int64_t i = 0; i < mixes; ++i) sources.push_back(torch::randn({tokens, d}).requires_grad_());
+  // Full AttnRes, chained as the model runs it: mix k reads sources 0..k,
+  // which come back passed through (so each mix's backward adds into the
+  // gradients the later mixes handed it, in place), and its output plus a
+  // branch stand-in (a leaf, so the output's gradient is a fresh tensor as
+  // after a real branch) becomes source k + 1. The loss reads the last mix.
+  // (Before 2026-12-05 the sources were separate leaves, so every mix's
+  // backward wrote fresh gradients that autograd then summed, a cost the
+  // model does not have.)
+  std::vector<torch::Tensor> branches;
+  for (int64_t i = 0; i < mixes; ++i) branches.push_back(torch::randn({tokens, d}).requires_grad_());
   std::vector<torch::Tensor> queries, key_gains, out_gains;
   for (int64_t k = 0; k < mixes; ++k) {
     queries.push_back((torch::randn({d}) * 0.1).requires_grad_());
     key_gains.push_back(torch::ones({d}).requires_grad_());
     out_gains.push_back(torch::ones({d}).requires_grad_());
   }
+  const torch::Tensor attnres_probe = torch::randn({tokens, d});
   auto attnres_step = [&] {
-    torch::Tensor loss = torch::zeros({});
-    std::vector<torch::Tensor> outs;
+    std::vector<torch::Tensor> src = {branches[0] * 1.0f};
+    torch::Tensor out;
     for (int64_t k = 0; k < mixes; ++k) {
-      std::vector<torch::Tensor> src(sources.begin(), sources.begin() + k + 1);
-      outs.push_back(cpu_fused::AttnResMix(src, queries[k], key_gains[k], out_gains[k], 1e-6));
+      std::vector<torch::Tensor> passed;
+      out = cpu_fused::AttnResMix(src, queries[k], key_gains[k], out_gains[k], 1e-6, &passed);
+      src = std::move(passed);
+      if (k + 1 < mixes) src.push_back(out + branches[k + 1]);
     }
-    torch::Tensor total = outs[0].sum();
-    for (size_t k = 1; k < outs.size(); ++k) total = total + outs[k].sum();
-    total.backward();
+    (out * attnres_probe).sum().backward();
   };
 
   // HC: 2L connectors chained as in the model (each write's output is the

@@ -521,7 +521,8 @@ class CpuFusedAttnRes : public ThreadsTest {};
 TEST_P(CpuFusedAttnRes, EqualsTheReferenceForFullAndBlockSourceLists) {
   torch::manual_seed(40 + GetParam());
   for (int S : {1, 2, 5, 17}) {  // 17: a Full AttnRes head at L = 8
-    // 300 rows: more than one parallel chunk at d = 128 and S >= 5.
+    // 300 rows: more than one parallel chunk at d = 128 and S >= 5, and
+    // more than one row tile (MixTileRows: 120 rows) at S = 17, d = 128.
     for (int64_t d : {128, 33}) {
       for (bool with_query : {true, false}) {
         SCOPED_TRACE(::testing::Message() << "S=" << S << " d=" << d << " query=" << with_query);
