@@ -859,6 +859,19 @@ void AttnBackward(const AttnArgs& a, const torch::Tensor& out, const torch::Tens
   });
 }
 
+// A new gradient for a depth slot, in the slot's own layout where it is stored T-major
+// ([B, T, heads, hd] transposed, as MoDA's FFN slots, views of one K/V
+// projection [B, T, 2 kv_dim]): a contiguous [B, heads, T, hd] gradient
+// made autograd's view backward copy it back (0.75 ms of a MoDA step at
+// L = 8, d = 128). The kernels address slot rows through their strides.
+torch::Tensor EmptySlotGradient(const torch::Tensor& slot) {
+  if (slot.stride(2) > slot.stride(1)) {
+    return torch::empty({slot.size(0), slot.size(2), slot.size(1), slot.size(3)}, slot.options())
+        .transpose(1, 2);
+  }
+  return torch::empty(slot.sizes(), slot.options());
+}
+
 // The gradients of depth slots `slots` given the gradients already arriving
 // for them (`in`, S tensors, undefined where none: a passed-through slot's
 // later readers'): a slot the kernel sums over several query heads (a
@@ -874,15 +887,16 @@ std::vector<torch::Tensor> SlotGradients(const std::vector<torch::Tensor>& slots
   std::vector<torch::Tensor> out;
   for (size_t j = 0; j < slots.size(); ++j) {
     const torch::Tensor& slot = slots[j];
-    const bool own = TakeOwnedGradient(in[j], slot.sizes(), slot.scalar_type());
+    const bool own = TakeOwnedGradient(in[j], slot.sizes(), slot.scalar_type(),
+                                       /*rows_any_layout=*/true);
     if (SlotSummedOverGroup(slot.size(1) == H, H / KV)) {
       out.push_back(own              ? in[j]
                     : in[j].defined() ? in[j].clone()
-                                      : torch::zeros(slot.sizes(), slot.options()));
+                                      : EmptySlotGradient(slot).zero_());
       in[j] = torch::Tensor();
     } else {
       // Taken over: the kernel reads each element of in[j] before writing it.
-      out.push_back(own ? in[j] : torch::empty(slot.sizes(), slot.options()));
+      out.push_back(own ? in[j] : EmptySlotGradient(slot));
     }
   }
   return out;

@@ -109,7 +109,7 @@ void MarkOwnedGradient(const torch::Tensor& grad) {
 }
 
 bool TakeOwnedGradient(const torch::Tensor& grad, torch::IntArrayRef sizes,
-                       torch::ScalarType dtype) {
+                       torch::ScalarType dtype, bool rows_any_layout) {
   if (!grad.defined()) return false;
   std::lock_guard<std::mutex> lock(owned_mu);
   PruneOwnedLocked();
@@ -119,7 +119,10 @@ bool TakeOwnedGradient(const torch::Tensor& grad, torch::IntArrayRef sizes,
   });
   if (it == owned.end()) return false;
   owned.erase(it);
-  return grad.is_contiguous() && grad.sizes() == sizes && grad.scalar_type() == dtype;
+  const bool layout = rows_any_layout
+                          ? grad.is_non_overlapping_and_dense() && grad.stride(-1) == 1
+                          : grad.is_contiguous();
+  return layout && grad.sizes() == sizes && grad.scalar_type() == dtype;
 }
 
 bool Supports(std::initializer_list<const torch::Tensor*> tensors) {

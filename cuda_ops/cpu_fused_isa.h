@@ -97,9 +97,11 @@ torch::Tensor SumPartials(const std::vector<double>& partial, int64_t threads, i
 void MarkOwnedGradient(const torch::Tensor& grad);
 // Whether `grad` is a marked, live tensor that can be written in place as
 // the gradient of a tensor of `sizes` and `dtype` (contiguous, that shape
-// and type); forgets the mark either way.
+// and type; with rows_any_layout, any non-overlapping dense layout whose
+// last dim is contiguous, for kernels that address rows through strides);
+// forgets the mark either way.
 bool TakeOwnedGradient(const torch::Tensor& grad, torch::IntArrayRef sizes,
-                       torch::ScalarType dtype);
+                       torch::ScalarType dtype, bool rows_any_layout = false);
 
 // Whether this build has the AVX2 kernels and the CPU runs them (cpuid:
 // AVX2 and FMA).
