@@ -769,12 +769,12 @@ void Backward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& 
         T* gv_row = gvr.at(b, g, t);
         if (rope) {
           RopeAdjointRow<T, HD>(gk_t, rope.cos + t * hd, rope.sin + t * hd, hd, T(1), gk_row);
-          if (in_gkr.p != nullptr) AxpyHd<T, HD>(T(1), in_gkr.at(b, g, t), gk_row, hd);
         } else {
-          ScaledPlusHd<T, HD>(T(1), gk_t, in_gkr.p ? in_gkr.at(b, g, t) : nullptr, gk_row, hd);
+          std::copy(gk_t, gk_t + hd, gk_row);
         }
-        ScaledPlusHd<T, HD>(T(1), gv_task.data() + t * hd,
-                            in_gvr.p ? in_gvr.at(b, g, t) : nullptr, gv_row, hd);
+        std::copy(gv_task.data() + t * hd, gv_task.data() + (t + 1) * hd, gv_row);
+        if (in_gkr.p != nullptr) AxpyHd<T, HD>(T(1), in_gkr.at(b, g, t), gk_row, hd);
+        if (in_gvr.p != nullptr) AxpyHd<T, HD>(T(1), in_gvr.at(b, g, t), gv_row, hd);
       }
     }
   });
@@ -792,13 +792,9 @@ void WithHeadDim(int64_t hd, Fn&& fn) {
   }
 }
 
+// An undefined tensor passes through.
 torch::Tensor LastDimContiguous(const torch::Tensor& t) {
-  return t.stride(-1) == 1 ? t : t.contiguous();
-}
-
-// LastDimContiguous, passing an undefined tensor through.
-torch::Tensor LastDimContiguousOrNone(const torch::Tensor& t) {
-  return t.defined() ? LastDimContiguous(t) : t;
+  return !t.defined() || t.stride(-1) == 1 ? t : t.contiguous();
 }
 
 // Runs the kernels for q [B, H, T, hd], k and v [B, KV, T, hd] (views of any
@@ -854,7 +850,7 @@ void AttnBackward(const AttnArgs& a, const torch::Tensor& out, const torch::Tens
       Backward<scalar_t, decltype(hd_c)::value>(
           sh, a.q, a.k, a.v, a.dk, a.dv, a.scale, TablesOf<scalar_t>(a), out, lse, dout, gq, gk,
           gv, gdk, gdv, in_gdk.empty() ? none : in_gdk, in_gdv.empty() ? none : in_gdv,
-          LastDimContiguousOrNone(in_gk), LastDimContiguousOrNone(in_gv));
+          LastDimContiguous(in_gk), LastDimContiguous(in_gv));
     });
   });
 }
