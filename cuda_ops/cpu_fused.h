@@ -163,9 +163,10 @@ void CheckCausalAttentionShapes(const char* op, const torch::Tensor& q, const to
 // q . k, so this equals rotating both at the token's position (for tables
 // that are rotations, as Rope's: cos and sin of one angle per pair of
 // positions c and c + hd / 2, the first half's sin negated). Returns
-// {out [B, T, H * hd]}, with return_kv {out, k, v}: copies of the unrotated
-// keys and the values, [B, KV, T, hd] (MoDA's own slots for later layers;
-// their gradients join the packed one in this function's backward). With
+// {out [B, T, H * hd]}, with return_kv {out, k, v}: the unrotated keys and
+// the values, [B, KV, T, hd] views of qkv (MoDA's own slots for later
+// layers, read in place like every slot; their gradients join the packed
+// one in this function's backward). With
 // pass_slots the S key slots and the S value slots follow, passed through
 // for the next layer to read instead: their gradients arrive in this
 // backward and are added into the slots' as the kernel writes them, where a

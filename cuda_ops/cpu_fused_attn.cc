@@ -615,7 +615,7 @@ void Backward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& 
               const torch::Tensor& in_gk, const torch::Tensor& in_gv) {
   const Rows<T> qr(q), kr(k), vr(v);
   // Gradients arriving for the unrotated keys and the values themselves
-  // (MoDA's returned copies; undefined: none), added as gk and gv are
+  // (MoDA's returned views; undefined: none), added as gk and gv are
   // written.
   const Rows<T> in_gkr(in_gk), in_gvr(in_gv);
   const Slots<T, Rows<T>> depth(dk, dv, sh.H);
@@ -957,9 +957,11 @@ std::vector<torch::Tensor> LastDimContiguous(at::TensorList ts) {
 // q and k on the fly: one gradient tensor for all three (no rotated copies,
 // and no concatenation of three gradients in the backward). The depth
 // slots are read in place (no [B, H, T, S, hd] stack). With return_kv it
-// also returns copies of k (unrotated) and v, [B, KV, T, hd] (MoDA's cache):
-// their gradients are added to the packed one here, where gradients of
-// views of qkv would each zero-fill and add a qkv-sized tensor. With
+// also returns k (unrotated) and v, [B, KV, T, hd] (MoDA's cache), as views
+// of qkv: no copies (two [B, KV, T, hd] passes and tensors per layer; the
+// kernels read slot rows through their strides). Their gradients arrive
+// here and are added to the packed one, where autograd's backward of views
+// taken outside would each zero-fill and add a qkv-sized tensor. With
 // pass_slots the S key and S value slots follow, passed through: their
 // gradients (from the later layers that read them) are added into the
 // slots' gradients as the kernel writes them.
@@ -984,7 +986,7 @@ class CausalAttentionQkvFunction : public torch::autograd::Function<CausalAttent
     ctx->saved_data["kv_heads"] = kv_heads;
     ctx->saved_data["return_kv"] = return_kv;
     variable_list result = {out};
-    if (return_kv) result.insert(result.end(), {k.contiguous(), v.contiguous()});
+    if (return_kv) result.insert(result.end(), {k, v});
     if (pass_slots) {
       result.insert(result.end(), dk.begin(), dk.end());
       result.insert(result.end(), dv.begin(), dv.end());
@@ -1019,7 +1021,7 @@ class CausalAttentionQkvFunction : public torch::autograd::Function<CausalAttent
     }
     std::vector<torch::Tensor> gdk = SlotGradients(a.dk, H, KV, in_gdk);
     std::vector<torch::Tensor> gdv = SlotGradients(a.dv, H, KV, in_gdv);
-    // The returned k and v copies' gradients (undefined: unused) are added
+    // The returned k and v views' gradients (undefined: unused) are added
     // as the kernel writes gk and gv: an add_ afterwards was one more pass
     // over both, strided views of the packed gradient (about 1.3% of a
     // MoDA training step at L = 8, d = 128).

@@ -443,13 +443,16 @@ TEST(CpuFusedAttentionQkvCheck, OpUsesTheKernelAndMatchesRotateThenAttend) {
   torch::Tensor packed = CausalAttentionQkvOp(in.qkv, c.H, c.KV, in.cos, in.sin, {}, {}, scale);
   EXPECT_TRUE(torch::equal(packed, cpu_fused::CausalAttentionQkv(in.qkv, c.H, c.KV, in.cos, in.sin,
                                                                  {}, {}, scale)[0]));
-  // MoDA's own slots: the unrotated keys and the values, as copies.
+  // MoDA's own slots: the unrotated keys and the values, as views of qkv
+  // (no copies).
   std::pair<torch::Tensor, torch::Tensor> own;
   EXPECT_TRUE(torch::equal(CausalAttentionQkvOp(in.qkv, c.H, c.KV, in.cos, in.sin, {}, {}, scale, &own),
                            packed));
   EXPECT_TRUE(torch::equal(own.first, in.qkv.narrow(2, c.H, c.KV).transpose(1, 2)));
   EXPECT_TRUE(torch::equal(own.second, in.qkv.narrow(2, c.H + c.KV, c.KV).transpose(1, 2)));
-  EXPECT_TRUE(own.first.is_contiguous() && own.second.is_contiguous());
+  EXPECT_EQ(own.first.data_ptr(), in.qkv.narrow(2, c.H, c.KV).data_ptr());
+  EXPECT_EQ(own.second.data_ptr(), in.qkv.narrow(2, c.H + c.KV, c.KV).data_ptr());
+  EXPECT_EQ(own.first.strides(), in.qkv.narrow(2, c.H, c.KV).transpose(1, 2).strides());
   // A depth slot of another dtype (a skipped MoDA block's zeros beside
   // autocast projections) takes the composite, cast to qkv's dtype.
   const AttnCase cd{2, 4, 2, 20, 16, 2};
