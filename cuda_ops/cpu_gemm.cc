@@ -1,7 +1,9 @@
 #include "cuda_ops/cpu_gemm.h"
 
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 #ifdef DEPTHBENCH_HAVE_DNNL
 #include <dnnl.h>
@@ -23,10 +25,14 @@ bool BlasForced() {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+// y = x w^T, returned whole (parts 1) or as `parts` equal column blocks,
+// views of y (MoDA's FFN K and V from one GEMM): each block's gradient comes
+// back on its own, and the backward multiplies by the matching rows of w,
+// where chunk's backward would first concatenate the blocks' gradients.
 class LinearFunction : public torch::autograd::Function<LinearFunction> {
  public:
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x_in,
-                               const torch::Tensor& w_in) {
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& x_in,
+                               const torch::Tensor& w_in, int64_t parts) {
     torch::Tensor x = x_in.contiguous(), w = w_in.contiguous();
     const int64_t K = w.size(1), N = w.size(0), M = x.numel() / K;
     std::vector<int64_t> sizes = x.sizes().vec();
@@ -38,31 +44,44 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
             y.data_ptr<float>(), N);
     }
     ctx->save_for_backward({x, w});
-    return y;
+    ctx->saved_data["parts"] = parts;
+    if (parts == 1) return {y};
+    return y.chunk(parts, /*dim=*/-1);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list saved = ctx->get_saved_variables();
     const torch::Tensor& x = saved[0];
     const torch::Tensor& w = saved[1];
-    torch::Tensor dy = grads[0].contiguous();
-    const int64_t K = w.size(1), N = w.size(0), M = x.numel() / K;
-    // out = op(a) op(b), [rows, cols] over `inner` products; zero when empty.
-    auto product = [&](const torch::Tensor& like, char ta, char tb, int64_t rows, int64_t cols,
-                       int64_t inner, const torch::Tensor& a, int64_t lda,
-                       const torch::Tensor& b, int64_t ldb) {
-      torch::Tensor out = torch::empty_like(like);
-      if (M == 0 || N == 0) return out.zero_();
-      Sgemm(ta, tb, rows, cols, inner, 1.0f, a.data_ptr<float>(), lda, b.data_ptr<float>(), ldb,
-            0.0f, out.data_ptr<float>(), cols);
-      return out;
-    };
+    const int64_t parts = ctx->saved_data["parts"].toInt();
+    const int64_t K = w.size(1), N = w.size(0), M = x.numel() / K, Np = N / parts;
     torch::Tensor dx, dw;
-    // dx [M, K] = dy [M, N] w [N, K]
-    if (ctx->needs_input_grad(0)) dx = product(x, 'N', 'N', M, K, N, dy, N, w, K);
-    // dw [N, K] = dy^T [N, M] x [M, K]
-    if (ctx->needs_input_grad(1)) dw = product(w, 'T', 'N', N, K, M, dy, N, x, K);
-    return {dx, dw};
+    if (ctx->needs_input_grad(0)) dx = torch::empty_like(x);
+    if (ctx->needs_input_grad(1)) dw = torch::empty_like(w);
+    bool dx_written = false;
+    for (int64_t p = 0; p < parts; ++p) {
+      const float* wp = w.data_ptr<float>() + p * Np * K;
+      float* dwp = dw.defined() ? dw.data_ptr<float>() + p * Np * K : nullptr;
+      // An unused block's gradient is undefined: zero.
+      if (!grads[p].defined() || M == 0 || Np == 0) {
+        if (dwp != nullptr) std::fill(dwp, dwp + Np * K, 0.0f);
+        continue;
+      }
+      const torch::Tensor dy = grads[p].contiguous();  // [M, Np]
+      // dx [M, K] (+)= dy_p [M, Np] w_p [Np, K]
+      if (dx.defined()) {
+        Sgemm('N', 'N', M, K, Np, 1.0f, dy.data_ptr<float>(), Np, wp, K, dx_written ? 1.0f : 0.0f,
+              dx.data_ptr<float>(), K);
+        dx_written = true;
+      }
+      // dw_p [Np, K] = dy_p^T [Np, M] x [M, K]
+      if (dwp != nullptr) {
+        Sgemm('T', 'N', Np, K, M, 1.0f, dy.data_ptr<float>(), Np, x.data_ptr<float>(), K, 0.0f,
+              dwp, K);
+      }
+    }
+    if (dx.defined() && !dx_written) dx.zero_();
+    return {dx, dw, torch::Tensor()};
   }
 };
 #endif
@@ -116,9 +135,24 @@ torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& w) {
               "with oneDNN enabled; has x ", x.sizes(), " ", x.scalar_type(), ", w ", w.sizes(),
               " ", w.scalar_type(), " (", Description(), ")");
 #ifdef DEPTHBENCH_HAVE_DNNL
-  return LinearFunction::apply(x, w);
+  return LinearFunction::apply(x, w, 1)[0];
 #else
   return torch::linear(x, w);
+#endif
+}
+
+std::vector<torch::Tensor> LinearChunks(const torch::Tensor& x, const torch::Tensor& w,
+                                        int64_t parts) {
+  TORCH_CHECK(parts >= 1 && w.dim() == 2 && w.size(0) % parts == 0,
+              "cpu_gemm::LinearChunks: w's ", w.dim() == 2 ? w.size(0) : -1,
+              " output rows do not split into ", parts, " equal parts");
+  TORCH_CHECK(Supports(x, w), "cpu_gemm::LinearChunks: needs float32 CPU x [..., K] and w [N, K] ",
+              "with oneDNN enabled; has x ", x.sizes(), " ", x.scalar_type(), ", w ", w.sizes(),
+              " ", w.scalar_type(), " (", Description(), ")");
+#ifdef DEPTHBENCH_HAVE_DNNL
+  return LinearFunction::apply(x, w, parts);
+#else
+  return torch::linear(x, w).chunk(parts, /*dim=*/-1);
 #endif
 }
 

@@ -25,6 +25,7 @@
 #include <torch/torch.h>
 
 #include <string>
+#include <vector>
 
 namespace depthbench {
 namespace cpu_gemm {
@@ -39,6 +40,11 @@ bool Supports(const torch::Tensor& x, const torch::Tensor& w);
 // y = x w^T, [..., N], differentiable in x and w (backward through the same
 // sgemm). Requires Supports(x, w).
 torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& w);
+// Linear(x, w).chunk(parts, -1) without chunk's backward concatenation: the
+// parts are views of one output, and each part's gradient is multiplied by
+// its own rows of w. Requires Supports(x, w) and w.size(0) % parts == 0.
+std::vector<torch::Tensor> LinearChunks(const torch::Tensor& x, const torch::Tensor& w,
+                                        int64_t parts);
 
 // Row-major C [m, n] = alpha op(A) op(B) + beta C, op(A) [m, k], op(B) [k, n],
 // 'T' reading the stored matrix transposed, through oneDNN's sgemm on the

@@ -279,6 +279,18 @@ torch::Tensor LinearOp(const torch::Tensor& x, const torch::Tensor& w) {
   return torch::linear(x, w);
 }
 
+std::vector<torch::Tensor> LinearChunksOp(const torch::Tensor& x, const torch::Tensor& w,
+                                          int64_t parts) {
+  TORCH_CHECK(x.dim() >= 1 && w.dim() == 2 && x.size(-1) == w.size(1),
+              "LinearChunksOp: x [..., K] and w [N, K] must agree in K; has x ", x.sizes(), ", w ",
+              w.sizes());
+  TORCH_CHECK(parts >= 1 && w.size(0) % parts == 0, "LinearChunksOp: w's ", w.size(0),
+              " output rows do not split into ", parts, " equal parts");
+  if (cpu_gemm::Supports(x, w)) return cpu_gemm::LinearChunks(x, w, parts);
+  // Elsewhere chunk's backward concatenates the parts' gradients.
+  return torch::linear(x, w).chunk(parts, /*dim=*/-1);
+}
+
 torch::Tensor SwiGluPackedOp(const torch::Tensor& gu) {
   TORCH_CHECK(gu.dim() >= 1 && gu.size(-1) % 2 == 0,
               "SwiGluPackedOp: gu needs [..., 2 F] (gate, then up), has ", gu.sizes());

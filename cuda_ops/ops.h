@@ -38,6 +38,11 @@ void SetFusedOpsEnabled(bool enabled);
 // (cpu_gemm.h; DEPTHBENCH_CPU_GEMM=blas, or a build without oneDNN, leaves
 // it to the system BLAS); elsewhere torch::linear.
 torch::Tensor LinearOp(const torch::Tensor& x, const torch::Tensor& w);
+// LinearOp(x, w).chunk(parts, -1) (w.size(0) % parts == 0): on the oneDNN
+// path each part's gradient goes straight to its rows of w and into x's
+// gradient, with no concatenation of the parts' gradients (MoDA's FFN K/V).
+std::vector<torch::Tensor> LinearChunksOp(const torch::Tensor& x, const torch::Tensor& w,
+                                          int64_t parts);
 
 // y = x * rsqrt(mean(x^2) + eps) * weight; x [..., d], weight [d].
 torch::Tensor RmsNormOp(const torch::Tensor& x, const torch::Tensor& weight, double eps);

@@ -3,7 +3,8 @@
 // kinds of shapes (3-D activations, non-contiguous inputs, a non-leaf
 // weight, empty batches), inside a parallel region (the trainer's
 // micro-batches) as outside it; LinearOp takes it for float32 CPU tensors
-// and torch::linear for the rest; bad shapes get an error naming them.
+// and torch::linear for the rest; LinearChunks' parts take their gradients
+// one by one; bad shapes get an error naming them.
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -122,6 +123,47 @@ TEST_F(CpuGemmTest, InsideAParallelRegionAsOutside) {
   }
 }
 
+TEST_F(CpuGemmTest, ChunksMatchTheFloat64ProductWithEachPartsGradient) {
+  // MoDA's FFN K and V: two halves of one GEMM, as views of one output,
+  // each gradient arriving on its own (here in the T-major layout the depth
+  // slots get); with three parts, one of them unused (no gradient).
+  torch::manual_seed(11);
+  torch::Tensor x = torch::randn({2, 24, 40});
+  torch::Tensor w = torch::randn({48, 40}) * 0.05;
+  torch::Tensor probe = torch::randn({2, 24, 48});
+  for (const int64_t parts : {1, 2, 3}) {
+    const std::string what = "parts=" + std::to_string(parts);
+    torch::Tensor xl = x.clone().requires_grad_(true), wl = w.clone().requires_grad_(true);
+    std::vector<torch::Tensor> y = cpu_gemm::LinearChunks(xl, wl, parts);
+    ASSERT_EQ(static_cast<int64_t>(y.size()), parts) << what;
+    const int64_t np = 48 / parts;
+    torch::Tensor loss = torch::zeros({});
+    torch::Tensor used_probe = probe.clone();
+    for (int64_t p = 0; p < parts; ++p) {
+      ASSERT_EQ(y[p].sizes(), (std::vector<int64_t>{2, 24, np})) << what;
+      if (parts == 3 && p == 1) {  // unused: its gradient is undefined
+        used_probe.narrow(-1, p * np, np).zero_();
+        continue;
+      }
+      // Through a transposed head view, as the model's slots.
+      torch::Tensor heads = y[p].view({2, 24, 2, np / 2}).transpose(1, 2);
+      loss = loss + (heads * probe.narrow(-1, p * np, np).view({2, 24, 2, np / 2}).transpose(1, 2)).sum();
+    }
+    if (parts > 1) EXPECT_EQ(y[1].data_ptr(), static_cast<float*>(y[0].data_ptr()) + np) << what;
+    loss.backward();
+    LinearGrads want = Exact(x, w, used_probe);
+    for (int64_t p = 0; p < parts; ++p) {
+      ExpectClose(y[p].detach(), want.y.narrow(-1, p * np, np), 40, what + " y");
+    }
+    ExpectClose(xl.grad(), want.dx, 48, what + " dx");
+    ExpectClose(wl.grad(), want.dw, 48, what + " dw");
+  }
+  // The op takes it on float32 and chunks torch::linear elsewhere.
+  torch::Tensor xd = x.to(torch::kFloat64), wd = w.to(torch::kFloat64);
+  std::vector<torch::Tensor> yd = LinearChunksOp(xd, wd, 2);
+  EXPECT_TRUE(torch::equal(yd[1], torch::linear(xd, wd).chunk(2, -1)[1]));
+}
+
 TEST_F(CpuGemmTest, DescriptionNamesOneDnn) {
   EXPECT_NE(cpu_gemm::Description().find("oneDNN"), std::string::npos) << cpu_gemm::Description();
   EXPECT_NE(FusedOpsDescription().find("oneDNN sgemm"), std::string::npos)
@@ -151,6 +193,16 @@ TEST(CpuGemm, MismatchedShapesNameBothOperands) {
     EXPECT_NE(msg.find("[4, 8]"), std::string::npos) << msg;
   }
   EXPECT_THROW(cpu_gemm::Linear(x.to(torch::kFloat64), w.to(torch::kFloat64)), c10::Error);
+  // Output rows that do not split into the asked-for parts.
+  try {
+    LinearChunksOp(torch::randn({3, 8}), torch::randn({5, 8}), 2);
+    FAIL() << "LinearChunksOp split 5 rows into 2 parts";
+  } catch (const c10::Error& e) {
+    const std::string msg = e.what_without_backtrace();
+    EXPECT_NE(msg.find("LinearChunksOp: w's 5 output rows do not split into 2 equal parts"),
+              std::string::npos)
+        << msg;
+  }
 }
 
 }  // namespace

@@ -95,11 +95,10 @@ class ModaDesign final : public DesignImpl {
       // earlier slot use that slot's own (parameters that exist only at
       // some positions stay in place, spec section 9).
       ModaBlockImpl& kv = b.has_ffn_kv() ? b : *blocks_[position];
-      // One GEMM for both projections (separate parameters; split's
-      // backward is one concatenation).
-      std::vector<torch::Tensor> k_v =
-          LinearOp(x, torch::cat({kv.ffn_depth_k->weight, kv.ffn_depth_v->weight}, 0))
-              .chunk(2, /*dim=*/-1);
+      // One GEMM for both projections (separate parameters), whose
+      // backward takes the two halves' gradients as they are.
+      std::vector<torch::Tensor> k_v = LinearChunksOp(
+          x, torch::cat({kv.ffn_depth_k->weight, kv.ffn_depth_v->weight}, 0), /*parts=*/2);
       s.depth_keys.push_back(Heads(k_v[0]));
       s.depth_values.push_back(Heads(k_v[1]));
     }
