@@ -451,6 +451,8 @@ constexpr int64_t kGroup = 4;
 // independent FMA chains (at one 16-wide vector per row, the AVX-512 build
 // waited on the FMA latency). 16 at 8 wide, 32 at 16.
 constexpr int64_t kRouteCols = 2 * kVF;
+// How far ahead, in groups of kGroup rows, ProjectBackwardRows prefetches.
+constexpr int64_t kPrefetchGroups = 2;
 
 // One row of the projection: *rs = rsqrt(mean(x^2) + eps), u[j] = rs x . wt[j].
 template <typename T>
@@ -605,6 +607,16 @@ void ProjectBackwardRows(const T* xp, const T* wp, const T* rp, const T* upp, in
     int64_t pending = 0;
     for (int64_t r0 = begin; r0 < end; r0 += kGroup) {
       const int64_t n_rows = std::min<int64_t>(kGroup, end - r0);
+      // The rows of x (and of the arriving gradients) kPrefetchGroups
+      // groups ahead asked for in L1: x, saved by the forward, comes from
+      // memory in a training step, and HC's first read of a row (du_row's
+      // dot product with the read gradient) waited on it.
+      if (const int64_t ahead = r0 + kPrefetchGroups * kGroup; ahead < end) {
+        const int64_t bytes = std::min<int64_t>(kGroup, end - ahead) * k * sizeof(T);
+        PrefetchL1(xp + ahead * k, bytes);
+        if (dx_in != nullptr) PrefetchL1(dx_in + ahead * k, bytes);
+        if (dreadp != nullptr) PrefetchL1(dreadp + (ahead / rows_per_token) * d, d * sizeof(T));
+      }
       T* const dp = dp_pair.data() + half * kGroup * m;
       const T** xs = xs_pair + half * kGroup;
       const T* ins[kGroup];
