@@ -1,7 +1,7 @@
 #include "cuda_ops/cpu_gemm.h"
 
-#include <cstdlib>
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
