@@ -130,10 +130,19 @@ void Sgemm(char trans_a, char trans_b, int64_t m, int64_t n, int64_t k, float al
 #endif
 }
 
-torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& w) {
-  TORCH_CHECK(Supports(x, w), "cpu_gemm::Linear: needs float32 CPU x [..., K] and w [N, K] ",
+namespace {
+
+// Fails, naming `op`, unless Supports(x, w).
+void CheckSupported(const char* op, const torch::Tensor& x, const torch::Tensor& w) {
+  TORCH_CHECK(Supports(x, w), "cpu_gemm::", op, ": needs float32 CPU x [..., K] and w [N, K] ",
               "with oneDNN enabled; has x ", x.sizes(), " ", x.scalar_type(), ", w ", w.sizes(),
               " ", w.scalar_type(), " (", Description(), ")");
+}
+
+}  // namespace
+
+torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& w) {
+  CheckSupported("Linear", x, w);
 #ifdef DEPTHBENCH_HAVE_DNNL
   return LinearFunction::apply(x, w, 1)[0];
 #else
@@ -146,9 +155,7 @@ std::vector<torch::Tensor> LinearChunks(const torch::Tensor& x, const torch::Ten
   TORCH_CHECK(parts >= 1 && w.dim() == 2 && w.size(0) % parts == 0,
               "cpu_gemm::LinearChunks: w's ", w.dim() == 2 ? w.size(0) : -1,
               " output rows do not split into ", parts, " equal parts");
-  TORCH_CHECK(Supports(x, w), "cpu_gemm::LinearChunks: needs float32 CPU x [..., K] and w [N, K] ",
-              "with oneDNN enabled; has x ", x.sizes(), " ", x.scalar_type(), ", w ", w.sizes(),
-              " ", w.scalar_type(), " (", Description(), ")");
+  CheckSupported("LinearChunks", x, w);
 #ifdef DEPTHBENCH_HAVE_DNNL
   return LinearFunction::apply(x, w, parts);
 #else

@@ -271,19 +271,25 @@ torch::Tensor SwiGluGateOp(const torch::Tensor& g, const torch::Tensor& u) {
   return reference::SwiGluGate(g, u);
 }
 
+namespace {
+
+// Fails, naming `op`, unless x [..., K] and w [N, K] agree in K.
+void CheckLinearShapes(const char* op, const torch::Tensor& x, const torch::Tensor& w) {
+  TORCH_CHECK(x.dim() >= 1 && w.dim() == 2 && x.size(-1) == w.size(1), op,
+              ": x [..., K] and w [N, K] must agree in K; has x ", x.sizes(), ", w ", w.sizes());
+}
+
+}  // namespace
+
 torch::Tensor LinearOp(const torch::Tensor& x, const torch::Tensor& w) {
-  TORCH_CHECK(x.dim() >= 1 && w.dim() == 2 && x.size(-1) == w.size(1),
-              "LinearOp: x [..., K] and w [N, K] must agree in K; has x ", x.sizes(), ", w ",
-              w.sizes());
+  CheckLinearShapes("LinearOp", x, w);
   if (cpu_gemm::Supports(x, w)) return cpu_gemm::Linear(x, w);
   return torch::linear(x, w);
 }
 
 std::vector<torch::Tensor> LinearChunksOp(const torch::Tensor& x, const torch::Tensor& w,
                                           int64_t parts) {
-  TORCH_CHECK(x.dim() >= 1 && w.dim() == 2 && x.size(-1) == w.size(1),
-              "LinearChunksOp: x [..., K] and w [N, K] must agree in K; has x ", x.sizes(), ", w ",
-              w.sizes());
+  CheckLinearShapes("LinearChunksOp", x, w);
   TORCH_CHECK(parts >= 1 && w.size(0) % parts == 0, "LinearChunksOp: w's ", w.size(0),
               " output rows do not split into ", parts, " equal parts");
   if (cpu_gemm::Supports(x, w)) return cpu_gemm::LinearChunks(x, w, parts);
