@@ -567,12 +567,15 @@ Projection ProjectRows(const torch::Tensor& x2, const torch::Tensor& wt, double 
 // instead of once per row and the dw block once per group with no reloads
 // of x (the per-row loops below were bound by L1 misses on the m x k
 // weights, 48 KB for mHC at d = 128). dp: [kGroup][m] (rows past the end zero); xs: the group's rows;
-// ins: gradient rows already arriving for them (null: none).
-//   o_q  = c_q x_q + in_q + sum_j dp[q][j] w_j   (dx rows; o_q null: skipped)
+// ins: gradient rows already arriving for them (null: none); reads / dreads
+// (null: none): the fused HcRead term of each row, whose columns
+// [s d, (s + 1) d) add reads[q][s] dreads[q] (d a multiple of kRouteCols).
+//   o_q  = c_q x_q + in_q + sum_j dp[q][j] w_j [+ read term]  (dx rows; o_q null: skipped)
 //   blk_j += sum_q dp[q][j] x_q                  (dw^T rows)
 inline void GroupDx(const float* dp, const float* const* xs, const float* cs,
                     const float* const* ins, const float* wp, int64_t k, int64_t m,
-                    float* const* o) {
+                    float* const* o, const float* const* reads = nullptr,
+                    const float* const* dreads = nullptr, int64_t d = 0) {
   constexpr int kC = kRouteCols / kVF;
   for (int64_t i = 0; i < k; i += kRouteCols) {
     VF acc[kGroup][kC];
@@ -589,6 +592,14 @@ inline void GroupDx(const float* dp, const float* const* xs, const float* cs,
       for (int q = 0; q < kGroup; ++q) {
         const VF b = BroadcastVF(dp[q * m + j]);
         for (int v = 0; v < kC; ++v) acc[q][v] += b * w[v];
+      }
+    }
+    if (reads != nullptr) {
+      const int64_t st = i / d, off = i - st * d;
+      for (int q = 0; q < kGroup; ++q) {
+        if (reads[q] == nullptr) continue;
+        const VF c = BroadcastVF(reads[q][st]);
+        for (int v = 0; v < kC; ++v) acc[q][v] += c * LoadVF(dreads[q] + off + v * kVF);
       }
     }
     for (int q = 0; q < kGroup; ++q) {
@@ -673,8 +684,23 @@ void ProjectBackwardRows(const T* xp, const T* wp, const T* rp, const T* upp, in
         cs[q] = -inv * inv * gu / static_cast<T>(k);
         os[q] = dxp + r * k;
       }
+      // The read term goes into GroupDx's sums before their one store
+      // where the kRouteCols-column blocks do not straddle streams (the
+      // Axpy below reloaded and stored each dx row again: 2-5% of HC's
+      // mix backward, 2026-12-06, paired runs); the same additions.
+      const bool read_in_dx = blocked && readp != nullptr && d % kRouteCols == 0;
       if constexpr (std::is_same_v<T, float>) {
-        if (blocked) GroupDx(dp, xs, cs, ins, wp, k, m, os);
+        if (read_in_dx) {
+          const float* reads[kGroup];
+          const float* dreads[kGroup];
+          for (int64_t q = 0; q < kGroup; ++q) {
+            reads[q] = q < n_rows ? readp + (r0 + q) * n : nullptr;
+            dreads[q] = q < n_rows ? dreadp + ((r0 + q) / rows_per_token) * d : nullptr;
+          }
+          GroupDx(dp, xs, cs, ins, wp, k, m, os, reads, dreads, d);
+        } else if (blocked) {
+          GroupDx(dp, xs, cs, ins, wp, k, m, os);
+        }
       }
       for (int64_t q = 0; q < n_rows; ++q) {
         const int64_t r = r0 + q;
@@ -698,7 +724,7 @@ void ProjectBackwardRows(const T* xp, const T* wp, const T* rp, const T* upp, in
           }
           for (; j < m; ++j) Axpy(dq[j], wp + j * k, o, k);
         }
-        if (readp != nullptr) {
+        if (readp != nullptr && !read_in_dx) {
           const T* dr = dreadp + (r / rows_per_token) * d;
           for (int64_t s = 0; s < n; ++s) Axpy(readp[r * n + s], dr, o + s * d, d);
         }
