@@ -73,15 +73,11 @@ void DotsOfRows(const T* x, int64_t ldx, const T* y, int64_t ldy, int64_t n, int
 }
 
 // Asks for bytes [p, p + bytes) in L1, a line at a time, ahead of a pass
-// that reads them.
+// that reads them (kForWrite: that writes them, PREFETCHW).
+template <bool kForWrite = false>
 inline void PrefetchL1(const void* p, int64_t bytes) {
   const char* c = static_cast<const char*>(p);
-  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, 0, 3);
-}
-// The same for bytes a pass is about to write (PREFETCHW).
-inline void PrefetchL1ForWrite(void* p, int64_t bytes) {
-  char* c = static_cast<char*>(p);
-  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, 1, 3);
+  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, kForWrite ? 1 : 0, 3);
 }
 
 // out[k] = 1 / sqrt(ss[k] / d + eps) for k < n (ss: sums of squares of
@@ -342,7 +338,7 @@ class HcWriteFunction : public torch::autograd::Function<HcWriteFunction> {
                 for (int64_t r = begin; r < end; ++r) {
                   if (r + kAhead < end) {
                     PrefetchL1(hp + (r + kAhead) * N * s.d, bytes);
-                    PrefetchL1ForWrite(op + (r + kAhead) * N * s.d, bytes);
+                    PrefetchL1<true>(op + (r + kAhead) * N * s.d, bytes);
                   }
                   WriteTokenBlocked<N>(hp + r * N * s.d, ap + r * N * N, bp + r * N, yp + r * s.d,
                                        s.d, op + r * N * s.d);
@@ -633,6 +629,11 @@ void ProjectBackwardRows(const T* xp, const T* wp, const T* rp, const T* upp, in
   const int64_t d = k / n;
   // float rows of a multiple of kRouteCols: GroupDx / GroupDw.
   const bool blocked = std::is_same_v<T, float> && k % kRouteCols == 0;
+  // The read term goes into GroupDx's sums before their one store where
+  // the kRouteCols-column blocks do not straddle streams (the Axpy below
+  // reloaded and stored each dx row again: 2-5% of HC's mix backward,
+  // 2026-12-06, paired runs); the same additions.
+  const bool read_in_dx = blocked && readp != nullptr && d % kRouteCols == 0;
   at::parallel_for(0, rows, Grain(3 * m * k), [&](int64_t begin, int64_t end) {
     double* acc = partial.data() + at::get_thread_num() * m * k;
     std::vector<T> block(static_cast<size_t>(m * k), 0);  // dw^T of <= kFlushRows rows
@@ -684,22 +685,15 @@ void ProjectBackwardRows(const T* xp, const T* wp, const T* rp, const T* upp, in
         cs[q] = -inv * inv * gu / static_cast<T>(k);
         os[q] = dxp + r * k;
       }
-      // The read term goes into GroupDx's sums before their one store
-      // where the kRouteCols-column blocks do not straddle streams (the
-      // Axpy below reloaded and stored each dx row again: 2-5% of HC's
-      // mix backward, 2026-12-06, paired runs); the same additions.
-      const bool read_in_dx = blocked && readp != nullptr && d % kRouteCols == 0;
       if constexpr (std::is_same_v<T, float>) {
-        if (read_in_dx) {
-          const float* reads[kGroup];
-          const float* dreads[kGroup];
-          for (int64_t q = 0; q < kGroup; ++q) {
-            reads[q] = q < n_rows ? readp + (r0 + q) * n : nullptr;
-            dreads[q] = q < n_rows ? dreadp + ((r0 + q) / rows_per_token) * d : nullptr;
+        if (blocked) {
+          const float* reads[kGroup] = {};
+          const float* dreads[kGroup] = {};
+          for (int64_t q = 0; read_in_dx && q < n_rows; ++q) {
+            reads[q] = readp + (r0 + q) * n;
+            dreads[q] = dreadp + ((r0 + q) / rows_per_token) * d;
           }
-          GroupDx(dp, xs, cs, ins, wp, k, m, os, reads, dreads, d);
-        } else if (blocked) {
-          GroupDx(dp, xs, cs, ins, wp, k, m, os);
+          GroupDx(dp, xs, cs, ins, wp, k, m, os, read_in_dx ? reads : nullptr, dreads, d);
         }
       }
       for (int64_t q = 0; q < n_rows; ++q) {
