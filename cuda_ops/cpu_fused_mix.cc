@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -1512,16 +1513,30 @@ class HcRouteFunction : public torch::autograd::Function<HcRouteFunction> {
 // different matrices overlap).
 constexpr int64_t kLanes = 8;
 
-// sum[k] = the sum of line a (row a, or column a if `col`) of the block's
-// kLanes n x n matrices x.
-inline void LineSums(const double* x, int64_t a, int64_t n, bool col, double* sum) {
+// The kLanes lanes of one element of a block as one GCC vector (two ymm
+// in the AVX2 build, one zmm in the AVX-512 build, SSE pairs in the
+// baseline). Written as plain lane loops, GCC vectorised only the in-place
+// forward: where a half step writes a separate state (the backward's
+// recomputation) or the backward updates its gradient, it could not rule
+// out aliasing and left the loops scalar, which made the backward 4x the
+// forward at n = 4 (bench/RESULTS.md, session 28). The arithmetic per lane
+// is the same operations in the same order. The vectors stay inside these
+// inline helpers (see cpu_fused_vec.h on the ABI note).
+typedef double LaneVec __attribute__((vector_size(kLanes * sizeof(double))));
+inline LaneVec LoadLanes(const double* p) {
+  LaneVec v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void StoreLanes(double* p, LaneVec v) { std::memcpy(p, &v, sizeof v); }
+
+// The sums of line a (row a, or column a if `col`) of the block's kLanes
+// n x n matrices x, lane by lane.
+inline LaneVec LineSums(const double* x, int64_t a, int64_t n, bool col) {
   const int64_t along = col ? n : 1, across = col ? 1 : n;
-  for (int64_t k = 0; k < kLanes; ++k) sum[k] = 0;
-  for (int64_t b = 0; b < n; ++b) {
-    const double* e = x + (a * across + b * along) * kLanes;
-#pragma GCC ivdep
-    for (int64_t k = 0; k < kLanes; ++k) sum[k] += e[k];
-  }
+  LaneVec sum{};  // +0 in every lane, as the scalar sums began
+  for (int64_t b = 0; b < n; ++b) sum += LoadLanes(x + (a * across + b * along) * kLanes);
+  return sum;
 }
 
 // One half step on a block: dst = src with each line (row, or column if
@@ -1532,14 +1547,10 @@ inline void SinkhornHalfStep(const double* src, double* dst, int64_t n_rt, doubl
   const int64_t n = NC > 0 ? NC : n_rt;
   const int64_t along = col ? n : 1, across = col ? 1 : n;  // element strides
   for (int64_t a = 0; a < n; ++a) {
-    double sum[kLanes];
-    LineSums(src, a, n, col, sum);
-    double inv[kLanes];
-    for (int64_t k = 0; k < kLanes; ++k) inv[k] = 1.0 / (sum[k] + eps);
+    const LaneVec inv = 1.0 / (LineSums(src, a, n, col) + eps);
     for (int64_t b = 0; b < n; ++b) {
       const int64_t e = (a * across + b * along) * kLanes;
-#pragma GCC ivdep
-      for (int64_t k = 0; k < kLanes; ++k) dst[e + k] = src[e + k] * inv[k];
+      StoreLanes(dst + e, LoadLanes(src + e) * inv);
     }
   }
 }
@@ -1562,19 +1573,15 @@ void SinkhornBlock(double* p, int64_t n_rt, int iterations, double eps, double* 
 
 // One half step of the backward on a block: g -= P * (sums of g along each
 // line), lines being the columns (col) or the rows of the n x n matrices.
-// Restrict-qualified so the lane loops vectorise without alias checks (with
-// them GCC left this loop scalar).
 template <int NC>
-inline void SinkhornBackStep(double* __restrict g, const double* __restrict pk, int64_t n_rt,
-                             bool col) {
+inline void SinkhornBackStep(double* g, const double* pk, int64_t n_rt, bool col) {
   const int64_t n = NC > 0 ? NC : n_rt;
   const int64_t along = col ? n : 1, across = col ? 1 : n;  // element strides
   for (int64_t a = 0; a < n; ++a) {
-    double sum[kLanes];
-    LineSums(g, a, n, col, sum);
+    const LaneVec sum = LineSums(g, a, n, col);
     for (int64_t b = 0; b < n; ++b) {
       const int64_t e = (a * across + b * along) * kLanes;
-      for (int64_t k = 0; k < kLanes; ++k) g[e + k] -= pk[e + k] * sum[k];
+      StoreLanes(g + e, LoadLanes(g + e) - LoadLanes(pk + e) * sum);
     }
   }
 }
