@@ -1227,6 +1227,25 @@ torch::Tensor RouteBackwardGemm(cpu_gemm::SgemmFn gemm, const torch::Tensor& x2,
       float* o = dhp + r * k;
       const float* in = inp != nullptr ? inp + r * k : nullptr;
       // `in` may be o: each element read before it is written.
+      if (in != nullptr && dxp != nullptr) {
+        // The read term in the same pass: writing o, then adding each
+        // stream's read_s dx in a second pass, loaded and stored every row
+        // twice (as HC's route did before GroupDx took its read term).
+        // Two statements, each one multiply-add, so the FMA builds round
+        // as before: fma(read_s, dx, fma(c, x, in)).
+        const float* dxr = dxp + r * d;
+        for (int64_t s = 0; s < n; ++s) {
+          const float rd = rp[r * n + s];
+          const float* xs = xr + s * d;
+          const float* ins = in + s * d;
+          float* os = o + s * d;
+          for (int64_t j = 0; j < d; ++j) {
+            const float t = c * xs[j] + ins[j];
+            os[j] = rd * dxr[j] + t;
+          }
+        }
+        continue;
+      }
       if (in == nullptr) {
         for (int64_t i = 0; i < k; ++i) o[i] = c * xr[i];
       } else if (in == o) {
