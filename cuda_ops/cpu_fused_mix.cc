@@ -1246,6 +1246,9 @@ torch::Tensor RouteBackwardGemm(cpu_gemm::SgemmFn gemm, const torch::Tensor& x2,
         }
         continue;
       }
+      // With no arriving gradient the read term stays a second pass: in
+      // one loop, o = c x + read_s dx, GCC's FMA contraction may fuse either
+      // product, where the two passes round as fma(read_s, dx, c x).
       if (in == nullptr) {
         for (int64_t i = 0; i < k; ++i) o[i] = c * xr[i];
       } else if (in == o) {
@@ -1539,22 +1542,17 @@ constexpr int64_t kLanes = 8;
 // recomputation) or the backward updates its gradient, it could not rule
 // out aliasing and left the loops scalar, which made the backward 4x the
 // forward at n = 4 (bench/RESULTS.md, session 28). The arithmetic per lane
-// is the same operations in the same order. The vectors stay inside these
-// inline helpers (see cpu_fused_vec.h on the ABI note).
+// is the same operations in the same order. The vectors, loaded and stored
+// with cpu_fused_vec.h's LoadV/StoreV, stay inside this file's inline
+// helpers (see that header on the ABI note).
 typedef double LaneVec __attribute__((vector_size(kLanes * sizeof(double))));
-inline LaneVec LoadLanes(const double* p) {
-  LaneVec v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-inline void StoreLanes(double* p, LaneVec v) { std::memcpy(p, &v, sizeof v); }
 
 // The sums of line a (row a, or column a if `col`) of the block's kLanes
 // n x n matrices x, lane by lane.
 inline LaneVec LineSums(const double* x, int64_t a, int64_t n, bool col) {
   const int64_t along = col ? n : 1, across = col ? 1 : n;
   LaneVec sum{};  // +0 in every lane, as the scalar sums began
-  for (int64_t b = 0; b < n; ++b) sum += LoadLanes(x + (a * across + b * along) * kLanes);
+  for (int64_t b = 0; b < n; ++b) sum += LoadV<LaneVec>(x + (a * across + b * along) * kLanes);
   return sum;
 }
 
@@ -1569,7 +1567,7 @@ inline void SinkhornHalfStep(const double* src, double* dst, int64_t n_rt, doubl
     const LaneVec inv = 1.0 / (LineSums(src, a, n, col) + eps);
     for (int64_t b = 0; b < n; ++b) {
       const int64_t e = (a * across + b * along) * kLanes;
-      StoreLanes(dst + e, LoadLanes(src + e) * inv);
+      StoreV(dst + e, LoadV<LaneVec>(src + e) * inv);
     }
   }
 }
@@ -1600,7 +1598,7 @@ inline void SinkhornBackStep(double* g, const double* pk, int64_t n_rt, bool col
     const LaneVec sum = LineSums(g, a, n, col);
     for (int64_t b = 0; b < n; ++b) {
       const int64_t e = (a * across + b * along) * kLanes;
-      StoreLanes(g + e, LoadLanes(g + e) - LoadLanes(pk + e) * sum);
+      StoreV(g + e, LoadV<LaneVec>(g + e) - LoadV<LaneVec>(pk + e) * sum);
     }
   }
 }

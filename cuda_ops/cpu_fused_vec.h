@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 
 namespace depthbench {
@@ -28,15 +29,20 @@ namespace DEPTHBENCH_CPU_FUSED_ISA {
 #pragma GCC diagnostic ignored "-Wpsabi"
 typedef float V8f __attribute__((vector_size(32)));
 typedef int32_t V8i __attribute__((vector_size(32)));
-// Unaligned load and store of a float vector type V (V8f or VF below).
+// Unaligned load and store of a GCC vector type V (V8f, VF below, or
+// Sinkhorn's 8-double LaneVec) from and to elements of its own type T.
 template <typename V>
-inline V LoadV(const float* p) {
+using VecElem = std::remove_cv_t<std::remove_reference_t<decltype(std::declval<V&>()[0])>>;
+template <typename V, typename T>
+inline V LoadV(const T* p) {
+  static_assert(std::is_same_v<VecElem<V>, T>, "LoadV: pointer and vector element types differ");
   V v;
   std::memcpy(&v, p, sizeof v);
   return v;
 }
-template <typename V>
-inline void StoreV(float* p, V v) {
+template <typename V, typename T>
+inline void StoreV(T* p, V v) {
+  static_assert(std::is_same_v<VecElem<V>, T>, "StoreV: pointer and vector element types differ");
   std::memcpy(p, &v, sizeof v);
 }
 inline V8f Load8(const float* p) { return LoadV<V8f>(p); }
