@@ -29,8 +29,9 @@ namespace DEPTHBENCH_CPU_FUSED_ISA {
 #pragma GCC diagnostic ignored "-Wpsabi"
 typedef float V8f __attribute__((vector_size(32)));
 typedef int32_t V8i __attribute__((vector_size(32)));
-// Unaligned load and store of a GCC vector type V (V8f, VF below, or
-// Sinkhorn's 8-double LaneVec) from and to elements of its own type T.
+// Unaligned load and store of a GCC vector type V (V8f, VF and the double
+// vectors below, Sinkhorn's 8-double LaneVec) from and to elements of its
+// own type T.
 template <typename V>
 using VecElem = std::remove_cv_t<std::remove_reference_t<decltype(std::declval<V&>()[0])>>;
 template <typename V, typename T>
@@ -254,21 +255,13 @@ inline void RowDotsVF(const float* a, int64_t lda, const float* b, int64_t ldb, 
 typedef double V8d __attribute__((vector_size(64)));
 extern "C" V8d _ZGVeN8v_exp(V8d);  // libmvec, AVX-512
 inline void Exp8d(const double* in, double* out) {
-  V8d v;
-  std::memcpy(&v, in, sizeof v);
-  v = _ZGVeN8v_exp(v);
-  std::memcpy(out, &v, sizeof v);
+  StoreV(out, _ZGVeN8v_exp(LoadV<V8d>(in)));
 }
 #elif defined(DEPTHBENCH_CPU_FUSED_AVX2)
 typedef double V4d __attribute__((vector_size(32)));
 extern "C" V4d _ZGVdN4v_exp(V4d);  // libmvec, AVX2
 inline void Exp8d(const double* in, double* out) {
-  for (int h = 0; h < 8; h += 4) {
-    V4d v;
-    std::memcpy(&v, in + h, sizeof v);
-    v = _ZGVdN4v_exp(v);
-    std::memcpy(out + h, &v, sizeof v);
-  }
+  for (int h = 0; h < 8; h += 4) StoreV(out + h, _ZGVdN4v_exp(LoadV<V4d>(in + h)));
 }
 #else
 inline void Exp8d(const double* in, double* out) {
