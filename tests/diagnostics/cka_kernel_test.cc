@@ -10,8 +10,12 @@
 #include <cstdint>
 #include <fstream>
 #include <iostream>
+#include <map>
+#include <mutex>
+#include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/common/test_util.h"
@@ -377,6 +381,97 @@ int64_t ReadStatusKib(const std::string& key) {
     }
   }
   return -1;
+}
+
+// A source with ReadRows (like the mapped .npy file) serving float32
+// tensors: it logs every read (from whichever thread) and can refuse the
+// reads of one layer that do not start a tile row block, after the kernel
+// has begun filling that block.
+class PieceReader : public LayerRows {
+ public:
+  PieceReader(std::vector<torch::Tensor> layers, int64_t tile, int64_t fail_layer)
+      : layers_(std::move(layers)), tile_(tile), fail_layer_(fail_layer) {}
+  int64_t num_layers() const override { return static_cast<int64_t>(layers_.size()); }
+  int64_t num_rows() const override { return layers_[0].size(0); }
+  int64_t dim(int64_t layer) const override { return layers_[layer].size(1); }
+  torch::Tensor Rows(int64_t layer, int64_t r0, int64_t r1) override {
+    return layers_[layer].slice(0, r0, r1);
+  }
+  bool ReadRows(int64_t layer, int64_t r0, int64_t r1, torch::Tensor& dst) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      reads_.push_back({layer, r0, r1});
+      threads_.insert(std::this_thread::get_id());
+    }
+    if (layer == fail_layer_ && r0 % tile_ != 0) return false;
+    dst.copy_(layers_[layer].slice(0, r0, r1));
+    return true;
+  }
+  struct Read {
+    int64_t layer, r0, r1;
+  };
+  std::vector<Read> reads_;
+  std::set<std::thread::id> threads_;
+
+ private:
+  std::vector<torch::Tensor> layers_;
+  int64_t tile_, fail_layer_;
+  std::mutex mu_;
+};
+
+// The gram form reads a block through ReadRows in pieces of 256 KiB (here
+// 512 rows of d = 128 floats), centring each piece as it lands, on several
+// threads at once. Same values as centring the whole block from a view
+// (TensorLayerRows): the same x - mu per element, so the CKA matrices are
+// equal exactly; a piece refused midway sends that block back to the view.
+TEST(CkaKernelTest, PieceReadsOnSeveralThreadsMatchTheBlockPath) {
+  const int64_t n = 3000, d = 128, tile = 1504;  // blocks of 1,504 and 1,496 rows
+  std::vector<torch::Tensor> layers;
+  for (const auto& t : Walk({d, d, d}, n, 5.0, 11)) layers.push_back(t.to(torch::kFloat32));
+  const int threads = at::get_num_threads();
+  at::set_num_threads(2);
+  CkaOptions options;
+  options.form = CkaForm::kGram;
+  options.precision = CkaPrecision::kFloat32;
+  options.tile_rows = tile;
+  TensorLayerRows view(layers);
+  auto want = LinearCkaMatrix(view, options, "view");
+  ASSERT_TRUE(want.ok()) << want.status();
+  for (int64_t fail_layer : {-1, 1}) {
+    SCOPED_TRACE("refusing layer " + std::to_string(fail_layer));
+    PieceReader reader(layers, tile, fail_layer);
+    auto got = LinearCkaMatrix(reader, options, "pieces");
+    ASSERT_TRUE(got.ok()) << got.status();
+    for (size_t i = 0; i < 3; ++i) {
+      for (size_t j = 0; j < 3; ++j) {
+        EXPECT_EQ(got->hsic[i][j], want->hsic[i][j]) << i << ", " << j;
+        EXPECT_EQ(got->cka[i][j], want->cka[i][j]) << i << ", " << j;
+      }
+    }
+    // Every block of every layer was read whole, in pieces of at most 512
+    // rows: 1,504 rows = 512 + 512 + 480 (the means pass reads its own
+    // chunks first: 4,096 rows of d = 128, so the whole layer at once).
+    std::map<std::pair<int64_t, int64_t>, int64_t> rows_read;  // (layer, block) -> rows
+    int64_t pieces = 0;
+    for (const auto& r : reader.reads_) {
+      if (r.r1 - r.r0 == n) continue;  // the means pass
+      ++pieces;
+      EXPECT_LE(r.r1 - r.r0, 512) << "layer " << r.layer << " rows " << r.r0;
+      EXPECT_EQ(r.r0 / tile, (r.r1 - 1) / tile) << "a piece across blocks at " << r.r0;
+      rows_read[{r.layer, r.r0 / tile}] += r.r1 - r.r0;
+    }
+    EXPECT_GT(pieces, 0);
+    for (int64_t l = 0; l < 3; ++l) {
+      if (l == fail_layer) continue;
+      // Blocks (0, 0), (0, 1), (1, 1): block 0 read twice, block 1 twice.
+      EXPECT_EQ(rows_read[std::make_pair(l, int64_t{0})], 2 * tile) << "layer " << l;
+      EXPECT_EQ(rows_read[std::make_pair(l, int64_t{1})], 2 * (n - tile)) << "layer " << l;
+    }
+    if (at::get_num_threads() >= 2) {
+      EXPECT_GE(reader.threads_.size(), 2u) << "pieces read on one thread only";
+    }
+  }
+  at::set_num_threads(threads);
 }
 
 // A 256 MiB file read twice (means, then the tiles) must not stay in the

@@ -4,6 +4,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -39,6 +40,11 @@ class PhaseTimer {
 
 // Elements per thread, at least, of the centring copy.
 constexpr int64_t kCentreGrainElems = int64_t{1} << 17;
+
+// Bytes per piece of a block that is read (pread) and centred in place
+// before the next piece: small enough to stay in a core's L2 between the
+// two.
+constexpr int64_t kReadPieceBytes = int64_t{1} << 18;
 
 // Elements per block of the mean / variance pass.
 constexpr int64_t kStatsChunkElems = int64_t{1} << 19;
@@ -236,17 +242,25 @@ CkaPlan PlanFromStats(int64_t num_rows, const DimStats& s,
   return plan;
 }
 
+// Rows [r0, r1) of out = x - mu on this thread (row strides out_stride
+// and d).
+template <typename T>
+void CentreRowRange(T* out, int64_t out_stride, const T* x, const T* mu,
+                    int64_t r0, int64_t r1, int64_t d) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const T* xr = x + r * d;
+    T* o = out + r * out_stride;
+    for (int64_t c = 0; c < d; ++c) o[c] = xr[c] - mu[c];
+  }
+}
+
 // out = x - mu (mu in float64 [d]; out in the compute dtype, any strides).
 template <typename T>
 void CentreRows(T* out, int64_t out_stride, const T* x, const T* mu,
                 int64_t rows, int64_t d) {
   at::parallel_for(0, rows, std::max<int64_t>(1, kCentreGrainElems / d),
                    [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const T* xr = x + r * d;
-      T* o = out + r * out_stride;
-      for (int64_t c = 0; c < d; ++c) o[c] = xr[c] - mu[c];
-    }
+    CentreRowRange(out, out_stride, x, mu, r0, r1, d);
   });
 }
 
@@ -543,12 +557,47 @@ struct CkaRun {
     PhaseTimer timer(&phases.centre);
     const int64_t d = dims[l];
     torch::Tensor out = buf.narrow(0, 0, (r1 - r0) * d).view({r1 - r0, d});
-    if (source.ReadRows(l, r0, r1, out)) {
-      Centre(out, out, muc[l], mu64[l]);  // in place
-    } else {
-      Centre(out, source.Rows(l, r0, r1), muc[l], mu64[l]);
-    }
+    const bool read = cdt == torch::kFloat32 ? ReadCentred<float>(l, r0, r1, out)
+                                             : ReadCentred<double>(l, r0, r1, out);
+    if (!read) Centre(out, source.Rows(l, r0, r1), muc[l], mu64[l]);
     return out;
+  }
+
+  // Rows [r0, r1) of layer l read into out (contiguous, compute dtype T)
+  // with the source's ReadRows and centred in place, in pieces of
+  // kReadPieceBytes split over the intra-op threads: each piece is centred
+  // while it is still in the reading core's L2, and both cores copy out of
+  // the page cache (one thread alone measured 1.8 s of the 32 x 10,000 x
+  // 1,024 run's 2.4 s of centring: bench/RESULTS.md, session 30). The
+  // values are those of a whole-block read and Centre (x - mu per
+  // element). false: the source has no such read for this block (nothing
+  // to undo: the caller overwrites out).
+  template <typename T>
+  bool ReadCentred(int64_t l, int64_t r0, int64_t r1, torch::Tensor& out) {
+    const int64_t d = dims[l], rows = r1 - r0;
+    const int64_t piece = std::max<int64_t>(
+        1, kReadPieceBytes / (d * static_cast<int64_t>(sizeof(T))));
+    T* o = out.data_ptr<T>();
+    const T* mu = muc[l].data_ptr<T>();
+    // The first piece on this thread: a source without ReadRows (or not for
+    // this dtype) says so before any thread starts.
+    const int64_t first = std::min(rows, piece);
+    torch::Tensor head = out.narrow(0, 0, first);
+    if (!source.ReadRows(l, r0, r0 + first, head)) return false;
+    CentreRowRange(o, d, o, mu, 0, first, d);
+    std::atomic<bool> ok{true};
+    at::parallel_for(first, rows, piece, [&](int64_t p0, int64_t p1) {
+      for (int64_t q0 = p0; q0 < p1 && ok.load(std::memory_order_relaxed); q0 += piece) {
+        const int64_t q1 = std::min(p1, q0 + piece);
+        torch::Tensor part = out.narrow(0, q0, q1 - q0);
+        if (!source.ReadRows(l, r0 + q0, r0 + q1, part)) {
+          ok.store(false, std::memory_order_relaxed);
+          return;
+        }
+        CentreRowRange(o, d, o, mu, q0, q1, d);
+      }
+    });
+    return ok.load();
   }
 };
 

@@ -72,6 +72,9 @@ class LayerRows {
   // cheaper way than a view (the mmap source reads the file with pread: no
   // pages mapped and dropped again for every block). false: not done (no
   // such path, a dtype it does not hold, a read error); use Rows().
+  // Unlike the other members it is called from the kernel's intra-op
+  // threads at once, for disjoint row ranges of one layer, so an override
+  // must be safe to run concurrently.
   virtual bool ReadRows(int64_t /*layer*/, int64_t /*r0*/, int64_t /*r1*/,
                         torch::Tensor& /*dst*/) {
     return false;
