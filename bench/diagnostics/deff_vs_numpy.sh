@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # D_eff on external states (issue 18 goal 1): `depthbench-train diagnose deff`
 # (memory-mapped, GEMM kernel of trainer_core/diagnostics/cka_kernel.h) against
-# a NumPy peer (bench/diagnostics/deff_numpy_peer.py, float32 BLAS, both its
-# forms: the per-pair feature form and the same N x N tiling as ours) on the
-# same random float32 .npy file, at each size. Prints per size: seconds,
+# a NumPy peer (bench/diagnostics/deff_numpy_peer.py, float32 BLAS, in each
+# of its forms: the per-pair feature form, the same N x N tiling as ours, and
+# that tiling with its off-diagonal GEMMs on oneDNN's sgemm, as ours runs
+# them where it is built with oneDNN) on the same random float32 .npy file, at each size. Prints per size: seconds,
 # GFLOP, GFLOP/s, peak RSS of each, the ratio peer_best / ours (> 1: ours is
 # faster), our fraction of the sgemm peak, and D_eff/L and rho_bar(1) of both
 # (random independent states: Table S1's 0.258 / 0.093 at 32 x 10,000 x 1,024).
 #
 #   bench/diagnostics/deff_vs_numpy.sh [BUILD_DIR]
-#   SIZES="32x10000x1024 16x4000x512" THREADS=2 PEER_FORMS="gram feature" ROUNDS=3 ...
+#   SIZES="32x10000x1024 16x4000x512" THREADS=2 PEER_FORMS="gram gram_dnnl feature" ROUNDS=3 ...
 #
 # ROUNDS runs ours and the peer forms alternately that many times per size and
 # compares medians (with the per-round ratios).
@@ -27,7 +28,7 @@ peer=bench/diagnostics/deff_numpy_peer.py
 py=/usr/bin/python3
 sizes=${SIZES:-"16x4000x512 32x10000x1024"}
 threads=${THREADS:-$(nproc)}
-peer_forms=${PEER_FORMS:-"gram feature"}
+peer_forms=${PEER_FORMS:-"gram gram_dnnl feature"}
 rounds=${ROUNDS:-1}
 [[ -x $bin ]] || { echo "no $bin (cmake --build $build --target depthbench-train)" >&2; exit 2; }
 [[ -x /usr/bin/time ]] || { echo "needs GNU time at /usr/bin/time" >&2; exit 2; }

@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "cuda_ops/cpu_gemm.h"
 #include "tests/common/test_util.h"
 #include "trainer_core/diagnostics/cka_kernel.h"
 #include "trainer_core/diagnostics/deff_npy.h"
@@ -381,6 +382,57 @@ int64_t ReadStatusKib(const std::string& key) {
     }
   }
   return -1;
+}
+
+// The float32 GEMMs of both forms through oneDNN's sgemm where the trainer
+// uses it (cpu_gemm::Enabled()) and through at::mm with onednn_gemm off:
+// the same CKA up to float32 rounding, each saying which library ran. The
+// feature form's GEMMs read transposed views (x_i^T x_j), the gram form's
+// diagonal tiles run as full GEMMs with syrk off.
+TEST(CkaKernelTest, Float32GemmsOnOneDnnMatchAtMm) {
+  if (!cpu_gemm::Enabled()) {
+    GTEST_SKIP() << "oneDNN sgemm not in use: " << cpu_gemm::Description()
+                 << " (the at::mm path runs in every other test)";
+  }
+  const std::vector<int64_t> dims = {40, 24, 56, 40};
+  std::vector<torch::Tensor> layers;
+  for (const auto& t : Walk(dims, 300, 10.0, 5)) layers.push_back(t.to(torch::kFloat32));
+  const Matrix want = Reference(layers);
+  TensorLayerRows rows(layers);
+  for (CkaForm form : {CkaForm::kGram, CkaForm::kFeature}) {
+    for (bool syrk : {true, false}) {
+      Matrix got[2];
+      for (bool onednn : {false, true}) {
+        SCOPED_TRACE(std::string(CkaFormName(form)) + (syrk ? " syrk" : " no syrk") +
+                     (onednn ? " oneDNN" : " at::mm"));
+        CkaOptions options;
+        options.form = form;
+        options.precision = CkaPrecision::kFloat32;
+        options.tile_rows = form == CkaForm::kGram ? 128 : 0;
+        options.diagonal_syrk = syrk;
+        options.onednn_gemm = onednn;
+        auto r = LinearCkaMatrix(rows, options, "test");
+        ASSERT_TRUE(r.ok()) << r.status();
+        if (onednn) {
+          EXPECT_EQ(r->gemm, "oneDNN sgemm");
+        } else {
+          EXPECT_EQ(r->gemm.rfind("at::mm", 0), 0u) << r->gemm;
+        }
+        if (form == CkaForm::kGram && !syrk) {
+          EXPECT_NE(r->diagonal_tiles.find(r->gemm), std::string::npos) << r->diagonal_tiles;
+        }
+        ExpectClose(r->cka, want, 2e-5, "vs the float64 reference");
+        got[onednn] = r->cka;
+      }
+      ExpectClose(got[1], got[0], 2e-5, "oneDNN vs at::mm");
+    }
+  }
+  // float64 never takes oneDNN's sgemm.
+  CkaOptions options;
+  options.precision = CkaPrecision::kFloat64;
+  auto r = LinearCkaMatrix(rows, options, "test");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->gemm, "at::mm");
 }
 
 // A source with ReadRows (like the mapped .npy file) serving float32

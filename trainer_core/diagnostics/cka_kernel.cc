@@ -9,6 +9,7 @@
 #include <cmath>
 #include <limits>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -18,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "cuda_ops/cpu_gemm.h"
 
 namespace depthbench {
 namespace diagnostics {
@@ -538,6 +540,7 @@ struct CkaRun {
   int64_t maxd = 0;
   CkaPlan plan;
   torch::ScalarType cdt = torch::kFloat32;  // compute dtype
+  bool onednn = false;  // float32 GEMMs through oneDNN's sgemm (MmOut)
   std::vector<torch::Tensor> mu64, muc;     // column means: float64, cdt
   CkaProgress progress;
   CkaPhaseSeconds phases;
@@ -689,6 +692,45 @@ absl::Status LayerMean(CkaRun& run, int64_t l) {
   return absl::OkStatus();
 }
 
+// How a 2-D operand reads as a row-major BLAS matrix: 'N' with row stride
+// ld, or 'T' (a transposed view of one) with ld its column stride. false
+// for any other layout.
+bool BlasLayout(const torch::Tensor& x, char* trans, int64_t* ld) {
+  if (x.stride(1) == 1 && (x.stride(0) >= x.size(1) || x.size(0) == 1)) {
+    *trans = 'N';
+    *ld = std::max(x.stride(0), x.size(1));
+    return true;
+  }
+  if (x.stride(0) == 1 && (x.stride(1) >= x.size(0) || x.size(1) == 1)) {
+    *trans = 'T';
+    *ld = std::max(x.stride(1), x.size(0));
+    return true;
+  }
+  return false;
+}
+
+// c = a b for the GEMMs of both forms. float32 goes through oneDNN's sgemm
+// where the trainer's dense layers use it (cpu_gemm::Enabled(): built with
+// oneDNN, DEPTHBENCH_CPU_GEMM not "blas"; CkaOptions::onednn_gemm): on
+// AVX-512 CPUs it ran these shapes at 343-368 GFLOP/s against OpenBLAS's
+// ~200 (bench/RESULTS.md, sessions 22-23), on AVX2 ones level with it.
+// Everything else, and layouts sgemm cannot take, go to at::mm_out (the
+// system BLAS).
+void MmOut(const CkaRun& run, torch::Tensor& c, const torch::Tensor& a,
+           const torch::Tensor& b) {
+  char ta = 'N', tb = 'N';
+  int64_t lda = 0, ldb = 0;
+  if (run.onednn && c.scalar_type() == torch::kFloat32 &&
+      a.scalar_type() == torch::kFloat32 && b.scalar_type() == torch::kFloat32 &&
+      c.is_contiguous() && a.numel() > 0 && b.numel() > 0 && BlasLayout(a, &ta, &lda) &&
+      BlasLayout(b, &tb, &ldb)) {
+    cpu_gemm::Sgemm(ta, tb, a.size(0), b.size(1), a.size(1), 1.0f, a.data_ptr<float>(), lda,
+                    b.data_ptr<float>(), ldb, 0.0f, c.data_ptr<float>(), c.size(1));
+    return;
+  }
+  at::mm_out(c, a, b);
+}
+
 // The gram form's buffers: [L, t*t] Gram tiles, two centred row blocks.
 struct GramBuffers {
   torch::Tensor k, a, b;
@@ -711,7 +753,7 @@ void GramTiles(CkaRun& run, GramBuffers& buf, int64_t ra0, int64_t ra1,
     torch::Tensor k = buf.k.select(0, l).narrow(0, 0, ta * tb).view({ta, tb});
     PhaseTimer timer(&run.phases.gemm);
     if (!syrk) {
-      at::mm_out(k, ca, cb.t());
+      MmOut(run, k, ca, cb.t());
     } else if (run.cdt == torch::kFloat32) {
       SyrkUpper(FindSyrk(), ca.data_ptr<float>(), ta, d, d, k.data_ptr<float>());
     } else {
@@ -789,10 +831,10 @@ void FeatureBlock(CkaRun& run, int64_t p0, int64_t p1, torch::Tensor pbuf,
   for (int64_t l = p0; l < p1; ++l) LoadCentred(run, x(l), l);
   for (int64_t i = p0; i < p1; ++i) {
     for (int64_t j = i; j < p1; ++j) {
-      torch::Tensor m;
+      torch::Tensor m = torch::empty({dims[i], dims[j]}, xp.options());
       {
         PhaseTimer timer(&run.phases.gemm);
-        m = at::mm(x(i).t(), x(j));
+        MmOut(run, m, x(i).t(), x(j));
       }
       PhaseTimer timer(&run.phases.contract);
       gu[i * num_layers + j] = SumSquares(m);
@@ -802,10 +844,10 @@ void FeatureBlock(CkaRun& run, int64_t p0, int64_t p1, torch::Tensor pbuf,
   for (int64_t j = p1; j < num_layers; ++j) {
     torch::Tensor xj = jbuf.narrow(0, 0, n * dims[j]).view({n, dims[j]});
     LoadCentred(run, xj, j);
-    torch::Tensor m;
+    torch::Tensor m = torch::empty({off.back(), dims[j]}, xp.options());  // [width, d_j]
     {
       PhaseTimer timer(&run.phases.gemm);
-      m = at::mm(xp.t(), xj);  // [width, d_j]
+      MmOut(run, m, xp.t(), xj);
     }
     PhaseTimer timer(&run.phases.contract);
     for (int64_t i = p0; i < p1; ++i) {
@@ -853,11 +895,20 @@ void FillResult(const std::vector<double>& gu, int64_t num_layers,
   }
 }
 
-std::string DiagonalTilesPath(const CkaPlan& plan, const CkaOptions& options) {
-  if (plan.form != CkaForm::kGram) return "";
-  if (plan.diagonal_syrk) return "syrk: " + FindSyrk().description;
-  return options.diagonal_syrk ? "gemm: at::mm (no ?syrk in the process)"
-                               : "gemm: at::mm (syrk turned off)";
+// The library of the run's GEMMs, as CkaResult::gemm says it.
+std::string GemmPath(const CkaRun& run) {
+  if (run.onednn) return "oneDNN sgemm";
+  if (run.cdt == torch::kFloat32 && run.options.onednn_gemm) {
+    return "at::mm (" + cpu_gemm::Description() + ")";
+  }
+  return "at::mm";
+}
+
+std::string DiagonalTilesPath(const CkaRun& run) {
+  if (run.plan.form != CkaForm::kGram) return "";
+  if (run.plan.diagonal_syrk) return "syrk: " + FindSyrk().description;
+  return "gemm: " + GemmPath(run) +
+         (run.options.diagonal_syrk ? " (no ?syrk in the process)" : " (syrk turned off)");
 }
 
 }  // namespace
@@ -874,9 +925,11 @@ absl::StatusOr<CkaResult> LinearCkaMatrix(LayerRows& source,
     RETURN_IF_ERROR(ReadShape(run));
     CkaResult result;
     result.plan = run.plan = PlanCka(run.n, run.dims, options);
-    result.diagonal_tiles = DiagonalTilesPath(run.plan, options);
     run.cdt = run.plan.precision == CkaPrecision::kFloat64 ? torch::kFloat64
                                                            : torch::kFloat32;
+    run.onednn = run.cdt == torch::kFloat32 && options.onednn_gemm && cpu_gemm::Enabled();
+    result.gemm = GemmPath(run);
+    result.diagonal_tiles = DiagonalTilesPath(run);
     run.mu64.resize(run.dims.size());
     run.muc.resize(run.dims.size());
     {
@@ -969,21 +1022,31 @@ int SetKernelThreads(int n) {
   return at::get_num_threads();
 }
 
-double MeasureSgemmPeakGflops() {
+SgemmPeak MeasureSgemmPeak() {
   torch::NoGradGuard no_grad;
   constexpr int64_t kN = 2048;
   torch::Tensor a = torch::randn({kN, kN});
   torch::Tensor b = torch::randn({kN, kN});
   torch::Tensor c = torch::empty({kN, kN});
-  at::mm_out(c, a, b);  // warm-up (thread pool, packing buffers)
-  double best = std::numeric_limits<double>::infinity();
-  for (int rep = 0; rep < 3; ++rep) {
-    const Clock::time_point t0 = Clock::now();
-    at::mm_out(c, a, b);
-    best = std::min(best,
-                    std::chrono::duration<double>(Clock::now() - t0).count());
+  auto best_of = [&](const std::function<void()>& mm) {
+    mm();  // warm-up (thread pool, packing buffers)
+    double best = std::numeric_limits<double>::infinity();
+    for (int rep = 0; rep < 3; ++rep) {
+      const Clock::time_point t0 = Clock::now();
+      mm();
+      best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    return 2.0 * kN * kN * kN / best / 1e9;
+  };
+  SgemmPeak peak{best_of([&] { at::mm_out(c, a, b); }), "at::mm"};
+  if (cpu_gemm::Enabled()) {
+    const double dnnl = best_of([&] {
+      cpu_gemm::Sgemm('N', 'N', kN, kN, kN, 1.0f, a.data_ptr<float>(), kN, b.data_ptr<float>(),
+                      kN, 0.0f, c.data_ptr<float>(), kN);
+    });
+    if (dnnl > peak.gflops) peak = {dnnl, "oneDNN sgemm"};
   }
-  return 2.0 * kN * kN * kN / best / 1e9;
+  return peak;
 }
 
 int64_t PeakRssBytes() {

@@ -27,6 +27,11 @@
 // For 32 x 10,000 x 1,024 the gram form needs about 3.38 TFLOP with syrk
 // (3.75 without, at the 9 x 1,120-row auto tiles), the feature form 11.1 TFLOP.
 //
+// GEMMs: float32 through oneDNN's sgemm where the trainer's dense layers
+// use it (cuda_ops/cpu_gemm.h; CkaOptions::onednn_gemm), else at::mm (the
+// system BLAS, as float64 always). oneDNN 2.6's sgemm must not be
+// interrupted by a signal handler on the calling thread (cpu_gemm.h): the
+// CLIs install none (depthbench-train takes signals with sigwait).
 // Precision: kFloat32 runs the GEMMs in float32 (float32 accumulation inside
 // a GEMM and over 512-column blocks of the contraction; every sum across
 // those, the means and the variance check are float64); CKA values then
@@ -120,6 +125,9 @@ struct CkaResult {
   // Gram form: how the diagonal tiles ran, "syrk: cblas_ssyrk/dsyrk (LIB)"
   // or "gemm: at::mm (...)"; empty for the feature form.
   std::string diagonal_tiles;
+  // The library of the GEMMs: "oneDNN sgemm", "at::mm", or "at::mm (why
+  // not oneDNN)" for a float32 run.
+  std::string gemm;
   double seconds = 0;
   CkaPhaseSeconds phases;
 };

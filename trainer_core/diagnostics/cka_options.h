@@ -40,6 +40,9 @@ struct CkaOptions {
   // Gram form: the diagonal tiles X_a X_a^T through the BLAS's syrk (half
   // their FLOPs) when the process has one; false = full GEMM there.
   bool diagonal_syrk = true;
+  // float32 GEMMs through oneDNN's sgemm where the build and environment
+  // use it for the dense layers (cpu_gemm::Enabled()); false = at::mm.
+  bool onednn_gemm = true;
   // Called after each step from the calling thread (may be empty).
   std::function<void(const CkaProgress&)> progress;
 };
@@ -64,8 +67,14 @@ CkaPlan PlanCka(int64_t num_rows, const std::vector<int64_t>& dims,
 CkaPlan PlanCkaUniform(int64_t num_layers, int64_t num_rows, int64_t dim,
                        const CkaOptions& options = {});
 
-// Best of a few 2048^3 float32 at::mm on the current thread pool, GFLOP/s.
-double MeasureSgemmPeakGflops();
+// The float32 GEMM peak on the current thread pool: the best of a few
+// 2048^3 products through at::mm (the system BLAS) and, where the kernel's
+// GEMMs may use it (cpu_gemm::Enabled()), oneDNN's sgemm; the faster one.
+struct SgemmPeak {
+  double gflops = 0;
+  std::string library;  // "at::mm" or "oneDNN sgemm"
+};
+SgemmPeak MeasureSgemmPeak();
 
 // "auto" / "fp32" / "fp64" and "auto" / "gram" / "feature"; InvalidArgument
 // naming `flag` for anything else.

@@ -266,6 +266,7 @@ nlohmann::json PerfJson(const CkaResult& cka, const DeffNpyOptions& options) {
   perf["form"] = CkaFormName(cka.plan.form);
   perf["precision"] = CkaPrecisionName(cka.plan.precision);
   perf["diagonal_tiles"] = cka.diagonal_tiles;
+  perf["gemm"] = cka.gemm;
   perf["seconds"] = cka.seconds;
   perf["phase_seconds"] = {{"means", cka.phases.means},
                            {"centre", cka.phases.centre},
@@ -282,22 +283,23 @@ nlohmann::json PerfJson(const CkaResult& cka, const DeffNpyOptions& options) {
   const bool measured =
       options.perf || cka.seconds >= options.progress_interval_s;
   if (!measured) return perf;
-  const double peak = MeasureSgemmPeakGflops();
-  perf["sgemm_peak_gflops"] = peak;
-  perf["fraction_of_peak"] = perf["gflops"].get<double>() / peak;
+  const SgemmPeak peak = MeasureSgemmPeak();
+  perf["sgemm_peak_gflops"] = peak.gflops;
+  perf["sgemm_peak_library"] = peak.library;
+  perf["fraction_of_peak"] = perf["gflops"].get<double>() / peak.gflops;
   if (options.log == nullptr) return perf;
   *options.log << absl::StrFormat(
-                      "deff: done in %.2f s: %.0f GFLOP (%s form, %s%s), "
+                      "deff: done in %.2f s: %.0f GFLOP (%s form, %s, GEMMs by %s%s), "
                       "%.1f GFLOP/s = %.0f%% of the sgemm peak %.1f GFLOP/s "
-                      "(2048^3 at::mm, %d threads); peak RSS %.0f MiB\n",
+                      "(2048^3 %s, %d threads); peak RSS %.0f MiB\n",
                       cka.seconds, gflop, CkaFormName(cka.plan.form),
-                      CkaPrecisionName(cka.plan.precision),
+                      CkaPrecisionName(cka.plan.precision), cka.gemm,
                       cka.diagonal_tiles.empty()
                           ? ""
                           : ", diagonal tiles by " + cka.diagonal_tiles,
                       perf["gflops"].get<double>(),
-                      100.0 * perf["fraction_of_peak"].get<double>(), peak,
-                      at::get_num_threads(),
+                      100.0 * perf["fraction_of_peak"].get<double>(), peak.gflops,
+                      peak.library, at::get_num_threads(),
                       perf["peak_rss_mib"].get<double>())
                << std::flush;
   const std::string advice = BlasAdvice(blas_core);

@@ -16,12 +16,14 @@
 //    "cka": [[rho(i, j)]] (L x L, 0-indexed over h_1..h_L),
 //    "perf": {"form": "gram"|"feature", "precision": "fp32"|"fp64",
 //             "diagonal_tiles": "syrk: LIB" | "gemm: ..." | "" (feature),
+//             "gemm": "oneDNN sgemm" | "at::mm ..." (CkaResult::gemm),
 //             "seconds": x, "phase_seconds": {"means", "centre", "gemm",
 //             "contract"} (where the seconds went), "gflop": x, "gflops": x,
 //             "threads": n,
 //             "peak_rss_mib": x, and when measured (DeffNpyOptions::perf or
 //             a run over progress_interval_s) "sgemm_peak_gflops": x,
-//             "fraction_of_peak": x}}
+//             "sgemm_peak_library": "at::mm" | "oneDNN sgemm" (the faster;
+//             MeasureSgemmPeak), "fraction_of_peak": x}}
 // Only "perf" varies between runs on the same file.
 //
 // Torch-free header (the implementation uses LibTorch). Thread safety: pure.
@@ -60,7 +62,7 @@ struct DeffNpyOptions {
   // progress_interval_s, then one every progress_interval_s.
   std::ostream* log = nullptr;
   double progress_interval_s = 2.0;
-  // Measure the sgemm peak (a 2048^3 at::mm, ~0.1-0.5 s) and print the perf
+  // Measure the sgemm peak (2048^3 at::mm and oneDNN sgemm, ~0.2-1 s) and print the perf
   // line even for a short run. Runs over progress_interval_s always do.
   bool perf = false;
 };
