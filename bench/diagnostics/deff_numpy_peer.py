@@ -14,9 +14,9 @@ its best:
   gram_dnnl : gram with the off-diagonal tiles' GEMMs through oneDNN's
             dnnl_sgemm (libdnnl.so.2, by ctypes), the library ours uses for
             them where it is built with oneDNN: the peer gets the faster
-            GEMM too (on AVX-512 CPUs oneDNN's sgemm beat OpenBLAS's by
-            1.7x; on AVX2 ones they are level). The diagonal tiles stay on
-            NumPy's a @ a.T, a syrk.
+            GEMM too (on the Zen 5 oneDNN's sgemm ran the trainer's GEMMs
+            2.0-2.5x faster than OpenBLAS; on a Zen 3 the two are level).
+            The diagonal tiles stay on NumPy's a @ a.T, a syrk.
 
 Also `generate` (random float32 states, written through a memmap one layer at
 a time) and `peak` (NumPy's 2048^3 sgemm GFLOP/s).

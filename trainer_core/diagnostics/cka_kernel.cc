@@ -711,9 +711,10 @@ bool BlasLayout(const torch::Tensor& x, char* trans, int64_t* ld) {
 
 // c = a b for the GEMMs of both forms. float32 goes through oneDNN's sgemm
 // where the trainer's dense layers use it (cpu_gemm::Enabled(): built with
-// oneDNN, DEPTHBENCH_CPU_GEMM not "blas"; CkaOptions::onednn_gemm): on
-// AVX-512 CPUs it ran these shapes at 343-368 GFLOP/s against OpenBLAS's
-// ~200 (bench/RESULTS.md, sessions 22-23), on AVX2 ones level with it.
+// oneDNN, DEPTHBENCH_CPU_GEMM not "blas"; CkaOptions::onednn_gemm): on the
+// Zen 5 it ran the dense layers' GEMMs 2.0-2.5x faster than OpenBLAS
+// (bench/RESULTS.md, session 22); on a Zen 3 (AVX2) these tiles ran level
+// with it (session 30).
 // Everything else, and layouts sgemm cannot take, go to at::mm_out (the
 // system BLAS).
 void MmOut(const CkaRun& run, torch::Tensor& c, const torch::Tensor& a,
