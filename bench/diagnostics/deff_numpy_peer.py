@@ -65,7 +65,10 @@ def cka_feature(x):
 def dnnl_matmul_bt():
     """out = a @ b.T for C-contiguous float32 a [m, k], b [n, k], out [m, n],
     through oneDNN's row-major dnnl_sgemm."""
-    lib = ctypes.CDLL("libdnnl.so.2")
+    try:
+        lib = ctypes.CDLL("libdnnl.so.2")
+    except OSError as e:
+        sys.exit(f"--form gram_dnnl needs oneDNN's libdnnl.so.2 (Debian: libdnnl2): {e}")
     f = lib.dnnl_sgemm
     i64, f32, ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
     f.argtypes = [ctypes.c_char, ctypes.c_char, i64, i64, i64, f32, ptr, i64,
