@@ -435,20 +435,14 @@ TEST(CkaKernelTest, Float32GemmsOnOneDnnMatchAtMm) {
   EXPECT_EQ(r->gemm, "at::mm");
 }
 
-// A source with ReadRows (like the mapped .npy file) serving float32
-// tensors: it logs every read (from whichever thread) and can refuse the
-// reads of one layer that do not start a tile row block, after the kernel
-// has begun filling that block.
-class PieceReader : public LayerRows {
+// In-memory tensors (TensorLayerRows) that also offer ReadRows, like the
+// mapped .npy file: it logs every read (from whichever thread) and can
+// refuse the reads of one layer that do not start a tile row block, after
+// the kernel has begun filling that block.
+class PieceReader : public TensorLayerRows {
  public:
   PieceReader(std::vector<torch::Tensor> layers, int64_t tile, int64_t fail_layer)
-      : layers_(std::move(layers)), tile_(tile), fail_layer_(fail_layer) {}
-  int64_t num_layers() const override { return static_cast<int64_t>(layers_.size()); }
-  int64_t num_rows() const override { return layers_[0].size(0); }
-  int64_t dim(int64_t layer) const override { return layers_[layer].size(1); }
-  torch::Tensor Rows(int64_t layer, int64_t r0, int64_t r1) override {
-    return layers_[layer].slice(0, r0, r1);
-  }
+      : TensorLayerRows(std::move(layers)), tile_(tile), fail_layer_(fail_layer) {}
   bool ReadRows(int64_t layer, int64_t r0, int64_t r1, torch::Tensor& dst) override {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -456,7 +450,7 @@ class PieceReader : public LayerRows {
       threads_.insert(std::this_thread::get_id());
     }
     if (layer == fail_layer_ && r0 % tile_ != 0) return false;
-    dst.copy_(layers_[layer].slice(0, r0, r1));
+    dst.copy_(Rows(layer, r0, r1));
     return true;
   }
   struct Read {
@@ -466,7 +460,6 @@ class PieceReader : public LayerRows {
   std::set<std::thread::id> threads_;
 
  private:
-  std::vector<torch::Tensor> layers_;
   int64_t tile_, fail_layer_;
   std::mutex mu_;
 };
