@@ -73,14 +73,6 @@ void DotsOfRows(const T* x, int64_t ldx, const T* y, int64_t ldy, int64_t n, int
   for (int64_t r = 0; r < n; ++r) out[r] = Dot(x + r * ldx, y + r * ldy, d);
 }
 
-// Asks for bytes [p, p + bytes) in L1, a line at a time, ahead of a pass
-// that reads them (kForWrite: that writes them, PREFETCHW).
-template <bool kForWrite = false>
-inline void PrefetchL1(const void* p, int64_t bytes) {
-  const char* c = static_cast<const char*>(p);
-  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, kForWrite ? 1 : 0, 3);
-}
-
 // out[k] = 1 / sqrt(ss[k] / d + eps) for k < n (ss: sums of squares of
 // d-long rows), the quotient in T, the rest in double, rounded to T; out may
 // be ss. In float the wide builds take 8 (AVX-512) or 4 (AVX2) rows per

@@ -246,6 +246,14 @@ inline void RowDotsVF(const float* a, int64_t lda, const float* b, int64_t ldb, 
   SumEachVF<kVF>(acc, out);
 }
 
+// Asks for bytes [p, p + bytes) in L1, a line at a time, ahead of a pass
+// that reads them (kForWrite: that writes them, PREFETCHW).
+template <bool kForWrite = false>
+inline void PrefetchL1(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, kForWrite ? 1 : 0, 3);
+}
+
 // out[k] = exp(in[k]) for 8 doubles. The wide builds call glibc's libmvec
 // (the vector exp GCC itself emits under -ffast-math; within 4 ulp, its
 // documented bound) at their width; the baseline build calls libm's exp per
