@@ -504,6 +504,17 @@ inline void PrefetchSlotRow(const T* rows, int64_t stride, int64_t i, int64_t T_
   }
 }
 
+// Asks for a slot pass's first kSlotRowsAhead rows, which the pass's own
+// prefetching (PrefetchSlotRow) never covers: issued a pass or a slot
+// ahead, they arrive while the rows before them are worked on.
+template <typename T, bool kForWrite = false>
+inline void PrefetchFirstSlotRows(const T* rows, int64_t stride, int64_t T_len, int64_t hd) {
+  if (rows == nullptr) return;
+  for (int64_t i = 0; i < std::min(kSlotRowsAhead, T_len); ++i) {
+    PrefetchL1<kForWrite>(rows + i * stride, hd * static_cast<int64_t>(sizeof(T)));
+  }
+}
+
 // out[i] = a_i . row_i(i) for i < T (a_i at a + i * lda; rows given by the
 // first row and their stride), by chunks of kVF rows (RowDots), asking for
 // the rows kSlotRowsAhead ahead; out with room for T rounded up to kVF.
@@ -523,7 +534,15 @@ inline void DotsAlongT(const T* a, int64_t lda, const T* rows, int64_t stride, i
 template <typename T, int HD>
 void DepthScores(const Slots<T, Rows<T>>& depth, int64_t b, int64_t h, int64_t g, int64_t T_len,
                  int64_t hd, const T* qd, T* e, int64_t ld) {
-  for (size_t j = 0; j < depth.k.size(); ++j) {
+  const size_t S = depth.k.size();
+  if (S > 0) PrefetchFirstSlotRows(depth.key(0, b, h, g, 0), depth.k[0].st, T_len, hd);
+  for (size_t j = 0; j < S; ++j) {
+    // The next slot's first keys, or the first values of the value pass.
+    if (j + 1 < S) {
+      PrefetchFirstSlotRows(depth.key(j + 1, b, h, g, 0), depth.k[j + 1].st, T_len, hd);
+    } else {
+      PrefetchFirstSlotRows(depth.value(0, b, h, g, 0), depth.v[0].st, T_len, hd);
+    }
     DotsAlongT<T, HD>(qd, hd, depth.key(j, b, h, g, 0), depth.k[j].st, T_len, e + j * ld, hd);
   }
 }
@@ -616,6 +635,9 @@ void Forward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& k
           const T* pj = es.data() + j * tp;
           const T* vj = depth.value(j, b, h, g, 0);
           const int64_t vst = depth.v[j].st;
+          if (j + 1 < S) {
+            PrefetchFirstSlotRows(depth.value(j + 1, b, h, g, 0), depth.v[j + 1].st, T_len, hd);
+          }
           for (int64_t i = 0; i < T_len; ++i) {
             PrefetchSlotRow(vj, vst, i, T_len, hd);
             AxpyHd<T, HD>(pj[i], vj + i * vst, o0 + i * sh.H * hd, hd);
@@ -749,9 +771,22 @@ void Backward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& 
         // output gradient's rows of head h: from go0, sh.H * hd apart.
         const T* go0 = gop + (b * T_len * sh.H + h) * hd;
         T* gq0 = gqr.at(b, h, 0);
+        PrefetchFirstSlotRows(depth.key(0, b, h, g, 0), depth.k[0].st, T_len, hd);
         for (int64_t j = 0; j < S; ++j) {
           const T* kj = depth.key(j, b, h, g, 0);
           const int64_t kst = depth.k[j].st;
+          // The first rows of this slot's later passes and of the next
+          // slot's keys.
+          PrefetchFirstSlotRows(depth.value(j, b, h, g, 0), depth.v[j].st, T_len, hd);
+          PrefetchFirstSlotRows<T, true>(gdepth.key(j, b, h, g, 0), gdepth.k[j].st, T_len, hd);
+          PrefetchFirstSlotRows<T, true>(gdepth.value(j, b, h, g, 0), gdepth.v[j].st, T_len, hd);
+          if (incoming.has(j)) {
+            PrefetchFirstSlotRows(incoming.key(j, b, h, g, 0), incoming.k[j].st, T_len, hd);
+            PrefetchFirstSlotRows(incoming.value(j, b, h, g, 0), incoming.v[j].st, T_len, hd);
+          }
+          if (j + 1 < S) {
+            PrefetchFirstSlotRows(depth.key(j + 1, b, h, g, 0), depth.k[j + 1].st, T_len, hd);
+          }
           DotsAlongT<T, HD>(qd.data(), hd, kj, kst, T_len, pe.data(), hd);
           DotsAlongT<T, HD>(go0, sh.H * hd, depth.value(j, b, h, g, 0), depth.v[j].st, T_len,
                             dpe.data(), hd);
