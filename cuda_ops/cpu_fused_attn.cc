@@ -774,22 +774,29 @@ void Backward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& 
         PrefetchFirstSlotRows(depth.key(0, b, h, g, 0), depth.k[0].st, T_len, hd);
         for (int64_t j = 0; j < S; ++j) {
           const T* kj = depth.key(j, b, h, g, 0);
-          const int64_t kst = depth.k[j].st;
+          const T* vj = depth.value(j, b, h, g, 0);
+          T* gkj = gdepth.key(j, b, h, g, 0);
+          T* gvj = gdepth.value(j, b, h, g, 0);
+          // The arriving gradients' rows; none to ask for where they are
+          // the slot's gradient itself (taken over, added into in place).
+          const T* ikj = incoming.has(j) ? incoming.key(j, b, h, g, 0) : nullptr;
+          const T* ivj = incoming.has(j) ? incoming.value(j, b, h, g, 0) : nullptr;
+          const T* ik_ask = ikj != gkj ? ikj : nullptr;
+          const T* iv_ask = ivj != gvj ? ivj : nullptr;
+          const int64_t kst = depth.k[j].st, vst = depth.v[j].st, gkst = gdepth.k[j].st,
+                        gvst = gdepth.v[j].st, ikst = incoming.k[j].st, ivst = incoming.v[j].st;
           // The first rows of this slot's later passes and of the next
           // slot's keys.
-          PrefetchFirstSlotRows(depth.value(j, b, h, g, 0), depth.v[j].st, T_len, hd);
-          PrefetchFirstSlotRows<T, true>(gdepth.key(j, b, h, g, 0), gdepth.k[j].st, T_len, hd);
-          PrefetchFirstSlotRows<T, true>(gdepth.value(j, b, h, g, 0), gdepth.v[j].st, T_len, hd);
-          if (incoming.has(j)) {
-            PrefetchFirstSlotRows(incoming.key(j, b, h, g, 0), incoming.k[j].st, T_len, hd);
-            PrefetchFirstSlotRows(incoming.value(j, b, h, g, 0), incoming.v[j].st, T_len, hd);
-          }
+          PrefetchFirstSlotRows(vj, vst, T_len, hd);
+          PrefetchFirstSlotRows<T, true>(gkj, gkst, T_len, hd);
+          PrefetchFirstSlotRows<T, true>(gvj, gvst, T_len, hd);
+          PrefetchFirstSlotRows(ik_ask, ikst, T_len, hd);
+          PrefetchFirstSlotRows(iv_ask, ivst, T_len, hd);
           if (j + 1 < S) {
             PrefetchFirstSlotRows(depth.key(j + 1, b, h, g, 0), depth.k[j + 1].st, T_len, hd);
           }
           DotsAlongT<T, HD>(qd.data(), hd, kj, kst, T_len, pe.data(), hd);
-          DotsAlongT<T, HD>(go0, sh.H * hd, depth.value(j, b, h, g, 0), depth.v[j].st, T_len,
-                            dpe.data(), hd);
+          DotsAlongT<T, HD>(go0, sh.H * hd, vj, vst, T_len, dpe.data(), hd);
           for (int64_t i = 0; i < T_len; ++i) {
             pe[i] -= l_row[i];
             dpe[i] -= rowsum[i];
@@ -797,17 +804,11 @@ void Backward(const AttnShape& sh, const torch::Tensor& q, const torch::Tensor& 
           ExpShiftSum(pe.data(), T_len, T(0));
           for (int64_t i = 0; i < T_len; ++i) dpe[i] *= pe[i];  // dse
           const bool summed = SlotSummedOverGroup(gdepth.per_query[j], sh.group());
-          T* gkj = gdepth.key(j, b, h, g, 0);
-          T* gvj = gdepth.value(j, b, h, g, 0);
-          const T* ikj = incoming.has(j) ? incoming.key(j, b, h, g, 0) : nullptr;
-          const T* ivj = incoming.has(j) ? incoming.value(j, b, h, g, 0) : nullptr;
-          const int64_t gkst = gdepth.k[j].st, gvst = gdepth.v[j].st, ikst = incoming.k[j].st,
-                        ivst = incoming.v[j].st;
           for (int64_t i = 0; i < T_len; ++i) {
             PrefetchSlotRow<T, true>(gkj, gkst, i, T_len, hd);
             PrefetchSlotRow<T, true>(gvj, gvst, i, T_len, hd);
-            PrefetchSlotRow(ikj, ikst, i, T_len, hd);
-            PrefetchSlotRow(ivj, ivst, i, T_len, hd);
+            PrefetchSlotRow(ik_ask, ikst, i, T_len, hd);
+            PrefetchSlotRow(iv_ask, ivst, i, T_len, hd);
             const T* qdi = qd.data() + i * hd;
             const T* go = go0 + i * sh.H * hd;
             const T dse = dpe[i];
