@@ -230,10 +230,20 @@ class HcReadFunction : public torch::autograd::Function<HcReadFunction> {
 // at a time with the chunks of h in registers (the plain loop below sweeps
 // each output stream n + 1 times). Terms are added in the plain loop's
 // order, so both give the same values.
+// ph, pout (both null or neither): the rows of h and out of a token ahead,
+// asked for (out for writing) a line per stream at each 64 bytes of the
+// sweep, as in WriteBackwardTokenBlocked below.
 template <int N>
 inline void WriteTokenBlocked(const float* hr, const float* ar, const float* br, const float* yr,
-                              int64_t d, float* out) {
+                              int64_t d, float* out, const float* ph = nullptr,
+                              float* pout = nullptr) {
   for (int64_t i = 0; i < d; i += kVF) {
+    if (ph != nullptr && i % kFloatsPerLine == 0) {
+      for (int k = 0; k < N; ++k) {
+        __builtin_prefetch(ph + k * d + i, 0, 3);
+        __builtin_prefetch(pout + k * d + i, 1, 3);
+      }
+    }
     VF hv[N];
     for (int k = 0; k < N; ++k) hv[k] = LoadVF(hr + k * d + i);
     const VF yv = LoadVF(yr + i);
@@ -254,13 +264,29 @@ inline void WriteTokenBlocked(const float* hr, const float* ar, const float* br,
 // its own reduction, and N + 1 sweeps of each output row). In the AVX-512 build the
 // partial sums and their reduction are Dot's, so the values are the plain
 // loop's; in the others they differ from it by float rounding.
+// ph, pg, py (all null or none): the rows of h, g and y of a token ahead,
+// asked for in L1 a line per stream at each 64 bytes of the sweep. Asked
+// for all at once before each token (9 KB at n = 4, d = 128), the requests
+// filled the core's queue of misses and the prefetch instructions stalled
+// (29% of the function's samples); spread over the sweep they overlap its
+// arithmetic: the backward 20-25% faster in the model (bench/RESULTS.md,
+// session 32).
 template <int N, bool kMix>
 inline void WriteBackwardTokenBlocked(const float* hr, const float* ar, const float* br,
                                       const float* yr, const float* gr, int64_t d, float* dhr,
-                                      float* dar, float* dbr, float* dyr) {
+                                      float* dar, float* dbr, float* dyr,
+                                      const float* ph = nullptr, const float* pg = nullptr,
+                                      const float* py = nullptr) {
   VF da_acc[kMix ? N : 1][N] = {};
   VF db_acc[N] = {};
   for (int64_t i = 0; i < d; i += kVF) {
+    if (ph != nullptr && i % kFloatsPerLine == 0) {
+      for (int k = 0; k < N; ++k) {
+        __builtin_prefetch(ph + k * d + i, 0, 3);
+        __builtin_prefetch(pg + k * d + i, 0, 3);
+      }
+      __builtin_prefetch(py + i, 0, 3);
+    }
     VF gv[N];
     for (int t = 0; t < N; ++t) gv[t] = LoadVF(gr + t * d + i);
     const VF yv = LoadVF(yr + i);
@@ -326,15 +352,15 @@ class HcWriteFunction : public torch::autograd::Function<HcWriteFunction> {
                 // writing (and h's for reading): out is a fresh tensor, so
                 // each store waited for its line to come from memory; 13-19%
                 // of the forward write (2026-12-06, paired runs).
+                // Since 2026-12-07 the kernel asks for them a line per
+                // stream per 64 bytes of its sweep (ph, pout), not all at
+                // once ahead of the token (see WriteBackwardTokenBlocked).
                 constexpr int64_t kAhead = 4;
-                const int64_t bytes = N * s.d * static_cast<int64_t>(sizeof(float));
                 for (int64_t r = begin; r < end; ++r) {
-                  if (r + kAhead < end) {
-                    PrefetchL1(hp + (r + kAhead) * N * s.d, bytes);
-                    PrefetchL1<true>(op + (r + kAhead) * N * s.d, bytes);
-                  }
+                  const bool pf = r + kAhead < end;
                   WriteTokenBlocked<N>(hp + r * N * s.d, ap + r * N * N, bp + r * N, yp + r * s.d,
-                                       s.d, op + r * N * s.d);
+                                       s.d, op + r * N * s.d, pf ? hp + (r + kAhead) * N * s.d : nullptr,
+                                       pf ? op + (r + kAhead) * N * s.d : nullptr);
                 }
               })) {
             return;
@@ -402,25 +428,25 @@ class HcWriteFunction : public torch::autograd::Function<HcWriteFunction> {
                 // The rows of h, g and y kPrefetchTokens tokens ahead asked
                 // for in L1: the loads of h stalled this loop (h, saved by
                 // the forward, comes from L3); 2-3% of HC's connector
-                // (mix_ops_bench, 2026-12-05).
+                // (mix_ops_bench, 2026-12-05). Asked for during the sweep
+                // of the token in hand since 2026-12-07.
                 constexpr int64_t kPrefetchTokens = 8;
                 for (int64_t r = begin; r < end; ++r) {
                   const int64_t nd = r * N * s.d;
-                  if (r + kPrefetchTokens < end) {
-                    const int64_t pn = (r + kPrefetchTokens) * N * s.d;
-                    const int64_t bytes = N * s.d * static_cast<int64_t>(sizeof(float));
-                    PrefetchL1(hp + pn, bytes);
-                    PrefetchL1(gp + pn, bytes);
-                    PrefetchL1(yp + (r + kPrefetchTokens) * s.d, s.d * static_cast<int64_t>(sizeof(float)));
-                  }
+                  const bool pf = r + kPrefetchTokens < end;
+                  const int64_t pn = (r + kPrefetchTokens) * N * s.d;
                   if (mix) {
                     WriteBackwardTokenBlocked<N, true>(hp + nd, ap + r * N * N, bp + r * N,
                                                        yp + r * s.d, gp + nd, s.d, dhp + nd,
-                                                       dap + r * N * N, dbp + r * N, dyp + r * s.d);
+                                                       dap + r * N * N, dbp + r * N, dyp + r * s.d,
+                                                       pf ? hp + pn : nullptr, pf ? gp + pn : nullptr,
+                                                       pf ? yp + (r + kPrefetchTokens) * s.d : nullptr);
                   } else {
                     WriteBackwardTokenBlocked<N, false>(hp + nd, nullptr, bp + r * N, yp + r * s.d,
                                                         gp + nd, s.d, nullptr, nullptr, dbp + r * N,
-                                                        dyp + r * s.d);
+                                                        dyp + r * s.d, pf ? hp + pn : nullptr,
+                                                        pf ? gp + pn : nullptr,
+                                                        pf ? yp + (r + kPrefetchTokens) * s.d : nullptr);
                   }
                 }
               })) {
@@ -469,8 +495,8 @@ constexpr int64_t kGroup = 4;
 // independent FMA chains (at one 16-wide vector per row, the AVX-512 build
 // waited on the FMA latency). 16 at 8 wide, 32 at 16.
 constexpr int64_t kRouteCols = 2 * kVF;
-// How far ahead, in groups of kGroup rows, ProjectBackwardRows prefetches.
-constexpr int64_t kPrefetchGroups = 2;
+// How many rows ahead ProjectBackwardRows prefetches.
+constexpr int64_t kPrefetchRows = 8;
 
 // One row of the projection: *rs = rsqrt(mean(x^2) + eps), u[j] = rs x . wt[j].
 template <typename T>
@@ -641,16 +667,6 @@ void ProjectBackwardRows(const T* xp, const T* wp, const T* rp, const T* upp, in
     int64_t pending = 0;
     for (int64_t r0 = begin; r0 < end; r0 += kGroup) {
       const int64_t n_rows = std::min<int64_t>(kGroup, end - r0);
-      // The rows of x (and of the arriving gradients) kPrefetchGroups
-      // groups ahead asked for in L1: x, saved by the forward, comes from
-      // memory in a training step, and HC's first read of a row (du_row's
-      // dot product with the read gradient) waited on it.
-      if (const int64_t ahead = r0 + kPrefetchGroups * kGroup; ahead < end) {
-        const int64_t bytes = std::min<int64_t>(kGroup, end - ahead) * k * sizeof(T);
-        PrefetchL1(xp + ahead * k, bytes);
-        if (dx_in != nullptr) PrefetchL1(dx_in + ahead * k, bytes);
-        if (dreadp != nullptr) PrefetchL1(dreadp + (ahead / rows_per_token) * d, d * sizeof(T));
-      }
       T* const dp = dp_pair.data() + half * kGroup * m;
       const T** xs = xs_pair + half * kGroup;
       const T* ins[kGroup];
@@ -667,6 +683,21 @@ void ProjectBackwardRows(const T* xp, const T* wp, const T* rp, const T* upp, in
           continue;
         }
         const int64_t r = r0 + q;
+        // Row r + kPrefetchRows of x (and of the arriving gradients) asked
+        // for in L1, one row per row done: x, saved by the forward, comes
+        // from memory in a training step, and HC's first read of a row
+        // (du_row's dot product with the read gradient) waited on it. Asked
+        // for a group at a time (before 2026-12-07), the requests filled
+        // the core's queue of misses and the prefetch instructions
+        // themselves stalled (a quarter of the function's samples in the
+        // model); one row at a time they overlap the rows' arithmetic.
+        if (const int64_t ahead = r + kPrefetchRows; ahead < end) {
+          PrefetchL1(xp + ahead * k, k * sizeof(T));
+          if (dx_in != nullptr) PrefetchL1(dx_in + ahead * k, k * sizeof(T));
+          if (dreadp != nullptr && ahead % rows_per_token == 0) {
+            PrefetchL1(dreadp + (ahead / rows_per_token) * d, d * sizeof(T));
+          }
+        }
         const T* g = du_row(r, scratch.data());
         const T inv = rp[r];
         T gu = 0;

@@ -246,6 +246,9 @@ inline void RowDotsVF(const float* a, int64_t lda, const float* b, int64_t ldb, 
   SumEachVF<kVF>(acc, out);
 }
 
+// Floats per 64-byte cache line (the unit the prefetches below ask for).
+constexpr int64_t kFloatsPerLine = 64 / static_cast<int64_t>(sizeof(float));
+
 // Asks for bytes [p, p + bytes) in L1, a line at a time, ahead of a pass
 // that reads them (kForWrite: that writes them, PREFETCHW).
 template <bool kForWrite = false>
