@@ -239,10 +239,8 @@ inline void WriteTokenBlocked(const float* hr, const float* ar, const float* br,
                               float* pout = nullptr) {
   for (int64_t i = 0; i < d; i += kVF) {
     if (ph != nullptr && i % kFloatsPerLine == 0) {
-      for (int k = 0; k < N; ++k) {
-        __builtin_prefetch(ph + k * d + i, 0, 3);
-        __builtin_prefetch(pout + k * d + i, 1, 3);
-      }
+      PrefetchLineOfRows(ph, N, d, i);
+      PrefetchLineOfRows<true>(pout, N, d, i);
     }
     VF hv[N];
     for (int k = 0; k < N; ++k) hv[k] = LoadVF(hr + k * d + i);
@@ -264,8 +262,9 @@ inline void WriteTokenBlocked(const float* hr, const float* ar, const float* br,
 // its own reduction, and N + 1 sweeps of each output row). In the AVX-512 build the
 // partial sums and their reduction are Dot's, so the values are the plain
 // loop's; in the others they differ from it by float rounding.
-// ph, pg, py (all null or none): the rows of h, g and y of a token ahead,
-// asked for in L1 a line per stream at each 64 bytes of the sweep. Asked
+// ph, pg, py (all null or none; ph unused without the mix, which reads no
+// h): the rows of h, g and y of a token ahead, asked for in L1 a line per
+// stream at each 64 bytes of the sweep (PrefetchLineOfRows). Asked
 // for all at once before each token (9 KB at n = 4, d = 128), the requests
 // filled the core's queue of misses and the prefetch instructions stalled
 // (29% of the function's samples); spread over the sweep they overlap its
@@ -280,12 +279,10 @@ inline void WriteBackwardTokenBlocked(const float* hr, const float* ar, const fl
   VF da_acc[kMix ? N : 1][N] = {};
   VF db_acc[N] = {};
   for (int64_t i = 0; i < d; i += kVF) {
-    if (ph != nullptr && i % kFloatsPerLine == 0) {
-      for (int k = 0; k < N; ++k) {
-        __builtin_prefetch(ph + k * d + i, 0, 3);
-        __builtin_prefetch(pg + k * d + i, 0, 3);
-      }
-      __builtin_prefetch(py + i, 0, 3);
+    if (pg != nullptr && i % kFloatsPerLine == 0) {
+      if constexpr (kMix) PrefetchLineOfRows(ph, N, d, i);  // h is read only with the mix
+      PrefetchLineOfRows(pg, N, d, i);
+      PrefetchLineOfRows(py, 1, d, i);
     }
     VF gv[N];
     for (int t = 0; t < N; ++t) gv[t] = LoadVF(gr + t * d + i);
@@ -433,20 +430,21 @@ class HcWriteFunction : public torch::autograd::Function<HcWriteFunction> {
                 constexpr int64_t kPrefetchTokens = 8;
                 for (int64_t r = begin; r < end; ++r) {
                   const int64_t nd = r * N * s.d;
+                  // The token ahead's rows (null past the end).
                   const bool pf = r + kPrefetchTokens < end;
                   const int64_t pn = (r + kPrefetchTokens) * N * s.d;
+                  const float* ph = pf ? hp + pn : nullptr;
+                  const float* pg = pf ? gp + pn : nullptr;
+                  const float* py = pf ? yp + (r + kPrefetchTokens) * s.d : nullptr;
                   if (mix) {
                     WriteBackwardTokenBlocked<N, true>(hp + nd, ap + r * N * N, bp + r * N,
                                                        yp + r * s.d, gp + nd, s.d, dhp + nd,
                                                        dap + r * N * N, dbp + r * N, dyp + r * s.d,
-                                                       pf ? hp + pn : nullptr, pf ? gp + pn : nullptr,
-                                                       pf ? yp + (r + kPrefetchTokens) * s.d : nullptr);
+                                                       ph, pg, py);
                   } else {
                     WriteBackwardTokenBlocked<N, false>(hp + nd, nullptr, bp + r * N, yp + r * s.d,
                                                         gp + nd, s.d, nullptr, nullptr, dbp + r * N,
-                                                        dyp + r * s.d, pf ? hp + pn : nullptr,
-                                                        pf ? gp + pn : nullptr,
-                                                        pf ? yp + (r + kPrefetchTokens) * s.d : nullptr);
+                                                        dyp + r * s.d, nullptr, pg, py);
                   }
                 }
               })) {

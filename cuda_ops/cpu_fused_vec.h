@@ -246,15 +246,26 @@ inline void RowDotsVF(const float* a, int64_t lda, const float* b, int64_t ldb, 
   SumEachVF<kVF>(acc, out);
 }
 
-// Floats per 64-byte cache line (the unit the prefetches below ask for).
-constexpr int64_t kFloatsPerLine = 64 / static_cast<int64_t>(sizeof(float));
+// The cache line, the unit the prefetches below ask for.
+constexpr int64_t kLineBytes = 64;
+constexpr int64_t kFloatsPerLine = kLineBytes / static_cast<int64_t>(sizeof(float));
 
 // Asks for bytes [p, p + bytes) in L1, a line at a time, ahead of a pass
 // that reads them (kForWrite: that writes them, PREFETCHW).
 template <bool kForWrite = false>
 inline void PrefetchL1(const void* p, int64_t bytes) {
   const char* c = static_cast<const char*>(p);
-  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, kForWrite ? 1 : 0, 3);
+  for (int64_t o = 0; o < bytes; o += kLineBytes) __builtin_prefetch(c + o, kForWrite ? 1 : 0, 3);
+}
+
+// Asks for the line at float offset i of each of `rows` rows d floats apart
+// (kForWrite: PREFETCHW): for a kernel that sweeps a token's rows a chunk at
+// a time and asks for a token ahead as it goes, a line per row per line of
+// its sweep, rather than the whole token at once (PrefetchL1), whose burst
+// of requests can fill the core's queue of misses.
+template <bool kForWrite = false>
+inline void PrefetchLineOfRows(const float* p, int rows, int64_t d, int64_t i) {
+  for (int k = 0; k < rows; ++k) __builtin_prefetch(p + k * d + i, kForWrite ? 1 : 0, 3);
 }
 
 // out[k] = exp(in[k]) for 8 doubles. The wide builds call glibc's libmvec
