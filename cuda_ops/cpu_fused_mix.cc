@@ -1556,39 +1556,57 @@ class HcRouteFunction : public torch::autograd::Function<HcRouteFunction> {
 // different matrices overlap).
 constexpr int64_t kLanes = 8;
 
-// The kLanes lanes of one element of a block as one GCC vector (two ymm
-// in the AVX2 build, one zmm in the AVX-512 build, SSE pairs in the
-// baseline). Written as plain lane loops, GCC vectorised only the in-place
-// forward: where a half step writes a separate state (the backward's
-// recomputation) or the backward updates its gradient, it could not rule
-// out aliasing and left the loops scalar, which made the backward 4x the
-// forward at n = 4 (bench/RESULTS.md, session 28). The arithmetic per lane
-// is the same operations in the same order. The vectors, loaded and stored
-// with cpu_fused_vec.h's LoadV/StoreV, stay inside this file's inline
-// helpers (see that header on the ABI note).
-typedef double LaneVec __attribute__((vector_size(kLanes * sizeof(double))));
+// A chunk of the kLanes lanes of one element of a block as the build's
+// native double vector: one zmm (all 8 lanes) in the AVX-512 build, one ymm
+// (4) in the AVX2 build, one xmm (2) in the baseline. Written as plain lane
+// loops, GCC vectorised only the in-place forward: where a half step writes
+// a separate state (the backward's recomputation) or the backward updates
+// its gradient, it could not rule out aliasing and left the loops scalar,
+// which made the backward 4x the forward at n = 4 (bench/RESULTS.md,
+// session 28). Until session 33 the vector was all 8 lanes in every build:
+// wider than an AVX2 register, GCC moved it through the stack in 16-byte
+// pieces, and more so once the line direction became a template argument
+// (which alone made the kernels 2x slower). The arithmetic per lane is the
+// same operations in the same order whatever the width, so the values do
+// not change. The vectors, loaded and stored with cpu_fused_vec.h's
+// LoadV/StoreV, stay inside this file's inline helpers (see that header on
+// the ABI note).
+#if defined(DEPTHBENCH_CPU_FUSED_AVX512)
+typedef double LaneVec __attribute__((vector_size(64)));
+#elif defined(DEPTHBENCH_CPU_FUSED_AVX2)
+typedef double LaneVec __attribute__((vector_size(32)));
+#else
+typedef double LaneVec __attribute__((vector_size(16)));
+#endif
+constexpr int64_t kChunk = static_cast<int64_t>(sizeof(LaneVec) / sizeof(double));
+static_assert(kLanes % kChunk == 0, "whole chunks per block");
 
-// The sums of line a (row a, or column a if `col`) of the block's kLanes
-// n x n matrices x, lane by lane.
-inline LaneVec LineSums(const double* x, int64_t a, int64_t n, bool col) {
-  const int64_t along = col ? n : 1, across = col ? 1 : n;
+// The sums of line a (row a, or column a if kCol) of lanes [c, c + kChunk)
+// of the block's kLanes n x n matrices x.
+template <bool kCol>
+inline LaneVec LineSums(const double* x, int64_t a, int64_t n, int64_t c) {
+  const int64_t along = kCol ? n : 1, across = kCol ? 1 : n;
   LaneVec sum{};  // +0 in every lane, as the scalar sums began
-  for (int64_t b = 0; b < n; ++b) sum += LoadV<LaneVec>(x + (a * across + b * along) * kLanes);
+  for (int64_t b = 0; b < n; ++b) sum += LoadV<LaneVec>(x + (a * across + b * along) * kLanes + c);
   return sum;
 }
 
 // One half step on a block: dst = src with each line (row, or column if
-// `col`) divided by its sum + eps. dst may be src (in place): a line's sum
-// is taken before it is written.
-template <int NC>
-inline void SinkhornHalfStep(const double* src, double* dst, int64_t n_rt, double eps, bool col) {
+// kCol) divided by its sum + eps. dst may be src (in place): a line's sum
+// is taken before it is written. The direction is a template argument (a
+// run-time flag alternating with the step selected every offset at run
+// time).
+template <int NC, bool kCol>
+inline void SinkhornHalfStep(const double* src, double* dst, int64_t n_rt, double eps) {
   const int64_t n = NC > 0 ? NC : n_rt;
-  const int64_t along = col ? n : 1, across = col ? 1 : n;  // element strides
+  const int64_t along = kCol ? n : 1, across = kCol ? 1 : n;  // element strides
   for (int64_t a = 0; a < n; ++a) {
-    const LaneVec inv = 1.0 / (LineSums(src, a, n, col) + eps);
-    for (int64_t b = 0; b < n; ++b) {
-      const int64_t e = (a * across + b * along) * kLanes;
-      StoreV(dst + e, LoadV<LaneVec>(src + e) * inv);
+    for (int64_t c = 0; c < kLanes; c += kChunk) {
+      const LaneVec inv = 1.0 / (LineSums<kCol>(src, a, n, c) + eps);
+      for (int64_t b = 0; b < n; ++b) {
+        const int64_t e = (a * across + b * along) * kLanes + c;
+        StoreV(dst + e, LoadV<LaneVec>(src + e) * inv);
+      }
     }
   }
 }
@@ -1601,25 +1619,30 @@ template <int NC>
 void SinkhornBlock(double* p, int64_t n_rt, int iterations, double eps, double* states) {
   const int64_t n = NC > 0 ? NC : n_rt, nn = n * n;
   const double* src = p;
-  for (int step = 0; step < 2 * iterations; ++step) {
+  for (int step = 0; step < 2 * iterations; step += 2) {  // a row step, then a column step
     double* dst = states != nullptr ? states + step * nn * kLanes : p;
-    SinkhornHalfStep<NC>(src, dst, n, eps, step % 2 == 1);
+    SinkhornHalfStep<NC, false>(src, dst, n, eps);
+    src = dst;
+    dst = states != nullptr ? dst + nn * kLanes : p;
+    SinkhornHalfStep<NC, true>(src, dst, n, eps);
     src = dst;
   }
   if (src != p) std::copy(src, src + nn * kLanes, p);
 }
 
 // One half step of the backward on a block: g -= P * (sums of g along each
-// line), lines being the columns (col) or the rows of the n x n matrices.
-template <int NC>
-inline void SinkhornBackStep(double* g, const double* pk, int64_t n_rt, bool col) {
+// line), lines being the columns (kCol) or the rows of the n x n matrices.
+template <int NC, bool kCol>
+inline void SinkhornBackStep(double* g, const double* pk, int64_t n_rt) {
   const int64_t n = NC > 0 ? NC : n_rt;
-  const int64_t along = col ? n : 1, across = col ? 1 : n;  // element strides
+  const int64_t along = kCol ? n : 1, across = kCol ? 1 : n;  // element strides
   for (int64_t a = 0; a < n; ++a) {
-    const LaneVec sum = LineSums(g, a, n, col);
-    for (int64_t b = 0; b < n; ++b) {
-      const int64_t e = (a * across + b * along) * kLanes;
-      StoreV(g + e, LoadV<LaneVec>(g + e) - LoadV<LaneVec>(pk + e) * sum);
+    for (int64_t c = 0; c < kLanes; c += kChunk) {
+      const LaneVec sum = LineSums<kCol>(g, a, n, c);
+      for (int64_t b = 0; b < n; ++b) {
+        const int64_t e = (a * across + b * along) * kLanes + c;
+        StoreV(g + e, LoadV<LaneVec>(g + e) - LoadV<LaneVec>(pk + e) * sum);
+      }
     }
   }
 }
@@ -1710,8 +1733,10 @@ class SinkhornFunction : public torch::autograd::Function<SinkhornFunction> {
               const scalar_t* src = gp + (m0 + (k < count ? k : 0)) * nn;
               for (int64_t e = 0; e < nn; ++e) g[e * kLanes + k] = static_cast<double>(src[e]) * p[e * kLanes + k];
             }
-            for (int step = 2 * iterations - 1; step >= 0; --step) {
-              SinkhornBackStep<NC>(g, states.data() + step * nn * kLanes, n, step % 2 == 1);
+            // Back from the last (column) step: odd steps are column steps.
+            for (int step = 2 * iterations - 1; step > 0; step -= 2) {
+              SinkhornBackStep<NC, true>(g, states.data() + step * nn * kLanes, n);
+              SinkhornBackStep<NC, false>(g, states.data() + (step - 1) * nn * kLanes, n);
             }
           });
           for (int64_t k = 0; k < count; ++k) {

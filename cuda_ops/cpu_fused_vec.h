@@ -30,7 +30,7 @@ namespace DEPTHBENCH_CPU_FUSED_ISA {
 typedef float V8f __attribute__((vector_size(32)));
 typedef int32_t V8i __attribute__((vector_size(32)));
 // Unaligned load and store of a GCC vector type V (V8f, VF and the double
-// vectors below, Sinkhorn's 8-double LaneVec) from and to elements of its
+// vectors below, Sinkhorn's LaneVec) from and to elements of its
 // own type T.
 template <typename V>
 using VecElem = std::remove_cv_t<std::remove_reference_t<decltype(std::declval<V&>()[0])>>;
