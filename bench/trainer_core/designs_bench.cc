@@ -24,13 +24,16 @@
 //                 [--threads 2] [--rounds 11] [--steps 3]
 //                 [--archs pre_ln,hc,mhc,attnres_full] [--no-memory]
 //                 [--clock wall|cpu] [--order rotate|fixed] [--trace PREFIX]
+//                 [--hc-form paper|code]
 // (--archs: a subset, Pre-LN always included; --no-memory: skip the
 // peak-memory children; --clock cpu: tokens per second of process CPU time
 // instead of wall time, steadier on a machine shared with other jobs; use it
 // with --threads 1, as idle OpenMP threads spin and count as CPU time;
 // --trace PREFIX: after the timed rounds, --steps more steps of each design under
 // LibTorch's profiler, written as a Chrome trace to PREFIX<design>.json, to
-// see which ops a design's extra time goes to.)
+// see which ops a design's extra time goes to; --hc-form code: HC in the
+// authors' code form, H'_s = H_s + b_s F(x), as `depthbench-train --hc-form
+// code`, to see what the paper form's residual mix A_r^T H costs.)
 #include <sys/resource.h>
 #include <time.h>
 #include <torch/csrc/autograd/profiler_legacy.h>
@@ -63,6 +66,7 @@ struct Config {
   bool cpu_clock = false;
   bool rotate = true;  // --order fixed: Pre-LN first in every round
   std::string trace_prefix;  // --trace: Chrome traces of one step per design
+  bool hc_code_form = false;  // --hc-form code
 };
 
 // Seconds of wall time, or of this process's CPU time with --clock cpu.
@@ -93,6 +97,7 @@ LanguageModel Build(Arch arch, const Config& c) {
   o.arch = arch;
   o.design.shape = MakeShape(c.layers, c.d, 256, FfnRule::kSwiGlu83, c.heads, c.heads);
   o.design.max_seq_len = c.seq;
+  o.design.hc_code_form = c.hc_code_form;
   torch::manual_seed(0);
   auto m = BuildModel(o);
   if (!m.ok()) {
@@ -141,6 +146,14 @@ int Main(int argc, char** argv) {
     else if (a == "--order") c.rotate = std::string(argv[++i]) != "fixed";
     else if (a == "--clock") c.cpu_clock = std::string(argv[++i]) == "cpu";
     else if (a == "--trace") c.trace_prefix = argv[++i];
+    else if (a == "--hc-form") {
+      const std::string form = i + 1 < argc ? argv[++i] : "";
+      if (form != "paper" && form != "code") {
+        std::fprintf(stderr, "--hc-form must be paper or code, not '%s'\n", form.c_str());
+        return 2;
+      }
+      c.hc_code_form = form == "code";
+    }
     else if (a.rfind("--memory_of=", 0) == 0) memory_of = a.substr(12);
   }
   if (!memory_of.empty()) return MemoryChild(*ParseArch(memory_of), c);
@@ -196,7 +209,8 @@ int Main(int argc, char** argv) {
                             " --layers " + std::to_string(c.layers) + " --d " + std::to_string(c.d) +
                             " --heads " + std::to_string(c.heads) + " --seq " + std::to_string(c.seq) +
                             " --batch " + std::to_string(c.batch) + " --threads " +
-                            std::to_string(c.threads);
+                            std::to_string(c.threads) +
+                            " --hc-form " + (c.hc_code_form ? "code" : "paper");
     FILE* p = popen(cmd.c_str(), "r");
     double kb = 0;
     if (p == nullptr || std::fscanf(p, "%lf", &kb) != 1) kb = -1;
@@ -219,6 +233,7 @@ int Main(int argc, char** argv) {
               static_cast<long>(c.layers), static_cast<long>(c.d), static_cast<long>(c.heads),
               static_cast<long>(c.seq), static_cast<long>(c.batch), static_cast<long>(c.threads),
               c.rounds, c.steps, c.cpu_clock ? "tokens per CPU-second" : "tokens per wall second");
+  if (c.hc_code_form) std::printf("HC in the authors' code form (--hc-form code)\n");
   std::printf(
       "| design | params | tokens/s (fwd+bwd) | vs Pre-LN (median, range over rounds) | "
       "FLOP ratio (Pre-LN / design) | speed / FLOP ratio | peak memory (MiB) | vs Pre-LN |\n");
