@@ -1556,9 +1556,9 @@ class HcRouteFunction : public torch::autograd::Function<HcRouteFunction> {
 // different matrices overlap).
 constexpr int64_t kLanes = 8;
 
-// A chunk of the kLanes lanes of one element of a block as the build's
-// native double vector: one zmm (all 8 lanes) in the AVX-512 build, one ymm
-// (4) in the AVX2 build, one xmm (2) in the baseline. Written as plain lane
+// A chunk of the kLanes lanes of one element of a block is the build's
+// native double vector, VD (cpu_fused_vec.h): all 8 lanes in the AVX-512
+// build, 4 in the AVX2 build, 2 in the baseline. Written as plain lane
 // loops, GCC vectorised only the in-place forward: where a half step writes
 // a separate state (the backward's recomputation) or the backward updates
 // its gradient, it could not rule out aliasing and left the loops scalar,
@@ -1568,26 +1568,17 @@ constexpr int64_t kLanes = 8;
 // pieces, and more so once the line direction became a template argument
 // (which alone made the kernels 2x slower). The arithmetic per lane is the
 // same operations in the same order whatever the width, so the values do
-// not change. The vectors, loaded and stored with cpu_fused_vec.h's
-// LoadV/StoreV, stay inside this file's inline helpers (see that header on
-// the ABI note).
-#if defined(DEPTHBENCH_CPU_FUSED_AVX512)
-typedef double LaneVec __attribute__((vector_size(64)));
-#elif defined(DEPTHBENCH_CPU_FUSED_AVX2)
-typedef double LaneVec __attribute__((vector_size(32)));
-#else
-typedef double LaneVec __attribute__((vector_size(16)));
-#endif
-constexpr int64_t kChunk = static_cast<int64_t>(sizeof(LaneVec) / sizeof(double));
-static_assert(kLanes % kChunk == 0, "whole chunks per block");
+// not change. The vectors, loaded and stored with LoadV/StoreV, stay inside
+// this file's inline helpers (see cpu_fused_vec.h on the ABI note).
+static_assert(kLanes % kVD == 0, "whole vectors per block");
 
-// The sums of line a (row a, or column a if kCol) of lanes [c, c + kChunk)
+// The sums of line a (row a, or column a if kCol) of lanes [c, c + kVD)
 // of the block's kLanes n x n matrices x.
 template <bool kCol>
-inline LaneVec LineSums(const double* x, int64_t a, int64_t n, int64_t c) {
+inline VD LineSums(const double* x, int64_t a, int64_t n, int64_t c) {
   const int64_t along = kCol ? n : 1, across = kCol ? 1 : n;
-  LaneVec sum{};  // +0 in every lane, as the scalar sums began
-  for (int64_t b = 0; b < n; ++b) sum += LoadV<LaneVec>(x + (a * across + b * along) * kLanes + c);
+  VD sum{};  // +0 in every lane, as the scalar sums began
+  for (int64_t b = 0; b < n; ++b) sum += LoadV<VD>(x + (a * across + b * along) * kLanes + c);
   return sum;
 }
 
@@ -1601,11 +1592,11 @@ inline void SinkhornHalfStep(const double* src, double* dst, int64_t n_rt, doubl
   const int64_t n = NC > 0 ? NC : n_rt;
   const int64_t along = kCol ? n : 1, across = kCol ? 1 : n;  // element strides
   for (int64_t a = 0; a < n; ++a) {
-    for (int64_t c = 0; c < kLanes; c += kChunk) {
-      const LaneVec inv = 1.0 / (LineSums<kCol>(src, a, n, c) + eps);
+    for (int64_t c = 0; c < kLanes; c += kVD) {
+      const VD inv = 1.0 / (LineSums<kCol>(src, a, n, c) + eps);
       for (int64_t b = 0; b < n; ++b) {
         const int64_t e = (a * across + b * along) * kLanes + c;
-        StoreV(dst + e, LoadV<LaneVec>(src + e) * inv);
+        StoreV(dst + e, LoadV<VD>(src + e) * inv);
       }
     }
   }
@@ -1637,11 +1628,11 @@ inline void SinkhornBackStep(double* g, const double* pk, int64_t n_rt) {
   const int64_t n = NC > 0 ? NC : n_rt;
   const int64_t along = kCol ? n : 1, across = kCol ? 1 : n;  // element strides
   for (int64_t a = 0; a < n; ++a) {
-    for (int64_t c = 0; c < kLanes; c += kChunk) {
-      const LaneVec sum = LineSums<kCol>(g, a, n, c);
+    for (int64_t c = 0; c < kLanes; c += kVD) {
+      const VD sum = LineSums<kCol>(g, a, n, c);
       for (int64_t b = 0; b < n; ++b) {
         const int64_t e = (a * across + b * along) * kLanes + c;
-        StoreV(g + e, LoadV<LaneVec>(g + e) - LoadV<LaneVec>(pk + e) * sum);
+        StoreV(g + e, LoadV<VD>(g + e) - LoadV<VD>(pk + e) * sum);
       }
     }
   }

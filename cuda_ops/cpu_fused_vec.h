@@ -29,9 +29,8 @@ namespace DEPTHBENCH_CPU_FUSED_ISA {
 #pragma GCC diagnostic ignored "-Wpsabi"
 typedef float V8f __attribute__((vector_size(32)));
 typedef int32_t V8i __attribute__((vector_size(32)));
-// Unaligned load and store of a GCC vector type V (V8f, VF and the double
-// vectors below, Sinkhorn's LaneVec) from and to elements of its
-// own type T.
+// Unaligned load and store of a GCC vector type V (V8f, VF, VD) from and
+// to elements of its own type T.
 template <typename V>
 using VecElem = std::remove_cv_t<std::remove_reference_t<decltype(std::declval<V&>()[0])>>;
 template <typename V, typename T>
@@ -64,6 +63,20 @@ typedef float VF __attribute__((vector_size(64)));
 typedef V8f VF;
 #endif
 constexpr int kVF = static_cast<int>(sizeof(VF) / sizeof(float));
+
+// The build's native double vector, VD (kVD lanes): one zmm (8 doubles) in
+// the AVX-512 build, one ymm (4) in the AVX2 build, one xmm (2) in the
+// baseline. Unlike VF it is never wider than a register: a GCC vector wider
+// than the build's registers went through the stack in 16-byte pieces in
+// Sinkhorn's kernels (bench/RESULTS.md, session 33).
+#if defined(DEPTHBENCH_CPU_FUSED_AVX512)
+typedef double VD __attribute__((vector_size(64)));
+#elif defined(DEPTHBENCH_CPU_FUSED_AVX2)
+typedef double VD __attribute__((vector_size(32)));
+#else
+typedef double VD __attribute__((vector_size(16)));
+#endif
+constexpr int kVD = static_cast<int>(sizeof(VD) / sizeof(double));
 inline VF LoadVF(const float* p) { return LoadV<VF>(p); }
 inline void StoreVF(float* p, VF v) { StoreV(p, v); }
 inline VF BroadcastVF(float x) { return x - VF{}; }  // as Broadcast8
@@ -274,16 +287,14 @@ inline void PrefetchLineOfRows(const float* p, int rows, int64_t d, int64_t i) {
 // value. A libm call per value was most of Sinkhorn's forward, and of its
 // backward's recomputation, at n = 4 (bench/RESULTS.md).
 #if defined(DEPTHBENCH_CPU_FUSED_AVX512)
-typedef double V8d __attribute__((vector_size(64)));
-extern "C" V8d _ZGVeN8v_exp(V8d);  // libmvec, AVX-512
+extern "C" VD _ZGVeN8v_exp(VD);  // libmvec, AVX-512
 inline void Exp8d(const double* in, double* out) {
-  StoreV(out, _ZGVeN8v_exp(LoadV<V8d>(in)));
+  StoreV(out, _ZGVeN8v_exp(LoadV<VD>(in)));
 }
 #elif defined(DEPTHBENCH_CPU_FUSED_AVX2)
-typedef double V4d __attribute__((vector_size(32)));
-extern "C" V4d _ZGVdN4v_exp(V4d);  // libmvec, AVX2
+extern "C" VD _ZGVdN4v_exp(VD);  // libmvec, AVX2
 inline void Exp8d(const double* in, double* out) {
-  for (int h = 0; h < 8; h += 4) StoreV(out + h, _ZGVdN4v_exp(LoadV<V4d>(in + h)));
+  for (int h = 0; h < 8; h += kVD) StoreV(out + h, _ZGVdN4v_exp(LoadV<VD>(in + h)));
 }
 #else
 inline void Exp8d(const double* in, double* out) {
