@@ -73,6 +73,29 @@ void DotsOfRows(const T* x, int64_t ldx, const T* y, int64_t ldy, int64_t n, int
   for (int64_t r = 0; r < n; ++r) out[r] = Dot(x + r * ldx, y + r * ldy, d);
 }
 
+// ss[r] = Dot(x_r, x_r, d) and xy[r] = Dot(x_r, y, d) for the rows r < n of
+// x (stride ldx), one y for every row: DotsOfRows(x, ldx, x, ldx, ...) and
+// DotsOfRows(x, ldx, y, 0, ...) to the bit, float rows of whole 16-column
+// chunks in one sweep (RowSquaresAndDotsVF<16>); both outputs need room for
+// n rounded up to kVF.
+template <typename T>
+void SquaresAndDotsOfRows(const T* x, int64_t ldx, const T* y, int64_t n, int64_t d, T* ss,
+                          T* xy) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (d % 16 == 0) {
+      for (int64_t r0 = 0; r0 < n; r0 += kVF) {
+        RowSquaresAndDotsVF<16>(x + r0 * ldx, ldx, y, std::min<int64_t>(kVF, n - r0), d, ss + r0,
+                                xy + r0);
+      }
+      return;
+    }
+  }
+  for (int64_t r = 0; r < n; ++r) {
+    ss[r] = Dot(x + r * ldx, x + r * ldx, d);
+    xy[r] = Dot(x + r * ldx, y, d);
+  }
+}
+
 // out[k] = 1 / sqrt(ss[k] / d + eps) for k < n (ss: sums of squares of
 // d-long rows), the quotient in T, the rest in double, rounded to T; out may
 // be ss. In float the wide builds take 8 (AVX-512) or 4 (AVX2) rows per
@@ -1837,7 +1860,7 @@ class AttnResMixFunction : public torch::autograd::Function<AttnResMixFunction> 
         std::vector<double> run_max(static_cast<size_t>(tile)), run_sum(static_cast<size_t>(tile));
         std::vector<double> ex(static_cast<size_t>(tile * std::max<int64_t>(S, 2) + 8));
         // A source's sums of squares and logit numerators (v_i . a) for the
-        // tile's rows (DotsOfRows, padded to its blocks).
+        // tile's rows (SquaresAndDotsOfRows, padded to its blocks).
         std::vector<scalar_t> ss(static_cast<size_t>(tile + kVF)), la(ss.size());
         // Row r of the output: the mix normalised (its rsqrt kept for the
         // backward).
@@ -1861,9 +1884,8 @@ class AttnResMixFunction : public torch::autograd::Function<AttnResMixFunction> 
             // division below.
             const int64_t nr = r1 - r0;
             for (int64_t i = 0; i < S; ++i) {
-              DotsOfRows(vp[i] + r0 * d, d, vp[i] + r0 * d, d, nr, d, ss.data());
-              DotsOfRows(vp[i] + r0 * d, d, static_cast<const scalar_t*>(a.data()), int64_t{0}, nr,
-                         d, la.data());
+              SquaresAndDotsOfRows(vp[i] + r0 * d, d, static_cast<const scalar_t*>(a.data()), nr,
+                                   d, ss.data(), la.data());
               InvRmsOfSums(ss.data(), nr, d, eps, ss.data());
               for (int64_t r = r0; r < r1; ++r) {
                 const scalar_t inv = ss[r - r0];

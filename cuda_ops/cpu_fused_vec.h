@@ -259,6 +259,43 @@ inline void RowDotsVF(const float* a, int64_t lda, const float* b, int64_t ldb, 
   SumEachVF<kVF>(acc, out);
 }
 
+// ss[r] = a_r . a_r and ab[r] = a_r . b for the rows r < n <= kVF (a_r at
+// a + r * lda; one vector b for every row) of d columns, d a multiple of W:
+// RowDotsVF<W>(a, lda, a, lda, ...) and RowDotsVF<W>(a, lda, b, 0, ...) in
+// one sweep of the rows, each sum by the same additions in the same order,
+// so both values are theirs to the bit. (AttnRes's forward mix took the two
+// one after the other, its tile's rows read twice.)
+template <int W = kVF>
+inline void RowSquaresAndDotsVF(const float* a, int64_t lda, const float* b, int64_t n, int64_t d,
+                                float* ss, float* ab) {
+  static_assert(W % kVF == 0, "whole vectors per chunk");
+  constexpr int P = W / kVF;
+  VF acc_ss[kVF], acc_ab[kVF];
+#pragma GCC unroll 16
+  for (int r = 0; r < kVF; ++r) {
+    VF part_ss[P] = {}, part_ab[P] = {};
+    if (r < n) {
+      const float* x = a + r * lda;
+      for (int64_t c = 0; c < d; c += W) {
+#pragma GCC unroll 4
+        for (int p = 0; p < P; ++p) {
+          const VF xv = LoadVF(x + c + p * kVF);
+          part_ss[p] += xv * xv;
+          part_ab[p] += xv * LoadVF(b + c + p * kVF);
+        }
+      }
+    }
+    acc_ss[r] = part_ss[0];
+    acc_ab[r] = part_ab[0];
+    for (int p = 1; p < P; ++p) {
+      acc_ss[r] += part_ss[p];
+      acc_ab[r] += part_ab[p];
+    }
+  }
+  SumEachVF<kVF>(acc_ss, ss);
+  SumEachVF<kVF>(acc_ab, ab);
+}
+
 // The cache line, the unit the prefetches below ask for.
 constexpr int64_t kLineBytes = 64;
 constexpr int64_t kFloatsPerLine = kLineBytes / static_cast<int64_t>(sizeof(float));

@@ -1,10 +1,11 @@
-// One build of the SumEachVF check (vec_sum_check.h): compiled for the
+// One build of the SumEachVF and RowSquaresAndDotsVF checks (vec_sum_check.h): compiled for the
 // baseline ISA, with AVX2 + FMA and with AVX-512, each into its namespace,
 // by the same cpu_fused_target.h switch as the kernels.
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <random>
+#include <vector>
 
 #include "tests/cuda_ops/vec_sum_check.h"
 // Last: the ISA of this object.
@@ -49,7 +50,41 @@ int64_t Mismatches(std::mt19937& gen, int reps) {
   return bad;
 }
 
+// A draw of count floats in mixed magnitudes (Lane, without infinities:
+// a product of two infinities of opposite sign is NaN in either function,
+// and a NaN has many bit patterns).
+std::vector<float> FiniteRow(std::mt19937& gen, int64_t count) {
+  std::vector<float> v(static_cast<size_t>(count));
+  for (float& x : v) {
+    x = Lane(gen);
+    if (std::isinf(x)) x = 1.5f;
+  }
+  return v;
+}
+
 }  // namespace
+
+int64_t RowSquaresAndDotsMismatches(uint32_t seed) {
+  std::mt19937 gen(seed);
+  int64_t bad = 0;
+  for (int64_t d : {16, 32, 128, 256}) {
+    for (int64_t n = 1; n <= kVF; ++n) {
+      for (int rep = 0; rep < 50; ++rep) {
+        const int64_t lda = d + static_cast<int64_t>(gen() % 3) * 16;  // rows apart by lda
+        const std::vector<float> a = FiniteRow(gen, n * lda), b = FiniteRow(gen, d);
+        std::vector<float> ss(kVF), ab(kVF), want_ss(kVF), want_ab(kVF);
+        RowSquaresAndDotsVF<16>(a.data(), lda, b.data(), n, d, ss.data(), ab.data());
+        RowDotsVF<16>(a.data(), lda, a.data(), lda, n, d, want_ss.data());
+        RowDotsVF<16>(a.data(), lda, b.data(), 0, n, d, want_ab.data());
+        for (int64_t r = 0; r < n; ++r) {
+          if (std::memcmp(&ss[r], &want_ss[r], sizeof(float)) != 0) ++bad;
+          if (std::memcmp(&ab[r], &want_ab[r], sizeof(float)) != 0) ++bad;
+        }
+      }
+    }
+  }
+  return bad;
+}
 
 int64_t SumEachVFMismatches(uint32_t seed) {
   std::mt19937 gen(seed);

@@ -1,4 +1,5 @@
-// SumEachVF (cuda_ops/cpu_fused_vec.h) checked against SumVF in each build
+// SumEachVF (cuda_ops/cpu_fused_vec.h) checked against SumVF, and
+// RowSquaresAndDotsVF against RowDotsVF, in each build
 // of the fused kernels' vector code: vec_sum_check.cc is compiled once per
 // build (tests/cuda_ops/CMakeLists.txt), as the kernels are, and
 // vec_sum_test.cc calls the builds this CPU runs.
@@ -16,6 +17,9 @@ namespace cpu_fused {
   /* infinities among them) where SumEachVF's value is not SumVF's to the   */ \
   /* bit; 0 when all agree. */                                                     \
   int64_t SumEachVFMismatches(uint32_t seed);                                      \
+  /* Rows (1 to kVF at a time, d = 16 to 256) where RowSquaresAndDotsVF's   */ \
+  /* two sums are not RowDotsVF's to the bit; 0 when all agree. */                 \
+  int64_t RowSquaresAndDotsMismatches(uint32_t seed);                              \
   /* The build's vector width, kVF. */                                             \
   int VectorLanes();                                                               \
   }
