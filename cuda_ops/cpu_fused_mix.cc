@@ -15,6 +15,8 @@
 #include <type_traits>
 #include <vector>
 
+#include <unistd.h>
+
 #include "cuda_ops/cpu_fused.h"
 #include "cuda_ops/cpu_fused_isa.h"
 // Last: the ISA of this object (cpu_fused_isa.h).
@@ -1776,12 +1778,22 @@ class SinkhornFunction : public torch::autograd::Function<SinkhornFunction> {
 // rows of all sources fill about one L2 between the source-major passes; the
 // per-row state between them (mixed rows, their gradient, the logit
 // gradients) is a tile's worth.
+// The tile's rows change only how the backward groups its float sums of
+// the query gradient, as the threads' row ranges already do.
 int64_t MixTileRows(int64_t S, int64_t d, size_t elem) {
-  // One L2 (1 MB on Zen 4/5). A quarter of it (before 2026-12-05) was 2-9%
-  // slower on Zen 5 (mix_ops_bench, alternated in one process): a tile cut
-  // each source's sequential run to ~30 rows at Full AttnRes's last mix,
-  // and each run starts with misses the prefetchers have not yet learnt.
-  constexpr int64_t kTileBytes = 1024 * 1024;
+  // One L2 of this CPU: sysconf's figure (glibc reads it from CPUID), or
+  // 1 MB (Zen 4/5's) where it reports none or an unlikely size. A quarter
+  // of the L2 (before 2026-12-05) was 2-9% slower on Zen 5 (mix_ops_bench,
+  // alternated in one process): a tile cut each source's sequential run to
+  // ~30 rows at Full AttnRes's last mix, and each run starts with misses the
+  // prefetchers have not yet learnt. On a Zen 3 (512 KB L2) a 1 MB tile
+  // spilled each source's second read to L3: its mix 5% slower than at
+  // 512 KB (bench/RESULTS.md, session 34).
+  static const int64_t kTileBytes = [] {
+    const long l2 = ::sysconf(_SC_LEVEL2_CACHE_SIZE);
+    return l2 >= 256 * 1024 && l2 <= 8 * 1024 * 1024 ? static_cast<int64_t>(l2)
+                                                     : int64_t{1024 * 1024};
+  }();
   const int64_t per_row = std::max<int64_t>(1, S * d * static_cast<int64_t>(elem));
   return std::clamp<int64_t>(kTileBytes / per_row, 4, 512);
 }
