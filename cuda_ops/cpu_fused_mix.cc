@@ -133,6 +133,28 @@ void InvRmsOfSums(const T* ss, int64_t n, int64_t d, double eps, T* out) {
   for (; k < n; ++k) out[k] = static_cast<T>(1.0 / std::sqrt(ss[k] / d + eps));
 }
 
+// out[q] = 1 / sqrt(ss[q] / k + eps) for q < n, the quotient too in double
+// (the projection's normalisation, ProjectRow's rounding), rounded to float;
+// out may be ss. The wide builds take 4 rows per vector square root and
+// division, correctly rounded like the scalar forms, so the values are the
+// per-row loop's.
+inline void InvRmsOfSumsDoubleQuotient(const float* ss, int64_t n, int64_t k, double eps,
+                                       float* out) {
+  int64_t q = 0;
+#if defined(DEPTHBENCH_CPU_FUSED_AVX512) || defined(DEPTHBENCH_CPU_FUSED_AVX2)
+  const __m256d kd = _mm256_set1_pd(static_cast<double>(k)), e = _mm256_set1_pd(eps);
+  for (; q + 4 <= n; q += 4) {
+    const __m256d quotient = _mm256_div_pd(_mm256_cvtps_pd(_mm_loadu_ps(ss + q)), kd);
+    const __m256d x = _mm256_sqrt_pd(_mm256_add_pd(quotient, e));
+    _mm_storeu_ps(out + q, _mm256_cvtpd_ps(_mm256_div_pd(_mm256_set1_pd(1.0), x)));
+  }
+#endif
+  for (; q < n; ++q) {
+    out[q] = static_cast<float>(
+        1.0 / std::sqrt(static_cast<double>(ss[q]) / static_cast<double>(k) + eps));
+  }
+}
+
 // y[j] += c * x[j]
 template <typename T>
 inline void Axpy(T c, const T* x, T* y, int64_t d) {
@@ -544,12 +566,13 @@ inline void ProjectGroup(const T* x, int64_t count, const T* wp, int64_t k, int6
       const float* xs[kGroup];
       for (int64_t q = 0; q < kGroup; ++q) {
         xs[q] = x + std::min(q, count - 1) * k;  // rows past the end: a copy (unused)
-        if (q < count) {
-          rs[q] = static_cast<float>(
-              1.0 / std::sqrt(static_cast<double>(Dot(xs[q], xs[q], k)) / static_cast<double>(k) +
-                              eps));
-        }
       }
+      // The group's sums of squares (Dot's values) and their rsqrt a vector
+      // at a time, where the per-row scalar chain took about 0.2% of HC's
+      // step (bench/RESULTS.md, session 34).
+      float ss[kVF > kGroup ? kVF : kGroup];
+      DotsOfRows(x, k, x, k, count, k, ss);
+      InvRmsOfSumsDoubleQuotient(ss, count, k, eps, rs);
       for (int64_t j = 0; j < m; j += 2) {
         const float* w0 = wp + j * k;
         const float* w1 = j + 1 < m ? w0 + k : w0;  // odd m: the last row twice (unused)
