@@ -1239,10 +1239,19 @@ void RouteForwardGemm(cpu_gemm::SgemmFn gemm, const torch::Tensor& x2, const tor
   float *wrp = write.data_ptr<float>(), *lp = logits.data_ptr<float>();
   float* xp = x.data_ptr<float>();
   at::parallel_for(0, rows, Grain(2 * k), [&](int64_t begin, int64_t end) {
+    // rs for kVF rows at a time (their sums of squares as Dot's and the
+    // rsqrt rounded as ProjectRow's, InvRmsOfSumsDoubleQuotient): a
+    // scalar square root and division per row was a chain the rest of the
+    // row waited on. The rows stay in L1 for the pass below.
+    float inv_rows[kVF];  // DotsOfRows writes kVF values
     for (int64_t r = begin; r < end; ++r) {
+      if ((r - begin) % kVF == 0) {
+        const int64_t count = std::min<int64_t>(kVF, end - r);
+        DotsOfRows(hp + r * k, k, hp + r * k, k, count, k, inv_rows);
+        InvRmsOfSumsDoubleQuotient(inv_rows, count, k, eps, inv_rows);
+      }
       const float* xr = hp + r * k;
-      const float inv = static_cast<float>(
-          1.0 / std::sqrt(static_cast<double>(Dot(xr, xr, k)) / static_cast<double>(k) + eps));
+      const float inv = inv_rows[(r - begin) % kVF];
       rsp[r] = inv;
       float* ur = up + r * m;
       for (int64_t j = 0; j < m; ++j) ur[j] *= inv;
@@ -1897,14 +1906,22 @@ class AttnResMixFunction : public torch::autograd::Function<AttnResMixFunction> 
         // A source's sums of squares and logit numerators (v_i . a) for the
         // tile's rows (SquaresAndDotsOfRows, padded to its blocks).
         std::vector<scalar_t> ss(static_cast<size_t>(tile + kVF)), la(ss.size());
-        // Row r of the output: the mix normalised (its rsqrt kept for the
-        // backward).
-        auto normalise = [&](int64_t r) {
-          const scalar_t* mr = mp + r * d;
-          scalar_t* yr = yp + r * d;
-          const scalar_t inv = static_cast<scalar_t>(1.0 / std::sqrt(Dot(mr, mr, d) / d + eps));
-          sp[r] = inv;
-          for (int64_t j = 0; j < d; ++j) yr[j] = mr[j] * inv * gop[j];
+        // Rows [ra, rb) of the output, rb - ra <= kVF: the mix normalised
+        // (its rsqrt kept for the backward), the rows' sums of squares
+        // (Dot's) and rsqrt (InvRmsOfSums, the per-row form's rounding) a
+        // vector at a time rather than a scalar square root and division
+        // per row.
+        scalar_t inv_rows[kVF];  // DotsOfRows writes kVF values
+        auto normalise = [&](int64_t ra, int64_t rb) {
+          DotsOfRows(mp + ra * d, d, mp + ra * d, d, rb - ra, d, inv_rows);
+          InvRmsOfSums(inv_rows, rb - ra, d, eps, inv_rows);
+          for (int64_t r = ra; r < rb; ++r) {
+            const scalar_t* mr = mp + r * d;
+            scalar_t* yr = yp + r * d;
+            const scalar_t inv = inv_rows[r - ra];
+            sp[r] = inv;
+            for (int64_t j = 0; j < d; ++j) yr[j] = mr[j] * inv * gop[j];
+          }
         };
         for (int64_t r0 = begin; r0 < end; r0 += tile) {
           const int64_t r1 = std::min(end, r0 + tile);
@@ -1955,14 +1972,17 @@ class AttnResMixFunction : public torch::autograd::Function<AttnResMixFunction> 
               for (int64_t i = 0; i < S; ++i) ex[(r - r0) * S + i] = lp[r * S + i] - run_max[r - r0];
             }
             ExpN(ex.data(), nr * S, ex.data());
-            for (int64_t r = r0; r < r1; ++r) {
-              const double total = run_sum[r - r0];
-              scalar_t* pr = pp + r * S;
-              for (int64_t i = 0; i < S; ++i) pr[i] = static_cast<scalar_t>(ex[(r - r0) * S + i] / total);
-              const scalar_t scale = static_cast<scalar_t>(1.0 / total);
-              scalar_t* mr = mp + r * d;
-              for (int64_t j = 0; j < d; ++j) mr[j] *= scale;
-              normalise(r);  // while the row is in L1
+            for (int64_t ra = r0; ra < r1; ra += kVF) {
+              const int64_t rb = std::min<int64_t>(r1, ra + kVF);
+              for (int64_t r = ra; r < rb; ++r) {
+                const double total = run_sum[r - r0];
+                scalar_t* pr = pp + r * S;
+                for (int64_t i = 0; i < S; ++i) pr[i] = static_cast<scalar_t>(ex[(r - r0) * S + i] / total);
+                const scalar_t scale = static_cast<scalar_t>(1.0 / total);
+                scalar_t* mr = mp + r * d;
+                for (int64_t j = 0; j < d; ++j) mr[j] *= scale;
+              }
+              normalise(ra, rb);  // while the rows are in L1
             }
           } else {
             // Uniform weights: the mean of the sources.
@@ -1974,7 +1994,7 @@ class AttnResMixFunction : public torch::autograd::Function<AttnResMixFunction> 
               }
             }
             MixTile(static_cast<const scalar_t*>(pp), vp, S, d, r0, r1, mp + r0 * d);
-            for (int64_t r = r0; r < r1; ++r) normalise(r);
+            for (int64_t ra = r0; ra < r1; ra += kVF) normalise(ra, std::min<int64_t>(r1, ra + kVF));
           }
         }
       });
