@@ -568,8 +568,9 @@ inline void ProjectGroup(const T* x, int64_t count, const T* wp, int64_t k, int6
         xs[q] = x + std::min(q, count - 1) * k;  // rows past the end: a copy (unused)
       }
       // The group's sums of squares (Dot's values) and their rsqrt a vector
-      // at a time, where the per-row scalar chain took about 0.2% of HC's
-      // step (bench/RESULTS.md, session 34).
+      // at a time: the per-row scalar chain (a reduction, then a double
+      // square root and division) held up HC's route forward, about 30%
+      // of its samples (bench/RESULTS.md, session 34).
       float ss[kVF > kGroup ? kVF : kGroup];
       DotsOfRows(x, k, x, k, count, k, ss);
       InvRmsOfSumsDoubleQuotient(ss, count, k, eps, rs);
