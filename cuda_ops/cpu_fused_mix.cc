@@ -99,14 +99,16 @@ void SquaresAndDotsOfRows(const T* x, int64_t ldx, const T* y, int64_t n, int64_
 }
 
 // out[k] = 1 / sqrt(ss[k] / d + eps) for k < n (ss: sums of squares of
-// d-long rows), the quotient in T, the rest in double, rounded to T; out may
-// be ss. In float the wide builds take 8 (AVX-512) or 4 (AVX2) rows per
-// vector square root and division: correctly rounded like their scalar
-// forms, so the values are the per-row loop's. std::sqrt stays scalar behind
-// libm's errno check (-fno-math-errno would cost the file the shared
+// d-long rows), the quotient in T (kDoubleQuotient: in double, as the
+// routing projection's ProjectRow rounds it), the rest in double, rounded to
+// T; out may be ss. In float the wide builds take 8 (AVX-512) or 4 (AVX2)
+// rows per vector square root and division: correctly rounded like their
+// scalar forms, so the values are the per-row loop's. std::sqrt stays scalar
+// behind libm's errno check (-fno-math-errno would cost the file the shared
 // precompiled header), and one such square root and division per row and
-// source was about a tenth of Full AttnRes's forward mix.
-template <typename T>
+// source was about a tenth of Full AttnRes's forward mix (and about 30% of
+// HC's route forward, bench/RESULTS.md session 34).
+template <bool kDoubleQuotient = false, typename T>
 void InvRmsOfSums(const T* ss, int64_t n, int64_t d, double eps, T* out) {
   int64_t k = 0;
   // (The masked AVX-512 forms: the unmasked ones start from
@@ -114,44 +116,32 @@ void InvRmsOfSums(const T* ss, int64_t n, int64_t d, double eps, T* out) {
   if constexpr (std::is_same_v<T, float>) {
 #if defined(DEPTHBENCH_CPU_FUSED_AVX512)
     const float df = static_cast<float>(d);
+    const __m512d dd = _mm512_set1_pd(static_cast<double>(d));
     for (; k + 8 <= n; k += 8) {
-      const __m256 q = _mm256_div_ps(_mm256_loadu_ps(ss + k), _mm256_set1_ps(df));
-      const __m512d x = _mm512_maskz_sqrt_pd(
-          0xFF, _mm512_add_pd(_mm512_maskz_cvtps_pd(0xFF, q), _mm512_set1_pd(eps)));
+      const __m256 s8 = _mm256_loadu_ps(ss + k);
+      const __m512d q = kDoubleQuotient
+                            ? _mm512_div_pd(_mm512_maskz_cvtps_pd(0xFF, s8), dd)
+                            : _mm512_maskz_cvtps_pd(0xFF, _mm256_div_ps(s8, _mm256_set1_ps(df)));
+      const __m512d x = _mm512_maskz_sqrt_pd(0xFF, _mm512_add_pd(q, _mm512_set1_pd(eps)));
       _mm256_storeu_ps(out + k,
                        _mm512_maskz_cvtpd_ps(0xFF, _mm512_div_pd(_mm512_set1_pd(1.0), x)));
     }
 #elif defined(DEPTHBENCH_CPU_FUSED_AVX2)
     const float df = static_cast<float>(d);
+    const __m256d dd = _mm256_set1_pd(static_cast<double>(d));
     for (; k + 4 <= n; k += 4) {
-      const __m128 q = _mm_div_ps(_mm_loadu_ps(ss + k), _mm_set1_ps(df));
-      const __m256d x = _mm256_sqrt_pd(_mm256_add_pd(_mm256_cvtps_pd(q), _mm256_set1_pd(eps)));
+      const __m128 s4 = _mm_loadu_ps(ss + k);
+      const __m256d q = kDoubleQuotient ? _mm256_div_pd(_mm256_cvtps_pd(s4), dd)
+                                        : _mm256_cvtps_pd(_mm_div_ps(s4, _mm_set1_ps(df)));
+      const __m256d x = _mm256_sqrt_pd(_mm256_add_pd(q, _mm256_set1_pd(eps)));
       _mm_storeu_ps(out + k, _mm256_cvtpd_ps(_mm256_div_pd(_mm256_set1_pd(1.0), x)));
     }
 #endif
   }
-  for (; k < n; ++k) out[k] = static_cast<T>(1.0 / std::sqrt(ss[k] / d + eps));
-}
-
-// out[q] = 1 / sqrt(ss[q] / k + eps) for q < n, the quotient too in double
-// (the projection's normalisation, ProjectRow's rounding), rounded to float;
-// out may be ss. The wide builds take 4 rows per vector square root and
-// division, correctly rounded like the scalar forms, so the values are the
-// per-row loop's.
-inline void InvRmsOfSumsDoubleQuotient(const float* ss, int64_t n, int64_t k, double eps,
-                                       float* out) {
-  int64_t q = 0;
-#if defined(DEPTHBENCH_CPU_FUSED_AVX512) || defined(DEPTHBENCH_CPU_FUSED_AVX2)
-  const __m256d kd = _mm256_set1_pd(static_cast<double>(k)), e = _mm256_set1_pd(eps);
-  for (; q + 4 <= n; q += 4) {
-    const __m256d quotient = _mm256_div_pd(_mm256_cvtps_pd(_mm_loadu_ps(ss + q)), kd);
-    const __m256d x = _mm256_sqrt_pd(_mm256_add_pd(quotient, e));
-    _mm_storeu_ps(out + q, _mm256_cvtpd_ps(_mm256_div_pd(_mm256_set1_pd(1.0), x)));
-  }
-#endif
-  for (; q < n; ++q) {
-    out[q] = static_cast<float>(
-        1.0 / std::sqrt(static_cast<double>(ss[q]) / static_cast<double>(k) + eps));
+  for (; k < n; ++k) {
+    const double q = kDoubleQuotient ? static_cast<double>(ss[k]) / static_cast<double>(d)
+                                     : static_cast<double>(ss[k] / d);
+    out[k] = static_cast<T>(1.0 / std::sqrt(q + eps));
   }
 }
 
@@ -573,7 +563,7 @@ inline void ProjectGroup(const T* x, int64_t count, const T* wp, int64_t k, int6
       // of its samples (bench/RESULTS.md, session 34).
       float ss[kVF > kGroup ? kVF : kGroup];
       DotsOfRows(x, k, x, k, count, k, ss);
-      InvRmsOfSumsDoubleQuotient(ss, count, k, eps, rs);
+      InvRmsOfSums</*kDoubleQuotient=*/true>(ss, count, k, eps, rs);
       for (int64_t j = 0; j < m; j += 2) {
         const float* w0 = wp + j * k;
         const float* w1 = j + 1 < m ? w0 + k : w0;  // odd m: the last row twice (unused)
@@ -1241,23 +1231,23 @@ void RouteForwardGemm(cpu_gemm::SgemmFn gemm, const torch::Tensor& x2, const tor
   float* xp = x.data_ptr<float>();
   at::parallel_for(0, rows, Grain(2 * k), [&](int64_t begin, int64_t end) {
     // rs for kVF rows at a time (their sums of squares as Dot's and the
-    // rsqrt rounded as ProjectRow's, InvRmsOfSumsDoubleQuotient): a
-    // scalar square root and division per row was a chain the rest of the
-    // row waited on. The rows stay in L1 for the pass below.
+    // rsqrt rounded as ProjectRow's, InvRmsOfSums with the double
+    // quotient): a scalar square root and division per row was a chain the
+    // rest of the row waited on. The rows stay in L1 for the pass below.
     float inv_rows[kVF];  // DotsOfRows writes kVF values
-    for (int64_t r = begin; r < end; ++r) {
-      if ((r - begin) % kVF == 0) {
-        const int64_t count = std::min<int64_t>(kVF, end - r);
-        DotsOfRows(hp + r * k, k, hp + r * k, k, count, k, inv_rows);
-        InvRmsOfSumsDoubleQuotient(inv_rows, count, k, eps, inv_rows);
+    for (int64_t r0 = begin; r0 < end; r0 += kVF) {
+      const int64_t count = std::min<int64_t>(kVF, end - r0);
+      DotsOfRows(hp + r0 * k, k, hp + r0 * k, k, count, k, inv_rows);
+      InvRmsOfSums</*kDoubleQuotient=*/true>(inv_rows, count, k, eps, inv_rows);
+      for (int64_t r = r0; r < r0 + count; ++r) {
+        const float* xr = hp + r * k;
+        const float inv = inv_rows[r - r0];
+        rsp[r] = inv;
+        float* ur = up + r * m;
+        for (int64_t j = 0; j < m; ++j) ur[j] *= inv;
+        MhcCoefficientsRow(ur, gp, bp, n, rp + r * n, wrp + r * n, lp + r * n * n);
+        ReadRow(xr, rp + r * n, n, d, xp + r * d);
       }
-      const float* xr = hp + r * k;
-      const float inv = inv_rows[(r - begin) % kVF];
-      rsp[r] = inv;
-      float* ur = up + r * m;
-      for (int64_t j = 0; j < m; ++j) ur[j] *= inv;
-      MhcCoefficientsRow(ur, gp, bp, n, rp + r * n, wrp + r * n, lp + r * n * n);
-      ReadRow(xr, rp + r * n, n, d, xp + r * d);
     }
   });
 }
