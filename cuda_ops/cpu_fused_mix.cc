@@ -1847,6 +1847,16 @@ void MixTile(const T* pp, const std::vector<const T*>& vp, int64_t S, int64_t d,
   }
 }
 
+// How many rows ahead the backward asks for the older sources' arriving
+// gradients. Each mix's backward reads and writes every older source's
+// gradient once (it adds its term to the one passed back from the later
+// mixes), a tile of rows per source, from L3: on Zen 5, 40% of the
+// backward's samples sat on that store, waiting on the load. Asked for 8
+// rows ahead, and across each source's end to the next one's first rows
+// (where the hardware prefetcher starts over), the backward took 20% fewer
+// samples (4 rows: 10%; bench/RESULTS.md, session 35).
+constexpr int64_t kMixAheadRows = 8;
+
 class AttnResMixFunction : public torch::autograd::Function<AttnResMixFunction> {
  public:
   // has_query false: uniform weights; query and key_gain are then empty
@@ -2120,6 +2130,15 @@ class AttnResMixFunction : public torch::autograd::Function<AttnResMixFunction> 
           for (int64_t i = 0; i < S; ++i) {
             std::fill(da_tile.begin(), da_tile.end(), scalar_t(0));
             for (int64_t r = r0; r < r1; ++r) {
+              // The arriving gradient's row kMixAheadRows on (in this
+              // source, or past the tile's end the next source's first
+              // rows), asked for writing: it is usually written in place.
+              const int64_t row_bytes = d * static_cast<int64_t>(sizeof(scalar_t));
+              if (const int64_t past = r + kMixAheadRows - r1; past < 0) {
+                if (dvinp[i] != nullptr) PrefetchL1<true>(dvinp[i] + (r + kMixAheadRows) * d, row_bytes);
+              } else if (i + 1 < S && dvinp[i + 1] != nullptr && r0 + past < r1) {
+                PrefetchL1<true>(dvinp[i + 1] + (r0 + past) * d, row_bytes);
+              }
               const scalar_t* vi = vp[i] + r * d;
               const scalar_t* dmr = dm.data() + (r - r0) * d;
               scalar_t* o = dvp[i] + r * d;
