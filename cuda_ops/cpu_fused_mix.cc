@@ -2127,15 +2127,17 @@ class AttnResMixFunction : public torch::autograd::Function<AttnResMixFunction> 
             pdp[r - r0] = sum;
           }
           // The source gradients, source by source.
+          const int64_t row_bytes = d * static_cast<int64_t>(sizeof(scalar_t));
           for (int64_t i = 0; i < S; ++i) {
             std::fill(da_tile.begin(), da_tile.end(), scalar_t(0));
             for (int64_t r = r0; r < r1; ++r) {
               // The arriving gradient's row kMixAheadRows on (in this
               // source, or past the tile's end the next source's first
               // rows), asked for writing: it is usually written in place.
-              const int64_t row_bytes = d * static_cast<int64_t>(sizeof(scalar_t));
               if (const int64_t past = r + kMixAheadRows - r1; past < 0) {
-                if (dvinp[i] != nullptr) PrefetchL1<true>(dvinp[i] + (r + kMixAheadRows) * d, row_bytes);
+                if (dvinp[i] != nullptr) {
+                  PrefetchL1<true>(dvinp[i] + (r + kMixAheadRows) * d, row_bytes);
+                }
               } else if (i + 1 < S && dvinp[i + 1] != nullptr && r0 + past < r1) {
                 PrefetchL1<true>(dvinp[i + 1] + (r0 + past) * d, row_bytes);
               }
