@@ -1526,7 +1526,6 @@ class HcRouteFunction : public torch::autograd::Function<HcRouteFunction> {
       scalar_t *arp = ar.data_ptr<scalar_t>(), *xp = x.data_ptr<scalar_t>();
       scalar_t* thp = th.data_ptr<scalar_t>();
       at::parallel_for(0, tokens, Grain((m + 2) * n * d), [&](int64_t begin, int64_t end) {
-        scalar_t a_row[kMaxRouteStreams + 1];
         for (int64_t t = begin; t < end; ++t) {
           for (int64_t s0 = 0; s0 < n; s0 += kGroup) {
             const int64_t row = t * n + s0;
@@ -1534,11 +1533,17 @@ class HcRouteFunction : public torch::autograd::Function<HcRouteFunction> {
                          up + row * m);
           }
           TanhN(up + t * n * m, n * m, thp + t * n * m);
+          // HcCoefficientsRow's values, written straight to read, ar and b
+          // (through a row buffer, the copy of its n values to ar was a
+          // memmove call per stream row; with it gone HC's memmove samples fell
+          // from 16 to 4 per 8-step round, bench/RESULTS.md session 36).
           for (int64_t s = 0; s < n; ++s) {
             const int64_t row = t * n + s;
-            HcCoefficientsRow(thp + row * m, sap + s * (n + 1), sbp[s], ga, gb, n, a_row, bp + row);
-            rp[row] = a_row[0];
-            std::copy(a_row + 1, a_row + n + 1, arp + row * n);
+            const scalar_t* tr = thp + row * m;
+            const scalar_t* sar = sap + s * (n + 1);
+            rp[row] = sar[0] + ga * tr[0];
+            for (int64_t j = 1; j <= n; ++j) arp[row * n + j - 1] = sar[j] + ga * tr[j];
+            bp[row] = sbp[s] + gb * tr[n + 1];
           }
           ReadRow(hp + t * n * d, rp + t * n, n, d, xp + t * d);
         }
