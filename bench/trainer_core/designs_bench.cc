@@ -24,7 +24,7 @@
 //                 [--threads 2] [--rounds 11] [--steps 3]
 //                 [--archs pre_ln,hc,mhc,attnres_full] [--no-memory]
 //                 [--clock wall|cpu] [--order rotate|fixed] [--trace PREFIX]
-//                 [--hc-form paper|code]
+//                 [--hc-form paper|code] [--round-log FILE]
 // (--archs: a subset, Pre-LN always included; --no-memory: skip the
 // peak-memory children; --clock cpu: tokens per second of process CPU time
 // instead of wall time, steadier on a machine shared with other jobs; use it
@@ -33,7 +33,11 @@
 // LibTorch's profiler, written as a Chrome trace to PREFIX<design>.json, to
 // see which ops a design's extra time goes to; --hc-form code: HC in the
 // authors' code form, H'_s = H_s + b_s F(x), as `depthbench-train --hc-form
-// code`, to see what the paper form's residual mix A_r^T H costs.)
+// code`, to see what the paper form's residual mix A_r^T H costs;
+// --round-log FILE: one line per timed round, "<design> <start> <end>" in
+// CLOCK_MONOTONIC seconds, so samples of `perf record -k CLOCK_MONOTONIC`
+// can be split by design within one run (bench/trainer_core/
+// profile_rounds.sh). An unknown flag is an error.)
 #include <sys/resource.h>
 #include <time.h>
 #include <torch/csrc/autograd/profiler_legacy.h>
@@ -66,8 +70,17 @@ struct Config {
   bool cpu_clock = false;
   bool rotate = true;  // --order fixed: Pre-LN first in every round
   std::string trace_prefix;  // --trace: Chrome traces of one step per design
+  std::string round_log;     // --round-log: each timed round's design and span
   bool hc_code_form = false;  // --hc-form code
 };
+
+// CLOCK_MONOTONIC in seconds: perf's clock under `perf record -k
+// CLOCK_MONOTONIC`, so --round-log's spans line up with its samples.
+double MonotonicSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
 
 // Seconds of wall time, or of this process's CPU time with --clock cpu.
 double Now(bool cpu) {
@@ -146,6 +159,7 @@ int Main(int argc, char** argv) {
     else if (a == "--order") c.rotate = std::string(argv[++i]) != "fixed";
     else if (a == "--clock") c.cpu_clock = std::string(argv[++i]) == "cpu";
     else if (a == "--trace") c.trace_prefix = argv[++i];
+    else if (a == "--round-log") c.round_log = argv[++i];
     else if (a == "--hc-form") {
       const std::string form = i + 1 < argc ? argv[++i] : "";
       if (form != "paper" && form != "code") {
@@ -155,6 +169,11 @@ int Main(int argc, char** argv) {
       c.hc_code_form = form == "code";
     }
     else if (a.rfind("--memory_of=", 0) == 0) memory_of = a.substr(12);
+    else {
+      std::fprintf(stderr, "designs_bench: unknown argument '%s' (the flags are listed at the top of "
+                           "bench/trainer_core/designs_bench.cc)\n", a.c_str());
+      return 2;
+    }
   }
   if (!memory_of.empty()) return MemoryChild(*ParseArch(memory_of), c);
 
@@ -183,15 +202,29 @@ int Main(int argc, char** argv) {
   torch::Tensor in = tok.narrow(1, 0, c.seq), tgt = tok.narrow(1, 1, c.seq);
   for (auto& m : models) Step(m, in, tgt);  // warm-up
   std::map<Arch, std::vector<double>> tps;
+  std::FILE* round_log = nullptr;
+  if (!c.round_log.empty()) {
+    round_log = std::fopen(c.round_log.c_str(), "w");
+    if (round_log == nullptr) {
+      std::fprintf(stderr, "--round-log: cannot write %s\n", c.round_log.c_str());
+      return 2;
+    }
+  }
   for (int r = 0; r < c.rounds; ++r) {
     for (size_t k = 0; k < archs.size(); ++k) {
       const size_t i = (k + (c.rotate ? r : 0)) % archs.size();
+      const double m0 = MonotonicSeconds();
       const double t0 = Now(c.cpu_clock);
       for (int s = 0; s < c.steps; ++s) Step(models[i], in, tgt);
       const double sec = Now(c.cpu_clock) - t0;
+      if (round_log != nullptr) {
+        std::fprintf(round_log, "%s %.6f %.6f\n", std::string(ArchName(archs[i])).c_str(), m0,
+                     MonotonicSeconds());
+      }
       tps[archs[i]].push_back(c.batch * c.seq * c.steps / sec);
     }
   }
+  if (round_log != nullptr) std::fclose(round_log);
   if (!c.trace_prefix.empty()) {
     for (size_t i = 0; i < archs.size(); ++i) {
       torch::autograd::profiler::RecordProfile trace(c.trace_prefix +
