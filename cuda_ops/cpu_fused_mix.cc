@@ -1862,6 +1862,57 @@ void MixTile(const T* pp, const std::vector<const T*>& vp, int64_t S, int64_t d,
 // samples (4 rows: 10%; bench/RESULTS.md, session 35).
 constexpr int64_t kMixAheadRows = 8;
 
+// One row of a source's gradient in the mix backward (AttnResMixFunction
+// below): o = pi dm + dl (a - v coef) + in (in may be o itself, or null),
+// and dat += dl v; without a query o = pi dm + in and dat untouched.
+// ahead (or null): a row asked for writing, a line per line of the sweep:
+// asked for a row at a time, the burst of requests filled the core's queue
+// of misses and the prefetch instruction itself stalled, 14% of the
+// backward's samples (bench/RESULTS.md, session 36). In float with whole
+// lines the loops are written out in vectors (as loops over a line GCC
+// could not rule out that dat aliases the rows and left them scalar), the
+// same operations per element, so the same values.
+template <typename T>
+inline void MixGradRow(const T* vi, const T* dmr, const T* a, const T* in, T pi, T dl, T coef,
+                       bool has_query, int64_t d, const T* ahead, T* dat, T* o) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (d % kFloatsPerLine == 0) {
+      const VF pv = BroadcastVF(pi), dlv = BroadcastVF(dl), cv = BroadcastVF(coef);
+      for (int64_t j0 = 0; j0 < d; j0 += kFloatsPerLine) {
+        if (ahead != nullptr) PrefetchL1<true>(ahead + j0, 1);
+        for (int64_t j = j0; j < j0 + kFloatsPerLine; j += kVF) {
+          VF t;
+          if (!has_query) {
+            t = pv * LoadVF(dmr + j);
+          } else {
+            const VF v = LoadVF(vi + j);
+            StoreVF(dat + j, LoadVF(dat + j) + dlv * v);
+            t = pv * LoadVF(dmr + j) + dlv * (LoadVF(a + j) - v * cv);
+          }
+          if (in != nullptr) t += LoadVF(in + j);
+          StoreVF(o + j, t);
+        }
+      }
+      return;
+    }
+  }
+  if (ahead != nullptr) PrefetchL1<true>(ahead, d * static_cast<int64_t>(sizeof(T)));
+  if (!has_query) {
+    if (in != nullptr) {
+      for (int64_t j = 0; j < d; ++j) o[j] = pi * dmr[j] + in[j];
+    } else {
+      for (int64_t j = 0; j < d; ++j) o[j] = pi * dmr[j];
+    }
+    return;
+  }
+  for (int64_t j = 0; j < d; ++j) dat[j] += dl * vi[j];
+  if (in != nullptr) {
+    for (int64_t j = 0; j < d; ++j) o[j] = pi * dmr[j] + dl * (a[j] - vi[j] * coef) + in[j];
+  } else {
+    for (int64_t j = 0; j < d; ++j) o[j] = pi * dmr[j] + dl * (a[j] - vi[j] * coef);
+  }
+}
+
 class AttnResMixFunction : public torch::autograd::Function<AttnResMixFunction> {
  public:
   // has_query false: uniform weights; query and key_gain are then empty
@@ -2132,19 +2183,18 @@ class AttnResMixFunction : public torch::autograd::Function<AttnResMixFunction> 
             pdp[r - r0] = sum;
           }
           // The source gradients, source by source.
-          const int64_t row_bytes = d * static_cast<int64_t>(sizeof(scalar_t));
           for (int64_t i = 0; i < S; ++i) {
             std::fill(da_tile.begin(), da_tile.end(), scalar_t(0));
             for (int64_t r = r0; r < r1; ++r) {
               // The arriving gradient's row kMixAheadRows on (in this
               // source, or past the tile's end the next source's first
-              // rows), asked for writing: it is usually written in place.
+              // rows), asked for writing as this row is swept: it is
+              // usually written in place.
+              const scalar_t* ahead = nullptr;
               if (const int64_t past = r + kMixAheadRows - r1; past < 0) {
-                if (dvinp[i] != nullptr) {
-                  PrefetchL1<true>(dvinp[i] + (r + kMixAheadRows) * d, row_bytes);
-                }
+                if (dvinp[i] != nullptr) ahead = dvinp[i] + (r + kMixAheadRows) * d;
               } else if (i + 1 < S && dvinp[i + 1] != nullptr && r0 + past < r1) {
-                PrefetchL1<true>(dvinp[i + 1] + (r0 + past) * d, row_bytes);
+                ahead = dvinp[i + 1] + (r0 + past) * d;
               }
               const scalar_t* vi = vp[i] + r * d;
               const scalar_t* dmr = dm.data() + (r - r0) * d;
@@ -2153,24 +2203,13 @@ class AttnResMixFunction : public torch::autograd::Function<AttnResMixFunction> 
               // each element is read before it is written).
               const scalar_t* in = dvinp[i] != nullptr ? dvinp[i] + r * d : nullptr;
               const scalar_t pi = pp[r * S + i];
-              if (!has_query) {
-                if (in != nullptr) {
-                  for (int64_t j = 0; j < d; ++j) o[j] = pi * dmr[j] + in[j];
-                } else {
-                  for (int64_t j = 0; j < d; ++j) o[j] = pi * dmr[j];
-                }
-              } else {
-                // dlogit_i r_i
-                const scalar_t dl = pi * (dp[i * dp_ld + (r - r0)] - pdp[r - r0]) * rp[r * S + i];
-                const scalar_t coef = rp[r * S + i] * lp[r * S + i] / static_cast<scalar_t>(d);
-                scalar_t* dat = da_tile.data();
-                for (int64_t j = 0; j < d; ++j) dat[j] += dl * vi[j];
-                if (in != nullptr) {
-                  for (int64_t j = 0; j < d; ++j) o[j] = pi * dmr[j] + dl * (a[j] - vi[j] * coef) + in[j];
-                } else {
-                  for (int64_t j = 0; j < d; ++j) o[j] = pi * dmr[j] + dl * (a[j] - vi[j] * coef);
-                }
-              }
+              // dlogit_i r_i, and the coefficient of v_i in its term
+              const scalar_t dl =
+                  has_query ? pi * (dp[i * dp_ld + (r - r0)] - pdp[r - r0]) * rp[r * S + i] : 0;
+              const scalar_t coef =
+                  has_query ? rp[r * S + i] * lp[r * S + i] / static_cast<scalar_t>(d) : 0;
+              MixGradRow(vi, dmr, a.data(), in, pi, dl, coef, has_query, d, ahead,
+                         da_tile.data(), o);
             }
             for (size_t j = 0; j < da_tile.size(); ++j) acc_a[j] += da_tile[j];
           }
