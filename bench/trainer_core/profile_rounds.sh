@@ -4,7 +4,9 @@
 # fall in (designs_bench --round-log), averaged per round of each design,
 # and listed per symbol as design minus Pre-LN.
 #
-#   bench/trainer_core/profile_rounds.sh BUILD_DIR ARCH [ROUNDS] [STEPS] [THREADS]
+#   bench/trainer_core/profile_rounds.sh BUILD_DIR ARCH [ROUNDS] [STEPS] [THREADS] [FLAGS...]
+#
+# FLAGS: more designs_bench flags, e.g. --d 256 --heads 8 for another shape.
 #
 # Why one run: Pre-LN alone in its own process ran 21-22k tokens/s on the
 # Zen 5 of session 36, and 14-20k beside another design; a profile of each
@@ -18,6 +20,7 @@ arch=${2:?usage: profile_rounds.sh BUILD_DIR ARCH [ROUNDS] [STEPS] [THREADS]}
 rounds=${3:-8}
 steps=${4:-8}
 threads=${5:-2}
+shift $(( $# < 5 ? $# : 5 ))
 bench="$build/bench/trainer_core/designs_bench"
 [[ -x "$bench" ]] || { echo "profile_rounds.sh: no $bench (build it first)" >&2; exit 2; }
 command -v perf > /dev/null || { echo "profile_rounds.sh: perf is not installed (apt-get install linux-perf)" >&2; exit 2; }
@@ -28,7 +31,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 perf record -q -k CLOCK_MONOTONIC -e cpu-clock -F 4000 -o "$work/perf.data" -- \
   "$bench" --archs "$arch" --threads "$threads" --rounds "$rounds" --steps "$steps" --no-memory \
-  --round-log "$work/rounds.txt" > "$work/bench.txt"
+  "$@" --round-log "$work/rounds.txt" > "$work/bench.txt"
 grep -E "^\| (pre_ln|$arch) " "$work/bench.txt"
 perf script -i "$work/perf.data" -F time,ip,sym,dso 2> /dev/null > "$work/samples.txt"
 python3 - "$arch" "$work/rounds.txt" "$work/samples.txt" << 'PY'
