@@ -1535,8 +1535,9 @@ class HcRouteFunction : public torch::autograd::Function<HcRouteFunction> {
           TanhN(up + t * n * m, n * m, thp + t * n * m);
           // HcCoefficientsRow's values, written straight to read, ar and b
           // (through a row buffer, the copy of its n values to ar was a
-          // memmove call per stream row; with it gone HC's memmove samples fell
-          // from 16 to 4 per 8-step round, bench/RESULTS.md session 36).
+          // memmove call per stream row; with it gone HC's memmove samples
+          // above Pre-LN's fell from 16 to 4 per 8-step round,
+          // bench/RESULTS.md session 36).
           for (int64_t s = 0; s < n; ++s) {
             const int64_t row = t * n + s;
             const scalar_t* tr = thp + row * m;
