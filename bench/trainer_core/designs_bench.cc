@@ -143,9 +143,27 @@ int Main(int argc, char** argv) {
   PinMallocThresholds();  // as depthbench-train does (common/malloc_tuning.h)
   Config c;
   std::string memory_of;
-  for (int i = 1; i < argc; ++i) {
+  std::string bad;  // the first bad flag's message
+  for (int i = 1; i < argc && bad.empty(); ++i) {
     std::string a = argv[i];
-    auto next = [&]() { return std::atoll(argv[++i]); };
+    // The flag's value; a flag last on the line, without one, is an error.
+    auto text = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        bad = a + " needs a value";
+        return "";
+      }
+      return argv[++i];
+    };
+    // A positive whole number (the sizes, threads, rounds and steps).
+    auto next = [&]() -> int64_t {
+      const std::string v = text();
+      char* end = nullptr;
+      const long long n = std::strtoll(v.c_str(), &end, 10);
+      if (bad.empty() && (v.empty() || *end != '\0' || n < 1)) {
+        bad = a + " needs a positive whole number, not '" + v + "'";
+      }
+      return n;
+    };
     if (a == "--layers") c.layers = next();
     else if (a == "--d") c.d = next();
     else if (a == "--heads") c.heads = next();
@@ -154,14 +172,23 @@ int Main(int argc, char** argv) {
     else if (a == "--threads") c.threads = next();
     else if (a == "--rounds") c.rounds = static_cast<int>(next());
     else if (a == "--steps") c.steps = static_cast<int>(next());
-    else if (a == "--archs") c.archs = argv[++i];
+    else if (a == "--archs") c.archs = text();
     else if (a == "--no-memory") c.memory = false;
-    else if (a == "--order") c.rotate = std::string(argv[++i]) != "fixed";
-    else if (a == "--clock") c.cpu_clock = std::string(argv[++i]) == "cpu";
-    else if (a == "--trace") c.trace_prefix = argv[++i];
-    else if (a == "--round-log") c.round_log = argv[++i];
+    else if (a == "--order" || a == "--clock") {
+      const std::string v = text();
+      const bool order = a == "--order";
+      if (order ? v != "rotate" && v != "fixed" : v != "wall" && v != "cpu") {
+        if (bad.empty()) bad = a + (order ? " must be rotate or fixed" : " must be wall or cpu") + ", not '" + v + "'";
+      } else if (order) {
+        c.rotate = v == "rotate";
+      } else {
+        c.cpu_clock = v == "cpu";
+      }
+    }
+    else if (a == "--trace") c.trace_prefix = text();
+    else if (a == "--round-log") c.round_log = text();
     else if (a == "--hc-form") {
-      const std::string form = i + 1 < argc ? argv[++i] : "";
+      const std::string form = text();
       if (form != "paper" && form != "code") {
         std::fprintf(stderr, "--hc-form must be paper or code, not '%s'\n", form.c_str());
         return 2;
@@ -169,11 +196,12 @@ int Main(int argc, char** argv) {
       c.hc_code_form = form == "code";
     }
     else if (a.rfind("--memory_of=", 0) == 0) memory_of = a.substr(12);
-    else {
-      std::fprintf(stderr, "designs_bench: unknown argument '%s' (the flags are listed at the top of "
-                           "bench/trainer_core/designs_bench.cc)\n", a.c_str());
-      return 2;
-    }
+    else bad = "unknown argument '" + a + "'";
+  }
+  if (!bad.empty()) {
+    std::fprintf(stderr, "designs_bench: %s (the flags are listed at the top of "
+                         "bench/trainer_core/designs_bench.cc)\n", bad.c_str());
+    return 2;
   }
   if (!memory_of.empty()) return MemoryChild(*ParseArch(memory_of), c);
 
