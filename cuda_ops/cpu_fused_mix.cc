@@ -924,10 +924,16 @@ inline void TanhN(const double* ur, int64_t count, double* tr) {
 }
 
 // One stream's HC coefficients from tr = tanh of its projection [n + 2]
-// (sa: its row of static_a [n + 1], sb: its static_b): ar [n + 1], *b.
+// (sa: its row of static_a [n + 1], sb: its static_b): *read (column 0),
+// ar [n] (columns 1..n) and *b. read and ar apart, so the route writes each
+// straight to its own tensor (through a row buffer, copying ar out was a
+// memmove call per stream row; HC's memmove samples above Pre-LN's fell from
+// 16 to 4 per 8-step round without it, bench/RESULTS.md session 36).
 template <typename T>
-inline void HcCoefficientsRow(const T* tr, const T* sa, T sb, T ga, T gb, int64_t n, T* ar, T* b) {
-  for (int64_t j = 0; j <= n; ++j) ar[j] = sa[j] + ga * tr[j];
+inline void HcCoefficientsRow(const T* tr, const T* sa, T sb, T ga, T gb, int64_t n, T* read,
+                              T* ar, T* b) {
+  *read = sa[0] + ga * tr[0];
+  for (int64_t j = 1; j <= n; ++j) ar[j - 1] = sa[j] + ga * tr[j];
   *b = sb + gb * tr[n + 1];
 }
 
@@ -990,8 +996,9 @@ class HcCoefficientsFunction : public torch::autograd::Function<HcCoefficientsFu
         TanhN(up + begin * n * m, (end - begin) * n * m, thp + begin * n * m);
         for (int64_t r = begin; r < end; ++r) {
           for (int64_t st = 0; st < n; ++st) {
-            HcCoefficientsRow(thp + (r * n + st) * m, sap + st * (n + 1), sbp[st], ga, gb, n,
-                              ap + (r * n + st) * (n + 1), bp + r * n + st);
+            scalar_t* ar = ap + (r * n + st) * (n + 1);
+            HcCoefficientsRow(thp + (r * n + st) * m, sap + st * (n + 1), sbp[st], ga, gb, n, ar,
+                              ar + 1, bp + r * n + st);
           }
         }
       });
@@ -1533,18 +1540,10 @@ class HcRouteFunction : public torch::autograd::Function<HcRouteFunction> {
                          up + row * m);
           }
           TanhN(up + t * n * m, n * m, thp + t * n * m);
-          // HcCoefficientsRow's values, written straight to read, ar and b
-          // (through a row buffer, the copy of its n values to ar was a
-          // memmove call per stream row; with it gone HC's memmove samples
-          // above Pre-LN's fell from 16 to 4 per 8-step round,
-          // bench/RESULTS.md session 36).
           for (int64_t s = 0; s < n; ++s) {
             const int64_t row = t * n + s;
-            const scalar_t* tr = thp + row * m;
-            const scalar_t* sar = sap + s * (n + 1);
-            rp[row] = sar[0] + ga * tr[0];
-            for (int64_t j = 1; j <= n; ++j) arp[row * n + j - 1] = sar[j] + ga * tr[j];
-            bp[row] = sbp[s] + gb * tr[n + 1];
+            HcCoefficientsRow(thp + row * m, sap + s * (n + 1), sbp[s], ga, gb, n, rp + row,
+                              arp + row * n, bp + row);
           }
           ReadRow(hp + t * n * d, rp + t * n, n, d, xp + t * d);
         }
