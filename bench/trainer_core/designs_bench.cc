@@ -37,7 +37,7 @@
 // --round-log FILE: one line per timed round, "<design> <start> <end>" in
 // CLOCK_MONOTONIC seconds, so samples of `perf record -k CLOCK_MONOTONIC`
 // can be split by design within one run (bench/trainer_core/
-// profile_rounds.sh). An unknown flag is an error.)
+// profile_rounds.sh). A bad flag or value is an error naming the flag.)
 #include <sys/resource.h>
 #include <time.h>
 #include <torch/csrc/autograd/profiler_legacy.h>
@@ -164,6 +164,14 @@ int Main(int argc, char** argv) {
       }
       return n;
     };
+    // The flag's value if it is `yes` or `no` (the two choices it has).
+    auto choice = [&](const char* yes, const char* no) -> bool {
+      const std::string v = text();
+      if (bad.empty() && v != yes && v != no) {
+        bad = a + " must be " + yes + " or " + no + ", not '" + v + "'";
+      }
+      return v == yes;
+    };
     if (a == "--layers") c.layers = next();
     else if (a == "--d") c.d = next();
     else if (a == "--heads") c.heads = next();
@@ -174,27 +182,11 @@ int Main(int argc, char** argv) {
     else if (a == "--steps") c.steps = static_cast<int>(next());
     else if (a == "--archs") c.archs = text();
     else if (a == "--no-memory") c.memory = false;
-    else if (a == "--order" || a == "--clock") {
-      const std::string v = text();
-      const bool order = a == "--order";
-      if (order ? v != "rotate" && v != "fixed" : v != "wall" && v != "cpu") {
-        if (bad.empty()) bad = a + (order ? " must be rotate or fixed" : " must be wall or cpu") + ", not '" + v + "'";
-      } else if (order) {
-        c.rotate = v == "rotate";
-      } else {
-        c.cpu_clock = v == "cpu";
-      }
-    }
+    else if (a == "--order") c.rotate = choice("rotate", "fixed");
+    else if (a == "--clock") c.cpu_clock = choice("cpu", "wall");
     else if (a == "--trace") c.trace_prefix = text();
     else if (a == "--round-log") c.round_log = text();
-    else if (a == "--hc-form") {
-      const std::string form = text();
-      if (form != "paper" && form != "code") {
-        std::fprintf(stderr, "--hc-form must be paper or code, not '%s'\n", form.c_str());
-        return 2;
-      }
-      c.hc_code_form = form == "code";
-    }
+    else if (a == "--hc-form") c.hc_code_form = choice("code", "paper");
     else if (a.rfind("--memory_of=", 0) == 0) memory_of = a.substr(12);
     else bad = "unknown argument '" + a + "'";
   }
@@ -224,12 +216,6 @@ int Main(int argc, char** argv) {
       archs.push_back(*a);
     }
   }
-  std::vector<LanguageModel> models;
-  for (Arch a : archs) models.push_back(Build(a, c));
-  torch::Tensor tok = torch::randint(0, 256, {c.batch, c.seq + 1}, torch::kLong);
-  torch::Tensor in = tok.narrow(1, 0, c.seq), tgt = tok.narrow(1, 1, c.seq);
-  for (auto& m : models) Step(m, in, tgt);  // warm-up
-  std::map<Arch, std::vector<double>> tps;
   std::FILE* round_log = nullptr;
   if (!c.round_log.empty()) {
     round_log = std::fopen(c.round_log.c_str(), "w");
@@ -238,6 +224,12 @@ int Main(int argc, char** argv) {
       return 2;
     }
   }
+  std::vector<LanguageModel> models;
+  for (Arch a : archs) models.push_back(Build(a, c));
+  torch::Tensor tok = torch::randint(0, 256, {c.batch, c.seq + 1}, torch::kLong);
+  torch::Tensor in = tok.narrow(1, 0, c.seq), tgt = tok.narrow(1, 1, c.seq);
+  for (auto& m : models) Step(m, in, tgt);  // warm-up
+  std::map<Arch, std::vector<double>> tps;
   for (int r = 0; r < c.rounds; ++r) {
     for (size_t k = 0; k < archs.size(); ++k) {
       const size_t i = (k + (c.rotate ? r : 0)) % archs.size();

@@ -15,8 +15,9 @@
 # Split by rounds of the same process, the per-symbol figures add up to the
 # bench's own ratio.
 set -euo pipefail
-build=${1:?usage: profile_rounds.sh BUILD_DIR ARCH [ROUNDS] [STEPS] [THREADS]}
-arch=${2:?usage: profile_rounds.sh BUILD_DIR ARCH [ROUNDS] [STEPS] [THREADS]}
+usage="usage: profile_rounds.sh BUILD_DIR ARCH [ROUNDS] [STEPS] [THREADS] [FLAGS...]"
+build=${1:?$usage}
+arch=${2:?$usage}
 rounds=${3:-8}
 steps=${4:-8}
 threads=${5:-2}
