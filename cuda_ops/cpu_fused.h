@@ -106,6 +106,18 @@ std::vector<torch::Tensor> HcRoute(const torch::Tensor& h, const torch::Tensor& 
                                    const torch::Tensor& static_a, const torch::Tensor& static_b,
                                    const torch::Tensor& gain_a, const torch::Tensor& gain_b,
                                    double eps);
+// One HC connector's write and the next one's route in one function:
+// HcRoute(HcWrite(h, a, b, y), w, static_a, static_b, gain_a, gain_b, eps)
+// with the same values and gradients (a undefined: the identity residual
+// map), each token's new streams routed while they are in L1, and backward
+// the write's gradient taken from the route's stream gradient the same way
+// (two passes over [..., n, d] less each way). Returns HcRoute's outputs,
+// the last the new streams.
+std::vector<torch::Tensor> HcWriteRoute(const torch::Tensor& h, const torch::Tensor& a,
+                                        const torch::Tensor& b, const torch::Tensor& y,
+                                        const torch::Tensor& w, const torch::Tensor& static_a,
+                                        const torch::Tensor& static_b, const torch::Tensor& gain_a,
+                                        const torch::Tensor& gain_b, double eps);
 // Sinkhorn-Knopp of logits [..., n, n] (n <= kMaxSinkhornStreams, iterations
 // <= kMaxSinkhornIterations), computed per matrix in double in the exp
 // domain: P = exp(z), then P /= (row sums + eps), P /= (column sums + eps),

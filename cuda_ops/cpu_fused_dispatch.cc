@@ -295,6 +295,14 @@ std::vector<torch::Tensor> HcRoute(const torch::Tensor& h, const torch::Tensor& 
                                    double eps) {
   return DEPTHBENCH_CPU_FUSED_CALL(HcRoute, h, w, static_a, static_b, gain_a, gain_b, eps);
 }
+std::vector<torch::Tensor> HcWriteRoute(const torch::Tensor& h, const torch::Tensor& a,
+                                        const torch::Tensor& b, const torch::Tensor& y,
+                                        const torch::Tensor& w, const torch::Tensor& static_a,
+                                        const torch::Tensor& static_b, const torch::Tensor& gain_a,
+                                        const torch::Tensor& gain_b, double eps) {
+  return DEPTHBENCH_CPU_FUSED_CALL(HcWriteRoute, h, a, b, y, w, static_a, static_b, gain_a, gain_b,
+                                   eps);
+}
 torch::Tensor Sinkhorn(const torch::Tensor& logits, int iterations, double eps) {
   return DEPTHBENCH_CPU_FUSED_CALL(Sinkhorn, logits, iterations, eps);
 }

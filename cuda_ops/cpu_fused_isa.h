@@ -44,6 +44,11 @@
                                      const torch::Tensor& static_a, const torch::Tensor& static_b, \
                                      const torch::Tensor& gain_a, const torch::Tensor& gain_b, \
                                      double eps);                                            \
+  std::vector<torch::Tensor> HcWriteRoute(                                                    \
+      const torch::Tensor& h, const torch::Tensor& a, const torch::Tensor& b,                 \
+      const torch::Tensor& y, const torch::Tensor& w, const torch::Tensor& static_a,          \
+      const torch::Tensor& static_b, const torch::Tensor& gain_a, const torch::Tensor& gain_b, \
+      double eps);                                                                            \
   torch::Tensor Sinkhorn(const torch::Tensor& logits, int iterations, double eps);            \
   torch::Tensor AttnResMix(const std::vector<torch::Tensor>& sources, const torch::Tensor& query, \
                            const torch::Tensor& key_gain, const torch::Tensor& out_gain,      \

@@ -299,7 +299,7 @@ inline void WriteTokenBlocked(const float* hr, const float* ar, const float* br,
 // its own reduction, and N + 1 sweeps of each output row). In the AVX-512 build the
 // partial sums and their reduction are Dot's, so the values are the plain
 // loop's; in the others they differ from it by float rounding.
-// ph, pg, py (all null or none; ph unused without the mix, which reads no
+// ph, pg, py (each may be null; ph unused without the mix, which reads no
 // h): the rows of h, g and y of a token ahead, asked for in L1 a line per
 // stream at each 64 bytes of the sweep (PrefetchLineOfRows). Asked
 // for all at once before each token (9 KB at n = 4, d = 128), the requests
@@ -316,10 +316,10 @@ inline void WriteBackwardTokenBlocked(const float* hr, const float* ar, const fl
   VF da_acc[kMix ? N : 1][N] = {};
   VF db_acc[N] = {};
   for (int64_t i = 0; i < d; i += kVF) {
-    if (pg != nullptr && i % kFloatsPerLine == 0) {
-      if constexpr (kMix) PrefetchLineOfRows(ph, N, d, i);  // h is read only with the mix
-      PrefetchLineOfRows(pg, N, d, i);
-      PrefetchLineOfRows(py, 1, d, i);
+    if (i % kFloatsPerLine == 0) {
+      if (kMix && ph != nullptr) PrefetchLineOfRows(ph, N, d, i);  // h is read only with the mix
+      if (pg != nullptr) PrefetchLineOfRows(pg, N, d, i);
+      if (py != nullptr) PrefetchLineOfRows(py, 1, d, i);
     }
     VF gv[N];
     for (int t = 0; t < N; ++t) gv[t] = LoadVF(gr + t * d + i);
@@ -340,6 +340,44 @@ inline void WriteBackwardTokenBlocked(const float* hr, const float* ar, const fl
   }
   SumEachVF<N>(db_acc, dbr);
   if constexpr (kMix) SumEachVF<N * N>(&da_acc[0][0], dar);
+}
+
+// One token's HcWrite, any dtype and shape: out_t = b_t y + sum_s a[s, t] h_s
+// (ar: a [n, n], a[s, t] at ar[s n + t]), or out_t = h_t + b_t y with ar
+// null (the code form). The loops WriteTokenBlocked's terms follow.
+template <typename T>
+inline void WriteTokenPlain(const T* hr, const T* ar, const T* br, const T* yr, int64_t n,
+                            int64_t d, T* out) {
+  for (int64_t t = 0; t < n; ++t) {
+    T* o = out + t * d;
+    const T bt = br[t];
+    if (ar != nullptr) {
+      for (int64_t j = 0; j < d; ++j) o[j] = bt * yr[j];
+      for (int64_t k = 0; k < n; ++k) Axpy(ar[k * n + t], hr + k * d, o, d);
+    } else {
+      const T* ht = hr + t * d;
+      for (int64_t j = 0; j < d; ++j) o[j] = ht[j] + bt * yr[j];
+    }
+  }
+}
+
+// Its backward for the gradient g [n, d] of out: dy = sum_t b_t g_t,
+// db_t = g_t . y, and with the mix (ar not null) dh_s = sum_t a[s, t] g_t
+// and da[s, t] = h_s . g_t. dhr must not overlap g.
+template <typename T>
+inline void WriteBackwardTokenPlain(const T* hr, const T* ar, const T* br, const T* yr,
+                                    const T* gr, int64_t n, int64_t d, T* dhr, T* dar, T* dbr,
+                                    T* dyr) {
+  for (int64_t j = 0; j < d; ++j) dyr[j] = br[0] * gr[j];
+  for (int64_t t = 1; t < n; ++t) Axpy(br[t], gr + t * d, dyr, d);
+  for (int64_t t = 0; t < n; ++t) dbr[t] = Dot(gr + t * d, yr, d);
+  if (ar == nullptr) return;
+  for (int64_t k = 0; k < n; ++k) {
+    T* o = dhr + k * d;
+    for (int64_t j = 0; j < d; ++j) o[j] = ar[k * n] * gr[j];
+    for (int64_t t = 1; t < n; ++t) Axpy(ar[k * n + t], gr + t * d, o, d);
+    for (int64_t t = 0; t < n; ++t) dar[k * n + t] = Dot(hr + k * d, gr + t * d, d);
+  }
 }
 
 // Runs fn(std::integral_constant<int, N>) for the stream counts with a
@@ -401,20 +439,8 @@ class HcWriteFunction : public torch::autograd::Function<HcWriteFunction> {
           }
         }
         for (int64_t r = begin; r < end; ++r) {
-          const scalar_t* hr = hp + r * s.n * s.d;
-          const scalar_t* yr = yp + r * s.d;
-          for (int64_t t = 0; t < s.n; ++t) {
-            scalar_t* o = op + (r * s.n + t) * s.d;
-            const scalar_t bt = bp[r * s.n + t];
-            if (mix) {
-              const scalar_t* ar = ap + r * s.n * s.n;  // a[s, t] at ar[s * n + t]
-              for (int64_t j = 0; j < s.d; ++j) o[j] = bt * yr[j];
-              for (int64_t k = 0; k < s.n; ++k) Axpy(ar[k * s.n + t], hr + k * s.d, o, s.d);
-            } else {
-              const scalar_t* ht = hr + t * s.d;
-              for (int64_t j = 0; j < s.d; ++j) o[j] = ht[j] + bt * yr[j];
-            }
-          }
+          WriteTokenPlain(hp + r * s.n * s.d, mix ? ap + r * s.n * s.n : nullptr, bp + r * s.n,
+                          yp + r * s.d, s.n, s.d, op + r * s.n * s.d);
         }
       });
     });
@@ -489,24 +515,11 @@ class HcWriteFunction : public torch::autograd::Function<HcWriteFunction> {
           }
         }
         for (int64_t r = begin; r < end; ++r) {
-          const scalar_t* hr = hp + r * s.n * s.d;
-          const scalar_t* gr = gp + r * s.n * s.d;
-          const scalar_t* yr = yp + r * s.d;
-          scalar_t* dyr = dyp + r * s.d;
-          // dy = sum_t b_t g_t; db_t = g_t . y
-          for (int64_t j = 0; j < s.d; ++j) dyr[j] = bp[r * s.n] * gr[j];
-          for (int64_t t = 1; t < s.n; ++t) Axpy(bp[r * s.n + t], gr + t * s.d, dyr, s.d);
-          for (int64_t t = 0; t < s.n; ++t) dbp[r * s.n + t] = Dot(gr + t * s.d, yr, s.d);
-          if (!mix) continue;
-          const scalar_t* ar = ap + r * s.n * s.n;
-          scalar_t* dar = dap + r * s.n * s.n;
-          for (int64_t k = 0; k < s.n; ++k) {
-            // dh_s = sum_t a[s, t] g_t; da[s, t] = h_s . g_t
-            scalar_t* o = dhp + (r * s.n + k) * s.d;
-            for (int64_t j = 0; j < s.d; ++j) o[j] = ar[k * s.n] * gr[j];
-            for (int64_t t = 1; t < s.n; ++t) Axpy(ar[k * s.n + t], gr + t * s.d, o, s.d);
-            for (int64_t t = 0; t < s.n; ++t) dar[k * s.n + t] = Dot(hr + k * s.d, gr + t * s.d, s.d);
-          }
+          const int64_t nd = r * s.n * s.d;
+          WriteBackwardTokenPlain(hp + nd, mix ? ap + r * s.n * s.n : nullptr, bp + r * s.n,
+                                  yp + r * s.d, gp + nd, s.n, s.d, mix ? dhp + nd : nullptr,
+                                  mix ? dap + r * s.n * s.n : nullptr, dbp + r * s.n,
+                                  dyp + r * s.d);
         }
       });
     });
@@ -677,11 +690,19 @@ inline void GroupDw(const float* dp, const float* const* xs, int64_t k, int64_t 
 // (mHC: a row is a token's n streams; HC: a row is one stream, n = 1).
 // dx_in: a gradient already arriving for x ([rows, k]; a route's pass-through
 // of its streams), added into dx in the same pass; null: none.
-template <typename T, typename DuRow>
+// after_rows(r0, r1, end): called once the dx rows [r0, r1) are final, in
+// row order, by the thread whose rows [., end) they are; the rows are split
+// between threads at whole tokens (rows_per_token), so a token's rows are
+// all one thread's (HcWriteRoute's backward goes on with each finished
+// token while its rows are in L1).
+struct NoAfterRows {
+  void operator()(int64_t, int64_t, int64_t) const {}
+};
+template <typename T, typename DuRow, typename AfterRows = NoAfterRows>
 void ProjectBackwardRows(const T* xp, const T* wp, const T* rp, const T* upp, int64_t rows,
                          int64_t k, int64_t m, const T* readp, const T* dreadp, int64_t n,
                          int64_t rows_per_token, std::vector<double>& partial, const T* dx_in,
-                         T* dxp, const DuRow& du_row) {
+                         T* dxp, const DuRow& du_row, const AfterRows& after_rows = AfterRows()) {
   const int64_t d = k / n;
   // float rows of a multiple of kRouteCols: GroupDx / GroupDw.
   const bool blocked = std::is_same_v<T, float> && k % kRouteCols == 0;
@@ -690,7 +711,10 @@ void ProjectBackwardRows(const T* xp, const T* wp, const T* rp, const T* upp, in
   // reloaded and stored each dx row again: 2-5% of HC's mix backward,
   // 2026-12-06, paired runs); the same additions.
   const bool read_in_dx = blocked && readp != nullptr && d % kRouteCols == 0;
-  at::parallel_for(0, rows, Grain(3 * m * k), [&](int64_t begin, int64_t end) {
+  TORCH_INTERNAL_ASSERT(rows_per_token >= 1 && rows % rows_per_token == 0);
+  const int64_t grain = std::max<int64_t>(1, Grain(3 * m * k) / rows_per_token);
+  at::parallel_for(0, rows / rows_per_token, grain, [&](int64_t token_begin, int64_t token_end) {
+    const int64_t begin = token_begin * rows_per_token, end = token_end * rows_per_token;
     double* acc = partial.data() + at::get_thread_num() * m * k;
     std::vector<T> block(static_cast<size_t>(m * k), 0);  // dw^T of <= kFlushRows rows
     // dp and the rows of the last two groups ([2 kGroup][m]; rows past the
@@ -784,6 +808,7 @@ void ProjectBackwardRows(const T* xp, const T* wp, const T* rp, const T* upp, in
           for (int64_t s = 0; s < n; ++s) Axpy(readp[r * n + s], dr, o + s * d, d);
         }
       }
+      after_rows(r0, r0 + n_rows, end);
       // dw^T rows += the pair's 2 kGroup rank-1 terms (or one group's
       // before a flush): one load and store of the block per 2 kGroup
       // products.
@@ -1484,6 +1509,156 @@ class MhcRouteFunction : public torch::autograd::Function<MhcRouteFunction> {
 
 // ------------------------------------------------------------- HC route
 
+// The HC route's argument checks (HcRoute, HcWriteRoute: `op` names it);
+// returns the stream count n.
+int64_t CheckHcRouteArguments(const char* op, const torch::Tensor& h, const torch::Tensor& w,
+                              const torch::Tensor& sa, const torch::Tensor& sb,
+                              const torch::Tensor& gain_a, const torch::Tensor& gain_b) {
+  const int64_t n = sb.numel();
+  TORCH_CHECK(n >= 1 && n <= kMaxRouteStreams && h.dim() >= 2 && h.size(-2) == n, op, ": h has ",
+              h.sizes(), ", expected [..., ", n, ", d] for ", n, " streams (at most ",
+              kMaxRouteStreams, ")");
+  const int64_t d = h.size(-1), m = n + 2;
+  TORCH_CHECK(w.dim() == 2 && w.size(0) == d && w.size(1) == m, op, ": w has ", w.sizes(),
+              ", expected [", d, ", ", m, "]");
+  TORCH_CHECK(sa.numel() == n * (n + 1), op, ": static_a has ", sa.sizes(), ", expected [", n,
+              ", ", n + 1, "]");
+  TORCH_CHECK(gain_a.numel() == 1 && gain_b.numel() == 1, op,
+              ": gain_a and gain_b must hold one value each");
+  return n;
+}
+
+// The HC route's outputs and what its backward keeps, for h [..., n, d].
+struct HcRouteOutputs {
+  torch::Tensor rs, u, th, read, ar, b, x;  // th: tanh(u), for the backward
+
+  static HcRouteOutputs Empty(const torch::Tensor& h, int64_t n) {
+    const int64_t d = h.size(-1), m = n + 2, tokens = h.numel() / std::max<int64_t>(n * d, 1);
+    const auto opts = h.options();
+    std::vector<int64_t> x_sizes(h.sizes().begin(), h.sizes().end() - 2);
+    x_sizes.push_back(d);
+    return {torch::empty({tokens * n, 1}, opts), torch::empty({tokens * n, m}, opts),
+            torch::empty({tokens * n, m}, opts), torch::empty({tokens, n}, opts),
+            torch::empty({tokens, n, n}, opts), torch::empty({tokens, n}, opts),
+            torch::empty(x_sizes, opts)};
+  }
+
+  // {x [..., d], ar [..., n, n], b [..., n], h}, h: the streams passed on.
+  variable_list Returned(const torch::Tensor& h) const {
+    const int64_t n = read.size(1);
+    std::vector<int64_t> nb(h.sizes().begin(), h.sizes().end() - 1), square = nb;  // [..., n]
+    square.push_back(n);
+    return {x, ar.view(square), b.view(nb), h};
+  }
+};
+
+// One token's HC route forward over the streams x2 [tokens n, d] into
+// HcRouteOutputs: the projection of each stream row, tanh, the coefficients
+// and the read.
+template <typename T>
+class HcRouteRows {
+ public:
+  HcRouteRows(const torch::Tensor& x2, const torch::Tensor& wt, const torch::Tensor& sa,
+              const torch::Tensor& sb, const torch::Tensor& gain_a, const torch::Tensor& gain_b,
+              double eps, const HcRouteOutputs& o)
+      : h_(x2.data_ptr<T>()), wt_(wt.data_ptr<T>()), sa_(sa.data_ptr<T>()),
+        sb_(sb.data_ptr<T>()), ga_(gain_a.item<T>()), gb_(gain_b.item<T>()), n_(sb.numel()),
+        d_(x2.size(1)), m_(n_ + 2), eps_(eps), rs_(o.rs.data_ptr<T>()), u_(o.u.data_ptr<T>()),
+        th_(o.th.data_ptr<T>()), read_(o.read.data_ptr<T>()), ar_(o.ar.data_ptr<T>()),
+        b_(o.b.data_ptr<T>()), x_(o.x.data_ptr<T>()) {}
+
+  void Token(int64_t t) const {
+    for (int64_t s0 = 0; s0 < n_; s0 += kGroup) {
+      const int64_t row = t * n_ + s0;
+      ProjectGroup(h_ + row * d_, std::min(kGroup, n_ - s0), wt_, d_, m_, eps_, rs_ + row,
+                   u_ + row * m_);
+    }
+    TanhN(u_ + t * n_ * m_, n_ * m_, th_ + t * n_ * m_);
+    for (int64_t s = 0; s < n_; ++s) {
+      const int64_t row = t * n_ + s;
+      HcCoefficientsRow(th_ + row * m_, sa_ + s * (n_ + 1), sb_[s], ga_, gb_, n_, read_ + row,
+                        ar_ + row * n_, b_ + row);
+    }
+    ReadRow(h_ + t * n_ * d_, read_ + t * n_, n_, d_, x_ + t * d_);
+  }
+
+ private:
+  const T *h_, *wt_, *sa_, *sb_;
+  T ga_, gb_;
+  int64_t n_, d_, m_;
+  double eps_;
+  T *rs_, *u_, *th_, *read_, *ar_, *b_, *x_;
+};
+
+void SaveRouteSizes(AutogradContext* ctx, const torch::Tensor& h, const torch::Tensor& static_a,
+                    const torch::Tensor& static_b) {
+  ctx->saved_data["h_sizes"] = h.sizes();
+  ctx->saved_data["static_a_sizes"] = static_a.sizes();
+  ctx->saved_data["static_b_sizes"] = static_b.sizes();
+}
+
+// The HC route's backward over the streams x2 [tokens n, d]: per stream row,
+// d read_s = h_s . dx, the coefficients' backward to du, then the
+// projection's backward with read_s dx added to the row, into dh (dh_in:
+// the gradient arriving for the streams passed on, or undefined; it may be
+// dh itself). Fills partial_w [threads][m d] (dw^T) and partial_c
+// [threads][n (n + 1) + n + 2] (dstatic_a, dstatic_b, dgain_a, dgain_b);
+// after_rows as ProjectBackwardRows's.
+template <typename T, typename AfterRows>
+void HcRouteBackwardRows(const torch::Tensor& x2, const torch::Tensor& wt, const torch::Tensor& rs,
+                         const torch::Tensor& u, const torch::Tensor& read,
+                         const torch::Tensor& gain_a, const torch::Tensor& gain_b,
+                         const torch::Tensor& th, const torch::Tensor& dx,
+                         const torch::Tensor& dar, const torch::Tensor& db,
+                         const torch::Tensor& dh_in, const torch::Tensor& dh,
+                         std::vector<double>& partial_w, std::vector<double>& partial_c,
+                         const AfterRows& after_rows) {
+  const int64_t tokens = read.size(0), n = read.size(1), d = x2.size(1), m = n + 2;
+  const int64_t threads = at::get_num_threads();
+  const int64_t count = n * (n + 1) + n + 2;
+  partial_w.assign(static_cast<size_t>(threads * m * d), 0.0);
+  partial_c.assign(static_cast<size_t>(threads * count), 0.0);
+  const T* hp = x2.data_ptr<T>();
+  const T* up = u.data_ptr<T>();
+  const T* thp = th.data_ptr<T>();
+  const T ga = gain_a.item<T>(), gb = gain_b.item<T>();
+  const T* dxp = dx.defined() ? dx.data_ptr<T>() : nullptr;
+  const T* darp = dar.defined() ? dar.data_ptr<T>() : nullptr;
+  const T* dbp = db.defined() ? db.data_ptr<T>() : nullptr;
+  const int64_t rows = tokens * n;
+  auto du_row = [&](int64_t row, T* scratch) -> const T* {
+    const int64_t t = row / n, s = row % n;
+    T da[kMaxRouteStreams + 1];
+    da[0] = dxp ? Dot(hp + row * d, dxp + t * d, d) : T(0);
+    for (int64_t j = 0; j < n; ++j) da[j + 1] = darp ? darp[row * n + j] : T(0);
+    double* acc = partial_c.data() + at::get_thread_num() * count;
+    HcCoefficientsBackwardRow(thp + row * m, ga, gb, da, dbp ? dbp[row] : T(0), n, scratch,
+                              acc + s * (n + 1), acc + n * (n + 1) + s, acc + n * (n + 1) + n);
+    return scratch;
+  };
+  ProjectBackwardRows<T>(hp, wt.data_ptr<T>(), rs.data_ptr<T>(), up, rows, d, m,
+                         dxp ? read.data_ptr<T>() : nullptr, dxp, 1, n, partial_w,
+                         dh_in.defined() ? dh_in.data_ptr<T>() : nullptr, dh.data_ptr<T>(), du_row,
+                         after_rows);
+}
+
+// Appends the route's parameter gradients, from HcRouteBackwardRows's
+// partial sums, to `out`: dw [d, m], dstatic_a, dstatic_b, dgain_a, dgain_b.
+void AppendRouteParameterGradients(AutogradContext* ctx, const std::vector<double>& partial_w,
+                                   const std::vector<double>& partial_c, int64_t n, int64_t d,
+                                   torch::ScalarType dtype, const torch::Tensor& gain_a,
+                                   const torch::Tensor& gain_b, variable_list& out) {
+  const int64_t m = n + 2, count = n * (n + 1) + n + 2;
+  const int64_t threads = static_cast<int64_t>(partial_w.size()) / (m * d);
+  out.push_back(SumPartials(partial_w, threads, m * d, {m, d}, dtype).t());
+  torch::Tensor sums = SumPartials(partial_c, threads, count, {count}, dtype);
+  out.push_back(
+      sums.narrow(0, 0, n * (n + 1)).reshape(ctx->saved_data["static_a_sizes"].toIntVector()));
+  out.push_back(sums.narrow(0, n * (n + 1), n).reshape(ctx->saved_data["static_b_sizes"].toIntVector()));
+  out.push_back(sums.narrow(0, n * (n + 1) + n, 1).reshape(gain_a.sizes()));
+  out.push_back(sums.narrow(0, n * (n + 1) + n + 1, 1).reshape(gain_b.sizes()));
+}
+
 // The HC connector's routing up to its read, as one function: per stream,
 // u = RmsProject(h_s, w) with w = [dynamic_a | dynamic_b] [d, n + 2], the
 // coefficients a = static_a + gain_a tanh(u[:n + 1]), b = static_b +
@@ -1501,112 +1676,192 @@ class HcRouteFunction : public torch::autograd::Function<HcRouteFunction> {
                                const torch::Tensor& gain_b, double eps) {
     torch::Tensor h = h_in.contiguous();
     torch::Tensor sa = static_a_in.contiguous(), sb = static_b_in.contiguous();
-    const int64_t n = sb.numel();
-    TORCH_CHECK(n >= 1 && n <= kMaxRouteStreams && h.dim() >= 2 && h.size(-2) == n,
-                "HcRoute: h has ", h.sizes(), ", expected [..., ", n, ", d] for ", n,
-                " streams (at most ", kMaxRouteStreams, ")");
+    const int64_t n = CheckHcRouteArguments("HcRoute", h, w, sa, sb, gain_a, gain_b);
     const int64_t d = h.size(-1), m = n + 2, tokens = h.numel() / std::max<int64_t>(n * d, 1);
-    TORCH_CHECK(w.dim() == 2 && w.size(0) == d && w.size(1) == m, "HcRoute: w has ", w.sizes(),
-                ", expected [", d, ", ", m, "]");
-    TORCH_CHECK(sa.numel() == n * (n + 1), "HcRoute: static_a has ", sa.sizes(), ", expected [",
-                n, ", ", n + 1, "]");
-    TORCH_CHECK(gain_a.numel() == 1 && gain_b.numel() == 1,
-                "HcRoute: gain_a and gain_b must hold one value each");
     torch::Tensor x2 = h.reshape({tokens * n, d});
     torch::Tensor wt = w.t().contiguous();  // [m, d]
-    const auto opts = h.options();
-    torch::Tensor rs = torch::empty({tokens * n, 1}, opts), u = torch::empty({tokens * n, m}, opts);
-    torch::Tensor th = torch::empty({tokens * n, m}, opts);  // tanh(u), for the backward
-    torch::Tensor read = torch::empty({tokens, n}, opts), b = torch::empty({tokens, n}, opts);
-    torch::Tensor ar = torch::empty({tokens, n, n}, opts);
-    std::vector<int64_t> x_sizes(h.sizes().begin(), h.sizes().end() - 2);
-    x_sizes.push_back(d);
-    torch::Tensor x = torch::empty(x_sizes, opts);
+    HcRouteOutputs o = HcRouteOutputs::Empty(h, n);
     AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "cpu_fused::HcRoute", [&] {
-      const scalar_t* hp = x2.data_ptr<scalar_t>();
-      const scalar_t* wp = wt.data_ptr<scalar_t>();
-      const scalar_t* sap = sa.data_ptr<scalar_t>();
-      const scalar_t* sbp = sb.data_ptr<scalar_t>();
-      const scalar_t ga = gain_a.item<scalar_t>(), gb = gain_b.item<scalar_t>();
-      scalar_t *rsp = rs.data_ptr<scalar_t>(), *up = u.data_ptr<scalar_t>();
-      scalar_t *rp = read.data_ptr<scalar_t>(), *bp = b.data_ptr<scalar_t>();
-      scalar_t *arp = ar.data_ptr<scalar_t>(), *xp = x.data_ptr<scalar_t>();
-      scalar_t* thp = th.data_ptr<scalar_t>();
+      const HcRouteRows<scalar_t> route(x2, wt, sa, sb, gain_a, gain_b, eps, o);
       at::parallel_for(0, tokens, Grain((m + 2) * n * d), [&](int64_t begin, int64_t end) {
-        for (int64_t t = begin; t < end; ++t) {
-          for (int64_t s0 = 0; s0 < n; s0 += kGroup) {
-            const int64_t row = t * n + s0;
-            ProjectGroup(hp + row * d, std::min(kGroup, n - s0), wp, d, m, eps, rsp + row,
-                         up + row * m);
-          }
-          TanhN(up + t * n * m, n * m, thp + t * n * m);
-          for (int64_t s = 0; s < n; ++s) {
-            const int64_t row = t * n + s;
-            HcCoefficientsRow(thp + row * m, sap + s * (n + 1), sbp[s], ga, gb, n, rp + row,
-                              arp + row * n, bp + row);
-          }
-          ReadRow(hp + t * n * d, rp + t * n, n, d, xp + t * d);
-        }
+        for (int64_t t = begin; t < end; ++t) route.Token(t);
       });
     });
-    ctx->save_for_backward({x2, wt, rs, u, read, gain_a, gain_b, th});
-    ctx->saved_data["h_sizes"] = h.sizes();
-    ctx->saved_data["static_a_sizes"] = static_a_in.sizes();
-    ctx->saved_data["static_b_sizes"] = static_b_in.sizes();
-    std::vector<int64_t> nb(h.sizes().begin(), h.sizes().end() - 1), square = nb;  // [..., n]
-    square.push_back(n);
-    return {x, ar.view(square), b.view(nb), h};
+    ctx->save_for_backward({x2, wt, o.rs, o.u, o.read, gain_a, gain_b, o.th});
+    SaveRouteSizes(ctx, h, static_a_in, static_b_in);
+    return o.Returned(h);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     variable_list saved = ctx->get_saved_variables();
     const torch::Tensor &x2 = saved[0], &wt = saved[1], &rs = saved[2], &u = saved[3],
                         &read = saved[4], &gain_a = saved[5], &gain_b = saved[6], &th = saved[7];
-    const int64_t tokens = read.size(0), n = read.size(1), d = x2.size(1), m = n + 2;
+    const int64_t n = read.size(1), d = x2.size(1);
     torch::Tensor dx = ContiguousOrUndefined(grads[0]);
     torch::Tensor dar = ContiguousOrUndefined(grads[1]), db = ContiguousOrUndefined(grads[2]);
     auto [dh, dh_in] = RouteStreamGradient(std::move(grads[3]), x2, ctx);  // the pass-through's
-    const int64_t threads = at::get_num_threads();
-    std::vector<double> partial_w(static_cast<size_t>(threads * m * d), 0.0);
-    // Per thread: dstatic_a [n (n + 1)], dstatic_b [n], dgain_a, dgain_b.
-    const int64_t count = n * (n + 1) + n + 2;
-    std::vector<double> partial_c(static_cast<size_t>(threads * count), 0.0);
-    // Per stream row: d read_s = h_s . dx, the coefficients' backward to du,
-    // then the projection's backward with read_s dx added to the row.
+    std::vector<double> partial_w, partial_c;
     AT_DISPATCH_FLOATING_TYPES(x2.scalar_type(), "cpu_fused::HcRouteBackward", [&] {
-      const scalar_t* hp = x2.data_ptr<scalar_t>();
-      const scalar_t* up = u.data_ptr<scalar_t>();
-      const scalar_t* thp = th.data_ptr<scalar_t>();
-      const scalar_t ga = gain_a.item<scalar_t>(), gb = gain_b.item<scalar_t>();
-      const scalar_t* dxp = dx.defined() ? dx.data_ptr<scalar_t>() : nullptr;
-      const scalar_t* darp = dar.defined() ? dar.data_ptr<scalar_t>() : nullptr;
-      const scalar_t* dbp = db.defined() ? db.data_ptr<scalar_t>() : nullptr;
-      auto du_row = [&](int64_t row, scalar_t* scratch) -> const scalar_t* {
-        const int64_t t = row / n, s = row % n;
-        scalar_t da[kMaxRouteStreams + 1];
-        da[0] = dxp ? Dot(hp + row * d, dxp + t * d, d) : scalar_t(0);
-        for (int64_t j = 0; j < n; ++j) da[j + 1] = darp ? darp[row * n + j] : scalar_t(0);
-        double* acc = partial_c.data() + at::get_thread_num() * count;
-        HcCoefficientsBackwardRow(thp + row * m, ga, gb, da, dbp ? dbp[row] : scalar_t(0), n,
-                                  scratch, acc + s * (n + 1), acc + n * (n + 1) + s,
-                                  acc + n * (n + 1) + n);
-        return scratch;
-      };
-      ProjectBackwardRows<scalar_t>(hp, wt.data_ptr<scalar_t>(), rs.data_ptr<scalar_t>(), up,
-                                    tokens * n, d, m, dxp ? read.data_ptr<scalar_t>() : nullptr,
-                                    dxp, 1, n, partial_w,
-                                    dh_in.defined() ? dh_in.data_ptr<scalar_t>() : nullptr,
-                                    dh.data_ptr<scalar_t>(), du_row);
+      HcRouteBackwardRows<scalar_t>(x2, wt, rs, u, read, gain_a, gain_b, th, dx, dar, db, dh_in, dh,
+                                    partial_w, partial_c, NoAfterRows());
     });
-    torch::Tensor dwt = SumPartials(partial_w, threads, m * d, {m, d}, x2.scalar_type());
-    torch::Tensor sums = SumPartials(partial_c, threads, count, {count}, x2.scalar_type());
-    return {ReturnedStreamGradient(dh, ctx),
-            dwt.t(),
-            sums.narrow(0, 0, n * (n + 1)).reshape(ctx->saved_data["static_a_sizes"].toIntVector()),
-            sums.narrow(0, n * (n + 1), n).reshape(ctx->saved_data["static_b_sizes"].toIntVector()),
-            sums.narrow(0, n * (n + 1) + n, 1).reshape(gain_a.sizes()),
-            sums.narrow(0, n * (n + 1) + n + 1, 1).reshape(gain_b.sizes()),
-            torch::Tensor()};
+    variable_list out{ReturnedStreamGradient(dh, ctx)};
+    AppendRouteParameterGradients(ctx, partial_w, partial_c, n, d, x2.scalar_type(), gain_a,
+                                  gain_b, out);
+    out.push_back(torch::Tensor());  // eps
+    return out;
+  }
+};
+
+// ------------------------------------------------ HC write + next route
+
+// One connector's write and the next connector's route as one function (HC
+// runs each connector's write but the last this way, hc.cc): per token, the
+// new streams h' = HcWrite(h, a, b, y) and, while they are in L1, the route
+// of h' (HcRouteRows::Token); backward, per token, the route's stream
+// gradient (HcRouteBackwardRows) and, while those rows are in L1, the
+// write's backward on them (WriteBackwardTokenBlocked), written over them.
+// As two functions the route read h' back from L2/L3 (the write had just
+// streamed it out), and the write's backward the route's stream gradient:
+// two passes over [tokens, n, d] per connector each way; one step of HC is
+// a chain of 2L connectors with nothing between one's write and the next
+// one's route. Values: the two functions', term for term.
+class HcWriteRouteFunction : public torch::autograd::Function<HcWriteRouteFunction> {
+ public:
+  // h [..., n, d], a [..., n, n] (mix false: an empty placeholder, the
+  // identity residual map), b [..., n], y [..., d]: HcWrite's; w, static_a,
+  // static_b, gain_a, gain_b, eps: HcRoute's. Returns HcRoute's outputs
+  // {x, ar', b', h'} for h' = HcWrite(h, a, b, y), h' passed on.
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& h_in,
+                               const torch::Tensor& a_in, const torch::Tensor& b_in,
+                               const torch::Tensor& y_in, const torch::Tensor& w,
+                               const torch::Tensor& static_a_in, const torch::Tensor& static_b_in,
+                               const torch::Tensor& gain_a, const torch::Tensor& gain_b,
+                               double eps, bool mix) {
+    torch::Tensor h = h_in.contiguous(), b = b_in.contiguous(), y = y_in.contiguous();
+    torch::Tensor a = mix ? a_in.contiguous() : torch::Tensor();
+    torch::Tensor sa = static_a_in.contiguous(), sb = static_b_in.contiguous();
+    const int64_t n = CheckHcRouteArguments("HcWriteRoute", h, w, sa, sb, gain_a, gain_b);
+    const StreamShape s = StreamsOf(h);
+    if (mix) CheckCoefficients("HcWriteRoute", "a", a, s.rows, n * n);
+    CheckCoefficients("HcWriteRoute", "b", b, s.rows, n);
+    CheckCoefficients("HcWriteRoute", "y", y, s.rows, s.d);
+    const int64_t d = s.d, m = n + 2;
+    torch::Tensor hn = torch::empty_like(h);  // h'
+    torch::Tensor x2 = hn.view({s.rows * n, d});
+    torch::Tensor wt = w.t().contiguous();  // [m, d]
+    HcRouteOutputs o = HcRouteOutputs::Empty(h, n);
+    AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "cpu_fused::HcWriteRoute", [&] {
+      const scalar_t* hp = h.data_ptr<scalar_t>();
+      const scalar_t* ap = mix ? a.data_ptr<scalar_t>() : nullptr;
+      const scalar_t* bp = b.data_ptr<scalar_t>();
+      const scalar_t* yp = y.data_ptr<scalar_t>();
+      scalar_t* op = hn.data_ptr<scalar_t>();
+      const HcRouteRows<scalar_t> route(x2, wt, sa, sb, gain_a, gain_b, eps, o);
+      at::parallel_for(0, s.rows, Grain((m + 2 + n) * n * d), [&](int64_t begin, int64_t end) {
+        if constexpr (std::is_same_v<scalar_t, float>) {
+          if (mix && d % kVF == 0 && WithBlockedStreams(n, [&](auto nc) {
+                constexpr int N = decltype(nc)::value;
+                constexpr int64_t kAhead = 4;  // as HcWriteFunction's
+                for (int64_t t = begin; t < end; ++t) {
+                  const bool pf = t + kAhead < end;
+                  WriteTokenBlocked<N>(hp + t * N * d, ap + t * N * N, bp + t * N, yp + t * d, d,
+                                       op + t * N * d, pf ? hp + (t + kAhead) * N * d : nullptr,
+                                       pf ? op + (t + kAhead) * N * d : nullptr);
+                  route.Token(t);
+                }
+              })) {
+            return;
+          }
+        }
+        for (int64_t t = begin; t < end; ++t) {
+          WriteTokenPlain(hp + t * n * d, ap != nullptr ? ap + t * n * n : nullptr, bp + t * n,
+                          yp + t * d, n, d, op + t * n * d);
+          route.Token(t);
+        }
+      });
+    });
+    ctx->save_for_backward(
+        {hn, wt, o.rs, o.u, o.read, gain_a, gain_b, o.th, h, mix ? a : torch::Tensor(), b, y});
+    SaveRouteSizes(ctx, h, static_a_in, static_b_in);
+    ctx->saved_data["mix"] = mix;
+    return o.Returned(hn);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list saved = ctx->get_saved_variables();
+    const torch::Tensor &hn = saved[0], &wt = saved[1], &rs = saved[2], &u = saved[3],
+                        &read = saved[4], &gain_a = saved[5], &gain_b = saved[6], &th = saved[7];
+    const torch::Tensor &h = saved[8], &a = saved[9], &b = saved[10], &y = saved[11];
+    const bool mix = ctx->saved_data["mix"].toBool();
+    const int64_t tokens = read.size(0), n = read.size(1), d = hn.size(-1);
+    torch::Tensor x2 = hn.view({tokens * n, d});
+    torch::Tensor dx = ContiguousOrUndefined(grads[0]);
+    torch::Tensor dar = ContiguousOrUndefined(grads[1]), db = ContiguousOrUndefined(grads[2]);
+    // dh: h''s whole gradient, then the write's dh over it token by token.
+    auto [dh, dh_in] = RouteStreamGradient(std::move(grads[3]), x2, ctx);
+    torch::Tensor da_w = mix ? torch::empty_like(a) : torch::Tensor();
+    torch::Tensor db_w = torch::empty_like(b), dy_w = torch::empty_like(y);
+    std::vector<double> partial_w, partial_c;
+    AT_DISPATCH_FLOATING_TYPES(x2.scalar_type(), "cpu_fused::HcWriteRouteBackward", [&] {
+      const scalar_t* hp = h.data_ptr<scalar_t>();
+      const scalar_t* ap = mix ? a.data_ptr<scalar_t>() : nullptr;
+      const scalar_t* bp = b.data_ptr<scalar_t>();
+      const scalar_t* yp = y.data_ptr<scalar_t>();
+      scalar_t* gp = dh.data_ptr<scalar_t>();
+      scalar_t* dap = mix ? da_w.data_ptr<scalar_t>() : nullptr;
+      scalar_t* dbp = db_w.data_ptr<scalar_t>();
+      scalar_t* dyp = dy_w.data_ptr<scalar_t>();
+      const bool blocked = std::is_same_v<scalar_t, float> && d % kVF == 0 && n <= kMaxBlockedStreams;
+      // The write's backward of the tokens whose last stream row is in
+      // [r0, r1): tokens [r0 / n, r1 / n). Without the mix dh stays g.
+      auto write_backward = [&](int64_t r0, int64_t r1, int64_t end) {
+        const int64_t t_end = r1 / n;
+        if constexpr (std::is_same_v<scalar_t, float>) {
+          if (blocked && WithBlockedStreams(n, [&](auto nc) {
+                constexpr int N = decltype(nc)::value;
+                constexpr int64_t kPrefetchTokens = 8;  // as HcWriteFunction's
+                for (int64_t t = r0 / n; t < t_end; ++t) {
+                  const int64_t nd = t * N * d;
+                  // h and y of a token ahead (its g is not computed yet).
+                  const bool pf = (t + kPrefetchTokens + 1) * N <= end;
+                  const float* ph = pf ? hp + (t + kPrefetchTokens) * N * d : nullptr;
+                  const float* py = pf ? yp + (t + kPrefetchTokens) * d : nullptr;
+                  if (mix) {
+                    WriteBackwardTokenBlocked<N, true>(hp + nd, ap + t * N * N, bp + t * N,
+                                                       yp + t * d, gp + nd, d, gp + nd,
+                                                       dap + t * N * N, dbp + t * N, dyp + t * d,
+                                                       ph, nullptr, py);
+                  } else {
+                    WriteBackwardTokenBlocked<N, false>(hp + nd, nullptr, bp + t * N, yp + t * d,
+                                                        gp + nd, d, nullptr, nullptr, dbp + t * N,
+                                                        dyp + t * d, nullptr, nullptr, py);
+                  }
+                }
+              })) {
+            return;
+          }
+        }
+        // Any dtype or shape: the token's g copied aside, as the plain
+        // loops write dh row by row from all of g.
+        std::vector<scalar_t> g(static_cast<size_t>(n * d));
+        for (int64_t t = r0 / n; t < t_end; ++t) {
+          const int64_t nd = t * n * d;
+          std::copy(gp + nd, gp + nd + n * d, g.begin());
+          WriteBackwardTokenPlain(hp + nd, ap != nullptr ? ap + t * n * n : nullptr, bp + t * n,
+                                  yp + t * d, g.data(), n, d, mix ? gp + nd : nullptr,
+                                  mix ? dap + t * n * n : nullptr, dbp + t * n, dyp + t * d);
+        }
+      };
+      HcRouteBackwardRows<scalar_t>(x2, wt, rs, u, read, gain_a, gain_b, th, dx, dar, db, dh_in, dh,
+                                    partial_w, partial_c, write_backward);
+    });
+    variable_list out{ReturnedStreamGradient(dh, ctx), da_w, db_w, dy_w};
+    AppendRouteParameterGradients(ctx, partial_w, partial_c, n, d, x2.scalar_type(), gain_a,
+                                  gain_b, out);
+    out.push_back(torch::Tensor());  // eps
+    out.push_back(torch::Tensor());  // mix
+    return out;
   }
 };
 
@@ -2275,6 +2530,16 @@ std::vector<torch::Tensor> HcRoute(const torch::Tensor& h, const torch::Tensor& 
                                    const torch::Tensor& gain_a, const torch::Tensor& gain_b,
                                    double eps) {
   return HcRouteFunction::apply(h, w, static_a, static_b, gain_a, gain_b, eps);
+}
+
+std::vector<torch::Tensor> HcWriteRoute(const torch::Tensor& h, const torch::Tensor& a,
+                                        const torch::Tensor& b, const torch::Tensor& y,
+                                        const torch::Tensor& w, const torch::Tensor& static_a,
+                                        const torch::Tensor& static_b, const torch::Tensor& gain_a,
+                                        const torch::Tensor& gain_b, double eps) {
+  const bool mix = a.defined();
+  return HcWriteRouteFunction::apply(h, mix ? a : torch::empty({0}, h.options()), b, y, w,
+                                     static_a, static_b, gain_a, gain_b, eps, mix);
 }
 
 torch::Tensor Sinkhorn(const torch::Tensor& logits, int iterations, double eps) {

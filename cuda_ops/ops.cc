@@ -243,6 +243,20 @@ HcRouteTensors HcRouteOp(const torch::Tensor& h, const torch::Tensor& w,
   return {HcReadOp(h, c.a.select(-1, 0)), c.a.narrow(-1, 1, n), c.b, h};
 }
 
+HcRouteTensors HcWriteRouteOp(const torch::Tensor& h, const torch::Tensor& a,
+                              const torch::Tensor& b, const torch::Tensor& y,
+                              const torch::Tensor& w, const torch::Tensor& static_a,
+                              const torch::Tensor& static_b, const torch::Tensor& gain_a,
+                              const torch::Tensor& gain_b, double eps) {
+  if (CpuFused({&h, &b, &y, &w, &static_a, &static_b, &gain_a, &gain_b}) &&
+      (!a.defined() || CpuFused({&h, &a}))) {
+    std::vector<torch::Tensor> r =
+        cpu_fused::HcWriteRoute(h, a, b, y, w, static_a, static_b, gain_a, gain_b, eps);
+    return {r[0], r[1], r[2], r[3]};
+  }
+  return HcRouteOp(HcWriteOp(h, a, b, y), w, static_a, static_b, gain_a, gain_b, eps);
+}
+
 MhcRouteTensors MhcRouteOp(const torch::Tensor& h, const torch::Tensor& phi,
                            const torch::Tensor& gains, const torch::Tensor& bias, int64_t n,
                            double eps) {

@@ -94,6 +94,17 @@ HcRouteTensors HcRouteOp(const torch::Tensor& h, const torch::Tensor& w,
                          const torch::Tensor& static_a, const torch::Tensor& static_b,
                          const torch::Tensor& gain_a, const torch::Tensor& gain_b, double eps);
 
+// One HC connector's write and the next connector's route (hc.cc):
+// HcRouteOp(HcWriteOp(h, a, b, y), w, static_a, static_b, gain_a, gain_b,
+// eps), as one function on CPU (cpu_fused::HcWriteRoute: the new streams
+// routed while they are in cache, one pass over them less each way); the
+// two ops elsewhere. a undefined: the identity residual map (the code form).
+HcRouteTensors HcWriteRouteOp(const torch::Tensor& h, const torch::Tensor& a,
+                              const torch::Tensor& b, const torch::Tensor& y,
+                              const torch::Tensor& w, const torch::Tensor& static_a,
+                              const torch::Tensor& static_b, const torch::Tensor& gain_a,
+                              const torch::Tensor& gain_b, double eps);
+
 // The mHC connector's routing up to its read (mhc.cc): u = RmsProjectOp(h
 // flattened to [..., n d], phi, eps) in fp32, MhcCoefficientsOp(u, gains,
 // bias, n), and x = HcReadOp(h, read). h [..., n, d], phi [n d, n^2 + 2n].

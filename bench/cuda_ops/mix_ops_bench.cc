@@ -6,7 +6,10 @@
 //   - AttnResMix as Full AttnRes runs it: one mix per sub-layer input and
 //     the final one, over 1, 2, ..., 2L + 1 sources, with a query, the
 //     sources passed through from mix to mix;
-//   - HcRoute then HcWrite (the paper form's mix) for 2L chained connectors;
+//   - HcRoute then HcWrite (the paper form's mix) for 2L chained connectors,
+//     each write but the last fused with the next route (HcWriteRoute, as
+//     the model runs them), and again with every write and route apart
+//     (hc_separate);
 //   - mHC's connector as the model runs it: MhcRoute, Sinkhorn (20
 //     iterations) on its logits, HcWrite with the map, for 2L chained
 //     connectors;
@@ -18,7 +21,7 @@
 // use) and as the fused loops (mhc_fused, mhc_route_fused).
 //
 //   mix_ops_bench [--threads 1] [--reps 30] [--tokens 1024] [--d 128] [--layers 8]
-//                 [--only attnres|hc|mhc|mhc_fused|mhc_route|mhc_route_fused]
+//                 [--only attnres|hc|hc_separate|mhc|mhc_fused|mhc_route|mhc_route_fused]
 //                 (one family alone, for a profiler)
 //
 // Prints per op family the median and best milliseconds per step (forward +
@@ -116,14 +119,26 @@ int Main(int argc, char** argv) {
     gbs.push_back(torch::full({1}, 0.01).requires_grad_());
     ys.push_back(torch::randn({tokens, d}).requires_grad_());
   }
-  auto hc_step = [&] {
-    torch::Tensor h = h0;
-    for (int64_t k = 0; k < connectors; ++k) {
-      // r: {x, ar, b, h passed through}.
-      std::vector<torch::Tensor> r = cpu_fused::HcRoute(h, ws[k], sas[k], sbs[k], gas[k], gbs[k], 1e-6);
-      h = cpu_fused::HcWrite(r[3], r[1], r[2], ys[k] + r[0]);
-    }
-    (h * probe).sum().backward();
+  // fused: each write but the last with the next route (HcWriteRoute, as
+  // hc.cc runs them); else HcRoute and HcWrite apart.
+  auto hc_step = [&](bool fused) {
+    return [&, fused] {
+      std::vector<torch::Tensor> r;  // {x, ar, b, h passed on}
+      torch::Tensor y;
+      for (int64_t k = 0; k < connectors; ++k) {
+        if (k == 0) {
+          r = cpu_fused::HcRoute(h0, ws[k], sas[k], sbs[k], gas[k], gbs[k], 1e-6);
+        } else if (fused) {
+          r = cpu_fused::HcWriteRoute(r[3], r[1], r[2], y, ws[k], sas[k], sbs[k], gas[k], gbs[k],
+                                      1e-6);
+        } else {
+          r = cpu_fused::HcRoute(cpu_fused::HcWrite(r[3], r[1], r[2], y), ws[k], sas[k], sbs[k],
+                                 gas[k], gbs[k], 1e-6);
+        }
+        y = ys[k] + r[0];
+      }
+      (cpu_fused::HcWrite(r[3], r[1], r[2], y) * probe).sum().backward();
+    };
   };
 
   // mHC: phi [n d, n^2 + 2n], gains [3], bias [n^2 + 2n] per connector,
@@ -174,7 +189,8 @@ int Main(int argc, char** argv) {
   };
   using cpu_fused::RouteProjection;
   std::vector<Family> families = {{"attnres", "attnres_full mixes", attnres_step, {}},
-                                  {"hc", "hc route+write", hc_step, {}}};
+                                  {"hc", "hc route+write", hc_step(true), {}},
+                                  {"hc_separate", "  the same, write and route apart", hc_step(false), {}}};
   if (cpu_gemm::Enabled()) {
     families.push_back({"mhc", "mhc route+sinkhorn+write", mhc_step(RouteProjection::kGemm), {}});
   }

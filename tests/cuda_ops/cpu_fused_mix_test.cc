@@ -487,6 +487,109 @@ TEST_P(CpuFusedHcRoute, EqualsTheThreeOpsInDouble) {
 INSTANTIATE_TEST_SUITE_P(Threads, CpuFusedHcRoute, ::testing::Values(1, 2),
                          [](const auto& info) { return "threads" + std::to_string(info.param); });
 
+// ---- HC write + next route as one function ----
+
+class CpuFusedHcWriteRoute : public ThreadsTest {};
+
+// cpu_fused::HcWriteRoute equals HcRouteOp(HcWriteOp(...)) run as the
+// composites in double: every output (x, ar, b and the new streams) and the
+// gradients of all ten inputs, with the mix and without it (the code form),
+// at n = 4 and d = 128 (the register-blocked kernels), n = 3 and n = 5 at
+// odd d (the plain loops), for broadcast streams too.
+TEST_P(CpuFusedHcWriteRoute, EqualsWriteThenRouteInDouble) {
+  torch::manual_seed(131 + GetParam());
+  for (int64_t n : {4, 3, 5}) {
+    const int64_t B = 2, T = n == 4 ? 96 : 7, d = n == 4 ? 128 : 33;
+    torch::Tensor h = torch::randn({B, T, n, d}), a = torch::randn({B, T, n, n}) * 0.5;
+    torch::Tensor b = torch::rand({B, T, n}) + 0.5, yb = torch::randn({B, T, d});
+    torch::Tensor w = torch::randn({d, n + 2}) * 0.1, sa = torch::randn({n, n + 1});
+    torch::Tensor sb = torch::rand({n}) + 0.5, ga = torch::rand({1}) + 0.1, gb = torch::rand({1}) + 0.1;
+    torch::Tensor px = torch::randn({B, T, d}), pa = torch::randn({B, T, n, n}),
+                  pb = torch::randn({B, T, n}), ph = torch::randn({B, T, n, d});
+    for (bool mix : {true, false}) {
+      for (bool broadcast : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << "n=" << n << " mix=" << mix << " broadcast=" << broadcast);
+        auto f = [&](bool fused) {
+          return [=](auto& in) {
+            torch::Tensor hh = broadcast ? in[0].narrow(2, 0, 1).expand({B, T, n, d}) : in[0];
+            torch::Tensor aa = mix ? in[1] : torch::Tensor();
+            HcRouteTensors r;
+            if (fused) {
+              std::vector<torch::Tensor> v = cpu_fused::HcWriteRoute(
+                  hh, aa, in[2], in[3], in[4], in[5], in[6], in[7], in[8], 1e-6);
+              r = {v[0], v[1], v[2], v[3]};
+            } else {
+              SetFusedOpsEnabled(false);
+              auto c = [&](const torch::Tensor& t) {
+                return t.defined() ? t.to(torch::kFloat64) : torch::Tensor();
+              };
+              r = HcWriteRouteOp(c(hh), c(aa), c(in[2]), c(in[3]), c(in[4]), c(in[5]), c(in[6]),
+                                 c(in[7]), c(in[8]), 1e-6);
+              SetFusedOpsEnabled(true);
+            }
+            const auto k = r.x.scalar_type();
+            torch::Tensor y = (r.x * px.to(k)).sum(-1) + (r.ar * pa.to(k)).sum({-2, -1}) +
+                              (r.b * pb.to(k)).sum(-1) + (r.h * ph.to(k)).sum({-2, -1});
+            return y.to(torch::kFloat32);
+          };
+        };
+        torch::Tensor probe = torch::randn({B, T});
+        const std::vector<torch::Tensor> in = {h, a, b, yb, w, sa, sb, ga, gb};
+        ExpectSame(Evaluate(f(true), in, probe), Evaluate(f(false), in, probe), 1e-4, 2e-4,
+                   "HcWriteRoute");
+      }
+    }
+  }
+}
+
+// A chain as HC runs it (a route, fused write + route twice, a last write):
+// the stream gradient each fused backward returns is taken over and written
+// in place by the one before it; values and all gradients equal the chain
+// of separate HcRoute and HcWrite functions.
+TEST_P(CpuFusedHcWriteRoute, ChainEqualsSeparateRoutesAndWrites) {
+  torch::manual_seed(137 + GetParam());
+  const int64_t B = 2, T = 64, n = 4, d = 128, links = 3;
+  std::vector<torch::Tensor> in = {torch::randn({B, T, d})};  // embedding, then per link 6 + y
+  for (int64_t l = 0; l < links; ++l) {
+    in.push_back(torch::randn({d, n + 2}) * 0.1);
+    in.push_back(torch::randn({n, n + 1}));
+    in.push_back(torch::rand({n}) + 0.5);
+    in.push_back(torch::rand({1}) + 0.1);
+    in.push_back(torch::rand({1}) + 0.1);
+    in.push_back(torch::randn({d, d}) * 0.1);  // the branch: y = tanh(x) W
+  }
+  for (bool mix : {true, false}) {
+    SCOPED_TRACE(::testing::Message() << "mix=" << mix);
+    auto f = [&](bool fused) {
+      return [=](auto& p) {
+        std::vector<torch::Tensor> pending = {p[0].unsqueeze(-2).expand({B, T, n, d})};
+        for (int64_t l = 0; l < links; ++l) {
+          const auto* q = &p[1 + 6 * l];
+          std::vector<torch::Tensor> v;
+          if (pending.size() == 1) {
+            v = cpu_fused::HcRoute(pending[0], q[0], q[1], q[2], q[3], q[4], 1e-6);
+          } else if (fused) {
+            v = cpu_fused::HcWriteRoute(pending[0], pending[1], pending[2], pending[3], q[0], q[1],
+                                        q[2], q[3], q[4], 1e-6);
+          } else {
+            v = cpu_fused::HcRoute(
+                cpu_fused::HcWrite(pending[0], pending[1], pending[2], pending[3]), q[0], q[1],
+                q[2], q[3], q[4], 1e-6);
+          }
+          pending = {v[3], mix ? v[1] : torch::Tensor(), v[2], torch::tanh(v[0]).matmul(q[5])};
+        }
+        return cpu_fused::HcWrite(pending[0], pending[1], pending[2], pending[3]).sum(-2);
+      };
+    };
+    torch::Tensor probe = torch::randn({B, T, d});
+    const Outcome fused = Evaluate(f(true), in, probe), separate = Evaluate(f(false), in, probe);
+    ExpectSame(fused, separate, 1e-5, 1e-5, "HC chain");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Threads, CpuFusedHcWriteRoute, ::testing::Values(1, 2),
+                         [](const auto& info) { return "threads" + std::to_string(info.param); });
+
 // ---- Sinkhorn ----
 
 class CpuFusedSinkhorn : public ThreadsTest {};
@@ -732,6 +835,29 @@ TEST(CpuFusedMixGradcheck, HcRoute) {
               return torch::cat({r[0].flatten(), r[1].flatten(), r[2].flatten(), r[3].flatten()});
             }, in),
             "");
+}
+
+TEST(CpuFusedMixGradcheck, HcWriteRoute) {
+  torch::manual_seed(57);
+  const int64_t n = 3, d = 5;
+  for (bool mix : {true, false}) {
+    SCOPED_TRACE(::testing::Message() << "mix=" << mix);
+    std::vector<torch::Tensor> in = {
+        Var(torch::randn({2, 2, n, d}, kF64)),         Var(torch::randn({2, 2, n, n}, kF64)),
+        Var(torch::rand({2, 2, n}, kF64) + 0.5),       Var(torch::randn({2, 2, d}, kF64)),
+        Var(torch::randn({d, n + 2}, kF64) * 0.5),     Var(torch::randn({n, n + 1}, kF64)),
+        Var(torch::rand({n}, kF64) + 0.5),             Var(torch::rand({1}, kF64) + 0.5),
+        Var(torch::rand({1}, kF64) + 0.5)};
+    if (!mix) in.erase(in.begin() + 1);  // the code form: no residual map
+    EXPECT_EQ(GradCheck([mix](const auto& x) {
+                const int64_t o = mix ? 0 : 1;  // without a, b is x[1]
+                std::vector<torch::Tensor> r = cpu_fused::HcWriteRoute(
+                    x[0], mix ? x[1] : torch::Tensor(), x[2 - o], x[3 - o], x[4 - o], x[5 - o],
+                    x[6 - o], x[7 - o], x[8 - o], 1e-6);
+                return torch::cat({r[0].flatten(), r[1].flatten(), r[2].flatten(), r[3].flatten()});
+              }, in),
+              "");
+  }
 }
 
 TEST(CpuFusedMixGradcheck, Sinkhorn) {

@@ -58,11 +58,15 @@ class HcConnectorImpl : public torch::nn::Module {
     gain_b.fill_(0.01);
   }
 
-  // h [B, T, n, d]; branch maps the (un-normalised) read [B, T, d] to the
+  // Runs the connector on `streams` (HcDesign's DepthState: the streams
+  // [B, T, n, d], or the last connector's write still to do) and leaves its
+  // own write pending in it: the write runs with the next connector's route
+  // (HcWriteRouteOp: the new streams routed while in cache) or at the end
+  // (Streams). branch maps the (un-normalised) read [B, T, d] to the
   // sub-layer output. `residual_map`, when non-null, receives A_r [B,T,n,n].
   template <typename Branch>
-  torch::Tensor forward(const torch::Tensor& h, bool code_form, Branch&& branch,
-                        torch::Tensor* residual_map) {
+  void forward(std::vector<torch::Tensor>& streams, bool code_form, Branch&& branch,
+               torch::Tensor* residual_map) {
     const int64_t n = static_b.size(0);
     HcRouteTensors r;
     {
@@ -71,9 +75,13 @@ class HcConnectorImpl : public torch::nn::Module {
       // sets (the parameters stay separate), tanh and the static/gain
       // affine, and the read sum_s a[s, 0] H_s: one fused function on CPU
       // (cuda_ops HcRouteOp; the read is element-wise, which autocast leaves
-      // alone either way).
-      r = HcRouteOp(h, torch::cat({dynamic_a, dynamic_b}, /*dim=*/1), static_a, static_b, gain_a,
-                    gain_b, kNormEps);
+      // alone either way), with the last connector's write when one is
+      // pending.
+      const torch::Tensor w = torch::cat({dynamic_a, dynamic_b}, /*dim=*/1);
+      r = streams.size() == 1
+              ? HcRouteOp(streams[0], w, static_a, static_b, gain_a, gain_b, kNormEps)
+              : HcWriteRouteOp(streams[0], streams[1], streams[2], streams[3], w, static_a,
+                               static_b, gain_a, gain_b, kNormEps);
     }
     // The residual mix and write go through the cuda_ops dispatcher: the
     // fused kernels on CUDA and CPU, the composites elsewhere.
@@ -81,8 +89,8 @@ class HcConnectorImpl : public torch::nn::Module {
     if (residual_map != nullptr) {
       *residual_map = code_form ? torch::eye(n).expand_as(r.ar).clone() : r.ar.detach();
     }
-    // r.h: h as the route passed it through (one stream gradient, HcRouteOp).
-    return HcWriteOp(r.h, code_form ? torch::Tensor() : r.ar, r.b, y);
+    // r.h: the streams as the route passed them on (one stream gradient).
+    streams = {r.h, code_form ? torch::Tensor() : r.ar, r.b, y};
   }
 
   // Static routing only: the tanh gains decay (spec section 9).
@@ -113,6 +121,10 @@ class HcDesign final : public DesignImpl {
   }
   Arch arch() const override { return Arch::kHc; }
 
+  // DepthState: tensors = {H [B, T, n, d]} (after Begin), or the last
+  // connector's write still to run, {H, A_r (undefined in the code form),
+  // b, y}: H' = HcWrite(H, A_r, b, y) (HcConnectorImpl::forward). Streams()
+  // runs a pending write for whoever reads the state between blocks.
   DepthState Begin(const torch::Tensor& embedding) override {
     if (!maps_.empty()) maps_.clear();  // read-only when not recording (micro_batch.h)
     const int64_t d = embedding.size(-1);
@@ -125,25 +137,25 @@ class HcDesign final : public DesignImpl {
     const bool code = options_.hc_code_form;
     torch::Tensor map;
     torch::Tensor* rec = record_diagnostics_ ? &map : nullptr;
-    torch::Tensor h = s.tensors[0];
-    h = b.attn_hc->forward(
-        h, code, [&](const torch::Tensor& x) { return b.attn->forward(b.attn_norm->forward(x), rope()); },
+    b.attn_hc->forward(
+        s.tensors, code,
+        [&](const torch::Tensor& x) { return b.attn->forward(b.attn_norm->forward(x), rope()); },
         rec);
     if (rec) maps_.push_back(map);
-    h = b.ffn_hc->forward(
-        h, code, [&](const torch::Tensor& x) { return b.ffn->forward(b.ffn_norm->forward(x)); }, rec);
+    b.ffn_hc->forward(
+        s.tensors, code, [&](const torch::Tensor& x) { return b.ffn->forward(b.ffn_norm->forward(x)); },
+        rec);
     if (rec) maps_.push_back(map);
-    s.tensors[0] = h;
   }
 
   torch::Tensor Finish(const DepthState& s) override {
-    return final_norm->forward(s.tensors[0].sum(-2));
+    return final_norm->forward(Streams(s).sum(-2));
   }
   torch::Tensor Representation(const DepthState& s, int64_t) override {
-    const torch::Tensor& h = s.tensors[0];
+    const torch::Tensor h = Streams(s);
     return h.reshape({h.size(0), h.size(1), -1});
   }
-  torch::Tensor LensHidden(const DepthState& s, int64_t) override { return s.tensors[0].sum(-2); }
+  torch::Tensor LensHidden(const DepthState& s, int64_t) override { return Streams(s).sum(-2); }
 
   void InitDesignParameters() override {
     torch::NoGradGuard no_grad;
@@ -168,6 +180,12 @@ class HcDesign final : public DesignImpl {
   std::vector<torch::Tensor> ResidualMaps() const override { return maps_; }
 
  private:
+  // The streams the state stands for, running a pending write.
+  static torch::Tensor Streams(const DepthState& s) {
+    const std::vector<torch::Tensor>& t = s.tensors;
+    return t.size() == 1 ? t[0] : HcWriteOp(t[0], t[1], t[2], t[3]);
+  }
+
   int64_t n_;
   std::vector<HcBlock> blocks_;
   std::vector<torch::Tensor> maps_;  // last recorded forward
