@@ -396,6 +396,52 @@ bool WithBlockedStreams(int64_t n, Fn&& fn) {
   }
 }
 
+// HcWrite's shape checks (HcWrite, HcWriteRoute: `op` names it); a
+// undefined: the code form.
+StreamShape CheckWriteArguments(const char* op, const torch::Tensor& h, const torch::Tensor& a,
+                                const torch::Tensor& b, const torch::Tensor& y) {
+  const StreamShape s = StreamsOf(h);
+  if (a.defined()) CheckCoefficients(op, "a", a, s.rows, s.n * s.n);
+  CheckCoefficients(op, "b", b, s.rows, s.n);
+  CheckCoefficients(op, "y", y, s.rows, s.d);
+  return s;
+}
+
+// HcWrite's forward for the tokens [begin, end) of h [tokens, n, d] (ap
+// null: the code form) into out, each token handed to then(t) once written
+// (HcWriteRoute routes it while it is in L1).
+template <typename T, typename Then>
+void WriteTokens(const T* hp, const T* ap, const T* bp, const T* yp, int64_t n, int64_t d, T* op,
+                 int64_t begin, int64_t end, const Then& then) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (ap != nullptr && d % kVF == 0 && WithBlockedStreams(n, [&](auto nc) {
+          constexpr int N = decltype(nc)::value;
+          // The output rows kAhead tokens ahead asked for in L1 for
+          // writing (and h's for reading): out is a fresh tensor, so each
+          // store waited for its line to come from memory; 13-19% of the
+          // forward write (2026-12-06, paired runs). Since 2026-12-07 the
+          // kernel asks for them a line per stream per 64 bytes of its
+          // sweep (ph, pout), not all at once ahead of the token (see
+          // WriteBackwardTokenBlocked).
+          constexpr int64_t kAhead = 4;
+          for (int64_t t = begin; t < end; ++t) {
+            const bool pf = t + kAhead < end;
+            WriteTokenBlocked<N>(hp + t * N * d, ap + t * N * N, bp + t * N, yp + t * d, d,
+                                 op + t * N * d, pf ? hp + (t + kAhead) * N * d : nullptr,
+                                 pf ? op + (t + kAhead) * N * d : nullptr);
+            then(t);
+          }
+        })) {
+      return;
+    }
+  }
+  for (int64_t t = begin; t < end; ++t) {
+    WriteTokenPlain(hp + t * n * d, ap != nullptr ? ap + t * n * n : nullptr, bp + t * n,
+                    yp + t * d, n, d, op + t * n * d);
+    then(t);
+  }
+}
+
 class HcWriteFunction : public torch::autograd::Function<HcWriteFunction> {
  public:
   // mix false: identity residual map (the HC code form); `a_in` is then an
@@ -405,43 +451,13 @@ class HcWriteFunction : public torch::autograd::Function<HcWriteFunction> {
                                const torch::Tensor& y_in, bool mix) {
     torch::Tensor h = h_in.contiguous(), b = b_in.contiguous(), y = y_in.contiguous();
     torch::Tensor a = mix ? a_in.contiguous() : torch::Tensor();
-    const StreamShape s = StreamsOf(h);
-    if (mix) CheckCoefficients("HcWrite", "a", a, s.rows, s.n * s.n);
-    CheckCoefficients("HcWrite", "b", b, s.rows, s.n);
-    CheckCoefficients("HcWrite", "y", y, s.rows, s.d);
+    const StreamShape s = CheckWriteArguments("HcWrite", h, a, b, y);
     torch::Tensor out = torch::empty_like(h);
     AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "cpu_fused::HcWrite", [&] {
-      const scalar_t* hp = h.data_ptr<scalar_t>();
       const scalar_t* ap = mix ? a.data_ptr<scalar_t>() : nullptr;
-      const scalar_t* bp = b.data_ptr<scalar_t>();
-      const scalar_t* yp = y.data_ptr<scalar_t>();
-      scalar_t* op = out.data_ptr<scalar_t>();
       at::parallel_for(0, s.rows, Grain(s.n * s.n * s.d), [&](int64_t begin, int64_t end) {
-        if constexpr (std::is_same_v<scalar_t, float>) {
-          if (mix && s.d % kVF == 0 && WithBlockedStreams(s.n, [&](auto nc) {
-                constexpr int N = decltype(nc)::value;
-                // The output rows kAhead tokens ahead asked for in L1 for
-                // writing (and h's for reading): out is a fresh tensor, so
-                // each store waited for its line to come from memory; 13-19%
-                // of the forward write (2026-12-06, paired runs).
-                // Since 2026-12-07 the kernel asks for them a line per
-                // stream per 64 bytes of its sweep (ph, pout), not all at
-                // once ahead of the token (see WriteBackwardTokenBlocked).
-                constexpr int64_t kAhead = 4;
-                for (int64_t r = begin; r < end; ++r) {
-                  const bool pf = r + kAhead < end;
-                  WriteTokenBlocked<N>(hp + r * N * s.d, ap + r * N * N, bp + r * N, yp + r * s.d,
-                                       s.d, op + r * N * s.d, pf ? hp + (r + kAhead) * N * s.d : nullptr,
-                                       pf ? op + (r + kAhead) * N * s.d : nullptr);
-                }
-              })) {
-            return;
-          }
-        }
-        for (int64_t r = begin; r < end; ++r) {
-          WriteTokenPlain(hp + r * s.n * s.d, mix ? ap + r * s.n * s.n : nullptr, bp + r * s.n,
-                          yp + r * s.d, s.n, s.d, op + r * s.n * s.d);
-        }
+        WriteTokens(h.data_ptr<scalar_t>(), ap, b.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(),
+                    s.n, s.d, out.data_ptr<scalar_t>(), begin, end, [](int64_t) {});
       });
     });
     ctx->save_for_backward({h, mix ? a : torch::Tensor(), b, y});
@@ -1742,43 +1758,19 @@ class HcWriteRouteFunction : public torch::autograd::Function<HcWriteRouteFuncti
     torch::Tensor a = mix ? a_in.contiguous() : torch::Tensor();
     torch::Tensor sa = static_a_in.contiguous(), sb = static_b_in.contiguous();
     const int64_t n = CheckHcRouteArguments("HcWriteRoute", h, w, sa, sb, gain_a, gain_b);
-    const StreamShape s = StreamsOf(h);
-    if (mix) CheckCoefficients("HcWriteRoute", "a", a, s.rows, n * n);
-    CheckCoefficients("HcWriteRoute", "b", b, s.rows, n);
-    CheckCoefficients("HcWriteRoute", "y", y, s.rows, s.d);
+    const StreamShape s = CheckWriteArguments("HcWriteRoute", h, a, b, y);
     const int64_t d = s.d, m = n + 2;
     torch::Tensor hn = torch::empty_like(h);  // h'
     torch::Tensor x2 = hn.view({s.rows * n, d});
     torch::Tensor wt = w.t().contiguous();  // [m, d]
     HcRouteOutputs o = HcRouteOutputs::Empty(h, n);
     AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "cpu_fused::HcWriteRoute", [&] {
-      const scalar_t* hp = h.data_ptr<scalar_t>();
       const scalar_t* ap = mix ? a.data_ptr<scalar_t>() : nullptr;
-      const scalar_t* bp = b.data_ptr<scalar_t>();
-      const scalar_t* yp = y.data_ptr<scalar_t>();
-      scalar_t* op = hn.data_ptr<scalar_t>();
       const HcRouteRows<scalar_t> route(x2, wt, sa, sb, gain_a, gain_b, eps, o);
       at::parallel_for(0, s.rows, Grain((m + 2 + n) * n * d), [&](int64_t begin, int64_t end) {
-        if constexpr (std::is_same_v<scalar_t, float>) {
-          if (mix && d % kVF == 0 && WithBlockedStreams(n, [&](auto nc) {
-                constexpr int N = decltype(nc)::value;
-                constexpr int64_t kAhead = 4;  // as HcWriteFunction's
-                for (int64_t t = begin; t < end; ++t) {
-                  const bool pf = t + kAhead < end;
-                  WriteTokenBlocked<N>(hp + t * N * d, ap + t * N * N, bp + t * N, yp + t * d, d,
-                                       op + t * N * d, pf ? hp + (t + kAhead) * N * d : nullptr,
-                                       pf ? op + (t + kAhead) * N * d : nullptr);
-                  route.Token(t);
-                }
-              })) {
-            return;
-          }
-        }
-        for (int64_t t = begin; t < end; ++t) {
-          WriteTokenPlain(hp + t * n * d, ap != nullptr ? ap + t * n * n : nullptr, bp + t * n,
-                          yp + t * d, n, d, op + t * n * d);
-          route.Token(t);
-        }
+        WriteTokens(h.data_ptr<scalar_t>(), ap, b.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), n,
+                    d, hn.data_ptr<scalar_t>(), begin, end,
+                    [&](int64_t t) { route.Token(t); });
       });
     });
     ctx->save_for_backward(
