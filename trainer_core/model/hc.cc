@@ -68,6 +68,11 @@ class HcConnectorImpl : public torch::nn::Module {
   void forward(std::vector<torch::Tensor>& streams, bool code_form, Branch&& branch,
                torch::Tensor* residual_map) {
     const int64_t n = static_b.size(0);
+    if (streams.size() == 4 && !streams[0].device().is_cpu()) {
+      // Off the CPU the pending write runs on its own, outside the fp32
+      // routing scope below, as it always has (bf16 under autocast).
+      streams = {HcWriteOp(streams[0], streams[1], streams[2], streams[3])};
+    }
     HcRouteTensors r;
     {
       AutocastOffGuard fp32_routing;  // coefficients stay fp32 under bf16 autocast
