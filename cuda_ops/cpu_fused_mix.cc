@@ -442,6 +442,62 @@ void WriteTokens(const T* hp, const T* ap, const T* bp, const T* yp, int64_t n, 
   }
 }
 
+// HcWrite's backward for the tokens [begin, end) (those before `limit`
+// are the task's), from the gradient g of its output (dhp, dap null: the
+// code form, whose dh is g). dhp may be gp itself (in place: the register-blocked kernel reads each
+// chunk of a token's g before it writes that chunk of dh; the plain loops
+// take a copy of the token's g first). The kernel asks for h, y and, with
+// prefetch_g, g of a token kPrefetchTokens ahead, below limit
+// (HcWriteRoute's g ahead is not computed yet when a token is done).
+template <typename T>
+void WriteBackwardTokens(const T* hp, const T* ap, const T* bp, const T* yp, const T* gp,
+                         int64_t n, int64_t d, T* dhp, T* dap, T* dbp, T* dyp, int64_t begin,
+                         int64_t end, int64_t limit, bool prefetch_g) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (d % kVF == 0 && WithBlockedStreams(n, [&](auto nc) {
+          constexpr int N = decltype(nc)::value;
+          // The rows of h, g and y kPrefetchTokens tokens ahead asked for in
+          // L1: the loads of h stalled this loop (h, saved by the forward,
+          // comes from L3); 2-3% of HC's connector (mix_ops_bench,
+          // 2026-12-05). Asked for during the sweep of the token in hand
+          // since 2026-12-07.
+          constexpr int64_t kPrefetchTokens = 8;
+          for (int64_t t = begin; t < end; ++t) {
+            const int64_t nd = t * N * d;
+            // The token ahead's rows (null past the task's end).
+            const bool pf = t + kPrefetchTokens < limit;
+            const int64_t pn = (t + kPrefetchTokens) * N * d;
+            const float* pg = pf && prefetch_g ? gp + pn : nullptr;
+            const float* py = pf ? yp + (t + kPrefetchTokens) * d : nullptr;
+            if (ap != nullptr) {
+              WriteBackwardTokenBlocked<N, true>(hp + nd, ap + t * N * N, bp + t * N, yp + t * d,
+                                                 gp + nd, d, dhp + nd, dap + t * N * N,
+                                                 dbp + t * N, dyp + t * d, pf ? hp + pn : nullptr,
+                                                 pg, py);
+            } else {
+              WriteBackwardTokenBlocked<N, false>(hp + nd, nullptr, bp + t * N, yp + t * d,
+                                                  gp + nd, d, nullptr, nullptr, dbp + t * N,
+                                                  dyp + t * d, nullptr, pg, py);
+            }
+          }
+        })) {
+      return;
+    }
+  }
+  std::vector<T> copy(dhp == gp ? static_cast<size_t>(n * d) : 0);
+  for (int64_t t = begin; t < end; ++t) {
+    const int64_t nd = t * n * d;
+    const T* g = gp + nd;
+    if (!copy.empty()) {
+      std::copy(g, g + n * d, copy.begin());
+      g = copy.data();
+    }
+    WriteBackwardTokenPlain(hp + nd, ap != nullptr ? ap + t * n * n : nullptr, bp + t * n,
+                            yp + t * d, g, n, d, dhp != nullptr ? dhp + nd : nullptr,
+                            dap != nullptr ? dap + t * n * n : nullptr, dbp + t * n, dyp + t * d);
+  }
+}
+
 class HcWriteFunction : public torch::autograd::Function<HcWriteFunction> {
  public:
   // mix false: identity residual map (the HC code form); `a_in` is then an
@@ -498,45 +554,8 @@ class HcWriteFunction : public torch::autograd::Function<HcWriteFunction> {
       scalar_t* dbp = db.data_ptr<scalar_t>();
       scalar_t* dyp = dy.data_ptr<scalar_t>();
       at::parallel_for(0, s.rows, Grain(3 * s.n * s.n * s.d), [&](int64_t begin, int64_t end) {
-        if constexpr (std::is_same_v<scalar_t, float>) {
-          if (blocked && WithBlockedStreams(s.n, [&](auto nc) {
-                constexpr int N = decltype(nc)::value;
-                // The rows of h, g and y kPrefetchTokens tokens ahead asked
-                // for in L1: the loads of h stalled this loop (h, saved by
-                // the forward, comes from L3); 2-3% of HC's connector
-                // (mix_ops_bench, 2026-12-05). Asked for during the sweep
-                // of the token in hand since 2026-12-07.
-                constexpr int64_t kPrefetchTokens = 8;
-                for (int64_t r = begin; r < end; ++r) {
-                  const int64_t nd = r * N * s.d;
-                  // The token ahead's rows (null past the end).
-                  const bool pf = r + kPrefetchTokens < end;
-                  const int64_t pn = (r + kPrefetchTokens) * N * s.d;
-                  const float* ph = pf ? hp + pn : nullptr;
-                  const float* pg = pf ? gp + pn : nullptr;
-                  const float* py = pf ? yp + (r + kPrefetchTokens) * s.d : nullptr;
-                  if (mix) {
-                    WriteBackwardTokenBlocked<N, true>(hp + nd, ap + r * N * N, bp + r * N,
-                                                       yp + r * s.d, gp + nd, s.d, dhp + nd,
-                                                       dap + r * N * N, dbp + r * N, dyp + r * s.d,
-                                                       ph, pg, py);
-                  } else {
-                    WriteBackwardTokenBlocked<N, false>(hp + nd, nullptr, bp + r * N, yp + r * s.d,
-                                                        gp + nd, s.d, nullptr, nullptr, dbp + r * N,
-                                                        dyp + r * s.d, nullptr, pg, py);
-                  }
-                }
-              })) {
-            return;
-          }
-        }
-        for (int64_t r = begin; r < end; ++r) {
-          const int64_t nd = r * s.n * s.d;
-          WriteBackwardTokenPlain(hp + nd, mix ? ap + r * s.n * s.n : nullptr, bp + r * s.n,
-                                  yp + r * s.d, gp + nd, s.n, s.d, mix ? dhp + nd : nullptr,
-                                  mix ? dap + r * s.n * s.n : nullptr, dbp + r * s.n,
-                                  dyp + r * s.d);
-        }
+        WriteBackwardTokens(hp, ap, bp, yp, gp, s.n, s.d, dhp, dap, dbp, dyp, begin, end, end,
+                            /*prefetch_g=*/true);
       });
     });
     // A new dh (mix) is the route's to take over; without the mix dh is g,
@@ -1804,46 +1823,11 @@ class HcWriteRouteFunction : public torch::autograd::Function<HcWriteRouteFuncti
       scalar_t* dap = mix ? da_w.data_ptr<scalar_t>() : nullptr;
       scalar_t* dbp = db_w.data_ptr<scalar_t>();
       scalar_t* dyp = dy_w.data_ptr<scalar_t>();
-      const bool blocked = std::is_same_v<scalar_t, float> && d % kVF == 0 && n <= kMaxBlockedStreams;
       // The write's backward of the tokens whose last stream row is in
-      // [r0, r1): tokens [r0 / n, r1 / n). Without the mix dh stays g.
+      // [r0, r1), tokens [r0 / n, r1 / n), over their rows of dh.
       auto write_backward = [&](int64_t r0, int64_t r1, int64_t end) {
-        const int64_t t_end = r1 / n;
-        if constexpr (std::is_same_v<scalar_t, float>) {
-          if (blocked && WithBlockedStreams(n, [&](auto nc) {
-                constexpr int N = decltype(nc)::value;
-                constexpr int64_t kPrefetchTokens = 8;  // as HcWriteFunction's
-                for (int64_t t = r0 / n; t < t_end; ++t) {
-                  const int64_t nd = t * N * d;
-                  // h and y of a token ahead (its g is not computed yet).
-                  const bool pf = (t + kPrefetchTokens + 1) * N <= end;
-                  const float* ph = pf ? hp + (t + kPrefetchTokens) * N * d : nullptr;
-                  const float* py = pf ? yp + (t + kPrefetchTokens) * d : nullptr;
-                  if (mix) {
-                    WriteBackwardTokenBlocked<N, true>(hp + nd, ap + t * N * N, bp + t * N,
-                                                       yp + t * d, gp + nd, d, gp + nd,
-                                                       dap + t * N * N, dbp + t * N, dyp + t * d,
-                                                       ph, nullptr, py);
-                  } else {
-                    WriteBackwardTokenBlocked<N, false>(hp + nd, nullptr, bp + t * N, yp + t * d,
-                                                        gp + nd, d, nullptr, nullptr, dbp + t * N,
-                                                        dyp + t * d, nullptr, nullptr, py);
-                  }
-                }
-              })) {
-            return;
-          }
-        }
-        // Any dtype or shape: the token's g copied aside, as the plain
-        // loops write dh row by row from all of g.
-        std::vector<scalar_t> g(static_cast<size_t>(n * d));
-        for (int64_t t = r0 / n; t < t_end; ++t) {
-          const int64_t nd = t * n * d;
-          std::copy(gp + nd, gp + nd + n * d, g.begin());
-          WriteBackwardTokenPlain(hp + nd, ap != nullptr ? ap + t * n * n : nullptr, bp + t * n,
-                                  yp + t * d, g.data(), n, d, mix ? gp + nd : nullptr,
-                                  mix ? dap + t * n * n : nullptr, dbp + t * n, dyp + t * d);
-        }
+        WriteBackwardTokens(hp, ap, bp, yp, gp, n, d, mix ? gp : nullptr, dap, dbp, dyp, r0 / n,
+                            r1 / n, end / n, /*prefetch_g=*/false);
       };
       HcRouteBackwardRows<scalar_t>(x2, wt, rs, u, read, gain_a, gain_b, th, dx, dar, db, dh_in, dh,
                                     partial_w, partial_c, write_backward);
