@@ -40,6 +40,26 @@ double SumSquares(const T* x, int64_t d) {
   return (s0 + s1) + (s2 + s3);
 }
 
+// sum_j g[j] w[j] x[j] of one row, in double, in kParts independent
+// partial sums (lanes of the build's double vectors), folded by a fixed
+// tree. As one running sum (before 2026-12-08) it was a chain of d
+// dependent double additions, about 4 cycles each: RmsNorm's backward took
+// 2.4% of a training step's samples at d = 128, most of them waiting on it.
+template <typename T>
+double WeightedDot(const T* g, const T* w, const T* x, int64_t d) {
+  constexpr int kParts = 16;
+  double p[kParts] = {};
+  int64_t j = 0;
+  for (; j + kParts <= d; j += kParts) {
+    for (int k = 0; k < kParts; ++k) {
+      p[k] += static_cast<double>(g[j + k]) * w[j + k] * x[j + k];
+    }
+  }
+  for (; j < d; ++j) p[0] += static_cast<double>(g[j]) * w[j] * x[j];
+  for (int k = 0; k < 8; ++k) p[k] += p[k + 8];
+  return ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
+}
+
 class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x_in,
@@ -97,8 +117,7 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
           const scalar_t* gr = gp + r * d;
           const double inv = rp[r];
           // dx = inv * (g - x * inv^2 * mean(g * x)), g = dy * w.
-          double dot = 0;
-          for (int64_t j = 0; j < d; ++j) dot += static_cast<double>(gr[j]) * wp[j] * xr[j];
+          const double dot = WeightedDot(gr, wp, xr, d);
           const scalar_t coef = static_cast<scalar_t>(inv * inv * dot / d);
           const scalar_t sinv = static_cast<scalar_t>(inv);
           scalar_t* dxr = dxp + r * d;
